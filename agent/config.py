@@ -1,0 +1,261 @@
+"""Loading maintd's one YAML file into a frozen `Config`, with file:line:col in every error.
+
+The YAML is composed into nodes first so every key keeps its position; duplicate keys are refused
+(PyYAML would silently keep the last). Values are then checked section by section (see
+`configschema`). `load()` is called at start and on SIGHUP; on reload a refused file leaves the
+running config in place (the daemon's job).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from agent.configschema import (
+    boolean,
+    choice,
+    duration,
+    integer,
+    list_of,
+    opt,
+    optional,
+    parse_section,
+    section,
+    text,
+)
+from agent.errors import ConfigError, ConfigValueError
+
+Path_ = tuple[str | int, ...]
+
+
+def _is_loopback_url(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+@dataclasses.dataclass(frozen=True)
+class ImdsConfig:
+    endpoint: str = opt(text(r"^https?://[^/\s]+$", "a base URL such as http://169.254.169.254 (no path)"),
+                        "http://169.254.169.254", "IMDS base URL; only the emulator or a test changes it")
+    api_version: str = opt(text(r"^\d{4}-\d{2}-\d{2}$", "a date such as 2020-07-01"), "2020-07-01",
+                           "Scheduled Events api-version; 2020-07-01 is the newest documented one")
+    poll_interval: float = opt(duration(0.001, 60), 1.0, "time between two polls")
+    timeout: float = opt(duration(0.05, 120), 5.0, "timeout of one steady-state poll")
+    first_timeout: float = opt(duration(0.05, 600), 120.0,
+                               "timeout of the very first poll (IMDS may take up to 2 minutes after enabling)")
+    max_backoff: float = opt(duration(0.001, 3600), 10.0, "longest wait between polls while IMDS fails")
+    warn_after_failures: int = opt(integer(1, 1000), 3, "failed polls in a row before the imds health report turns Warning")
+    stale_after: float = opt(duration(1, 86400), 60.0, "no successful poll for this long turns the imds health report Error")
+    compute_api_version: str = opt(text(r"^\d{4}-\d{2}-\d{2}$", "a date such as 2021-02-01"), "2021-02-01",
+                                   "api-version of the compute metadata call that finds this VM's name")
+
+    def validate(self) -> None:
+        if self.poll_interval < 0.2 and not _is_loopback_url(self.endpoint):
+            raise ConfigValueError("poll_interval", "below 200ms would exceed IMDS's shared limit of 5 requests/s; "
+                                   "only a loopback endpoint (the emulator) may be polled faster")
+
+
+@dataclasses.dataclass(frozen=True)
+class IdentityConfig:
+    name: str = opt(text(r"^[^\s]+$", "a VM name without spaces, or auto"), "auto",
+                    "this VM's name as it appears in Resources; auto asks IMDS for compute.name")
+
+
+@dataclasses.dataclass(frozen=True)
+class StateConfig:
+    dir: str = opt(text(r"^/", "an absolute path"), "/var/lib/maintd",
+                   "where the state file and the audit journal live ($STATE_DIRECTORY under systemd)")
+    retention: float = opt(duration(60), 7 * 86400.0, "how long a finished event stays in the state file")
+    journal_max_bytes: int = opt(integer(4096), 10 * 1024 * 1024, "size at which the audit journal is rotated")
+    journal_keep: int = opt(integer(1, 100), 5, "rotated audit journal files kept")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+    format: str = opt(choice("auto", "json", "console"), "auto", "json lines, console, or auto (console on a TTY)")
+    level: str = opt(choice("debug", "info", "warning", "error"), "info", "lowest level logged")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    listen: str = opt(text(r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$", "host:port such as 0.0.0.0:8088"),
+                      "0.0.0.0:8088", "address of the HTTP server (probe, /healthz, /metrics, /v1 API)")
+    token_file: str | None = opt(optional(text(r"^/", "an absolute path")), None,
+                                 "file holding the bearer token that lets non-loopback clients call mutating endpoints")
+    max_body_bytes: int = opt(integer(1024, 16 * 1024 * 1024), 64 * 1024, "largest request body accepted (413 beyond)")
+    read_timeout: float = opt(duration(0.1, 300), 5.0, "a client that sends nothing for this long is disconnected")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeConfig:
+    path: str = opt(text(r"^/[^\s?#]*$", "an absolute URL path such as /probe"), "/probe",
+                    "path of the load balancer's HTTP probe on the server")
+    mode: str = opt(choice("http", "tcp"), "http",
+                    "http: 200/503 on path; tcp: a port that stops accepting connections while out of rotation")
+    listen: str | None = opt(optional(text(r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$", "host:port")), None,
+                             "address of the TCP probe port (mode: tcp only)")
+    lb_timeout: float = opt(duration(11, 3600), 31.0,
+                            "the load balancer's probe timeout: how long it may take to notice a failing probe")
+    lb_interval: float = opt(duration(5, 3600), 15.0, "the load balancer's probe interval")
+    drain_grace: float = opt(duration(0, 3600), 10.0, "extra time for in-flight connections after the LB stopped sending new ones")
+    drain_on_stop: str = opt(choice("shutdown", "always", "never"), "shutdown",
+                             "drain before exiting: when the system shuts down, on every stop, or never")
+    fail_on: tuple[str, ...] = opt(list_of(text(), unique=True), ("*", "!imds", "!maintenance", "!config", "!state"),
+                                   "SourceIds whose Error takes the VM out of rotation: patterns, * for all, !x excludes x")
+
+    def validate(self) -> None:
+        if self.mode == "tcp" and not self.listen:
+            raise ConfigValueError("listen", "mode: tcp needs its own port; set probe.listen such as 0.0.0.0:8089")
+        if self.lb_interval > self.lb_timeout:
+            raise ConfigValueError("lb_interval", "must not exceed probe.lb_timeout (the LB probes at least twice "
+                                   "per timeout; Azure's defaults are 15s and 31s)")
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthConfig:
+    consider_warning_as_error: bool = opt(boolean, False, "count Warning as Error when aggregating health (probe, fleet gate)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    imds: ImdsConfig = opt(section(ImdsConfig), ImdsConfig(), "")
+    identity: IdentityConfig = opt(section(IdentityConfig), IdentityConfig(), "")
+    state: StateConfig = opt(section(StateConfig), StateConfig(), "")
+    log: LogConfig = opt(section(LogConfig), LogConfig(), "")
+    server: ServerConfig = opt(section(ServerConfig), ServerConfig(), "")
+    probe: ProbeConfig = opt(section(ProbeConfig), ProbeConfig(), "")
+    health: HealthConfig = opt(section(HealthConfig), HealthConfig(), "")
+    dry_run: bool = opt(boolean, False, "run the whole pipeline but send no approval; hooks run only if they opt in")
+    source: str = dataclasses.field(default="<defaults>", compare=False)
+
+
+# --- YAML with marks -------------------------------------------------------------------------
+
+class _MarkedValues:
+    """Plain Python values from a YAML node tree, plus the (line, column) of every path in it."""
+
+    def __init__(self, loader: yaml.SafeLoader) -> None:
+        self.loader = loader
+        self.marks: dict[Path_, tuple[int, int]] = {}
+
+    def build(self, node: yaml.Node, path: Path_) -> Any:
+        self.marks.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
+        if isinstance(node, yaml.MappingNode):
+            self.loader.flatten_mapping(node)
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = self.loader.construct_object(key_node, deep=True)
+                if not isinstance(key, (str, int, float, bool)) or key is None:
+                    raise ConfigValueError(_fmt_path(path), "keys must be plain text")
+                if key in out:
+                    line = key_node.start_mark.line + 1
+                    first = self.marks.get(path + (str(key),), (None, None))[0]
+                    raise _PositionedError(line, key_node.start_mark.column + 1, _fmt_path(path + (str(key),)),
+                                           f"duplicate key (first given on line {first}); keep only one")
+                self.marks[path + (str(key),)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                out[str(key) if isinstance(key, str) else key] = self.build(value_node, path + (str(key),))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
+        return self.loader.construct_object(node, deep=True)
+
+
+class _PositionedError(Exception):
+    def __init__(self, line: int, column: int, key: str, message: str) -> None:
+        super().__init__(message)
+        self.line, self.column, self.key, self.message = line, column, key, message
+
+
+def _fmt_path(path: Path_) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _parse_key(key: str) -> Path_:
+    parts: list[str | int] = []
+    for dotted in key.split("."):
+        while dotted:
+            if dotted.startswith("["):
+                end = dotted.index("]")
+                parts.append(int(dotted[1:end]))
+                dotted = dotted[end + 1:]
+            else:
+                name, _, rest = dotted.partition("[")
+                parts.append(name)
+                dotted = "[" + rest if rest else ""
+    return tuple(parts)
+
+
+def _mark_for(marks: dict[Path_, tuple[int, int]], key: str) -> tuple[int | None, int | None]:
+    path = _parse_key(key) if key else ()
+    while True:
+        if path in marks:
+            return marks[path]
+        if not path:
+            return None, None
+        path = path[:-1]
+
+
+def check_permissions(path: Path) -> None:
+    """Refuse a config file others could write to: hooks in it run as maintd's user."""
+    st = path.stat()
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(str(path), None, None, "", f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
+                          f"hooks in it run as maintd's user. Fix: chmod go-w {path}")
+    if st.st_uid not in (0, os.geteuid()):
+        raise ConfigError(str(path), None, None, "", f"is owned by uid {st.st_uid}, neither root nor maintd's user; "
+                          f"fix: chown root {path}")
+
+
+def loads(text_: str, source: str = "<string>") -> Config:
+    """Parse and validate config text; raise ConfigError naming source, line, column and key."""
+    loader = yaml.SafeLoader(text_)
+    try:
+        node = loader.get_single_node()
+        values = _MarkedValues(loader)
+        data = values.build(node, ()) if node is not None else {}
+    except _PositionedError as exc:
+        raise ConfigError(source, exc.line, exc.column, exc.key, exc.message) from None
+    except ConfigValueError as exc:
+        line, col = _mark_for(values.marks, exc.key)
+        raise ConfigError(source, line, col, exc.key, exc.message) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        raise ConfigError(source, line, col, "", f"not valid YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, None, None, "", f"not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, 1, 1, "", "the top level must be a mapping of sections (imds:, state:, ...)")
+    try:
+        config = parse_section(Config, data)
+    except ConfigValueError as exc:
+        line, col = _mark_for(values.marks, exc.key)
+        raise ConfigError(source, line, col, exc.key, exc.message) from None
+    return dataclasses.replace(config, source=source)
+
+
+def load(path: str | os.PathLike[str], check_perms: bool = True) -> Config:
+    """Read, check the permissions of, and validate the config file at `path`."""
+    p = Path(path)
+    try:
+        if check_perms:
+            check_permissions(p)
+        raw = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(p), None, None, "", "no such file; create it (see config/maintd.yaml) or pass --config") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(p), None, None, "", f"cannot be read: {exc}") from None
+    return loads(raw, str(p))

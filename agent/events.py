@@ -1,0 +1,202 @@
+"""Immutable Scheduled Events types and a tolerant parser for every API version's document.
+
+Tolerance rules (documented in the README):
+- unknown EventType / EventStatus values are kept as text;
+- missing optional fields get defaults: ResourceType "VirtualMachine", Resources [], Description "",
+  EventSource "Platform", DurationInSeconds -1 (unknown), NotBefore none;
+- NotBefore is RFC 1123 on the wire (`Mon, 19 Sep 2016 18:29:47 GMT`), ISO 8601 is accepted too,
+  and "" (once Started) or an unparsable value means "no deadline";
+- DocumentIncarnation may be a number or a numeric string;
+- an event without a usable EventId, EventType or EventStatus is skipped (reported, never raised);
+- a document that is not an object with an `Events` list is malformed as a whole (`DocumentError`):
+  the caller treats that poll as failed instead of reading it as "every event vanished".
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from dateutil import parser as dateparser
+
+KNOWN_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
+KNOWN_STATUSES = ("Scheduled", "Started")
+_LIVE_MIGRATION = re.compile(r"live[ -]?migration", re.IGNORECASE)
+
+
+class DocumentError(ValueError):
+    """The document as a whole is unusable (not JSON, not an object, no Events list)."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One scheduled event as IMDS described it in the latest document."""
+
+    event_id: str
+    event_type: str
+    status: str
+    resources: tuple[str, ...] = ()
+    resource_type: str = "VirtualMachine"
+    not_before: datetime | None = None
+    not_before_raw: str = field(default="", compare=False)
+    description: str = ""
+    source: str = "Platform"
+    duration_seconds: int = -1
+
+    def names(self, vm_name: str) -> bool:
+        """Whether Resources lists `vm_name`: exact but case-insensitive, never a substring (vm1 is not vm10)."""
+        wanted = vm_name.casefold()
+        return any(r.casefold() == wanted for r in self.resources)
+
+    def rank(self, vm_name: str) -> int | None:
+        """Position of `vm_name` in Resources (case-insensitive), or None when it is not listed."""
+        wanted = vm_name.casefold()
+        for i, r in enumerate(self.resources):
+            if r.casefold() == wanted:
+                return i
+        return None
+
+    @property
+    def live_migration(self) -> bool:
+        """A Freeze caused by a memory-preserving live migration (told only by its Description)."""
+        return self.event_type == "Freeze" and bool(_LIVE_MIGRATION.search(self.description))
+
+    @property
+    def type_label(self) -> str:
+        """EventType as a bounded metric label: the known types, or `Other`."""
+        return self.event_type if self.event_type in KNOWN_TYPES else "Other"
+
+    def to_json(self) -> dict[str, Any]:
+        """The event in IMDS field names, NotBefore as ISO 8601 (or "")."""
+        return {
+            "EventId": self.event_id,
+            "EventType": self.event_type,
+            "ResourceType": self.resource_type,
+            "Resources": list(self.resources),
+            "EventStatus": self.status,
+            "NotBefore": self.not_before.isoformat().replace("+00:00", "Z") if self.not_before else "",
+            "Description": self.description,
+            "EventSource": self.source,
+            "DurationInSeconds": self.duration_seconds,
+            "LiveMigration": self.live_migration,
+        }
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An event the parser could not use, and why; `event_id` is set when it could still be read."""
+
+    index: int
+    reason: str
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Document:
+    """One Scheduled Events document, plus what the parser had to skip."""
+
+    incarnation: int | None
+    events: tuple[Event, ...]
+    skipped: tuple[Skipped, ...] = field(default=())
+
+    def by_id(self) -> dict[str, Event]:
+        """Events keyed by EventId (the last one wins if IMDS ever repeats an id)."""
+        return {e.event_id: e for e in self.events}
+
+
+def parse_not_before(raw: Any) -> datetime | None:
+    """RFC 1123 first, then ISO 8601; "" or anything unparsable is None (no deadline)."""
+    if not isinstance(raw, str) or not raw.strip():
+        return None
+    text = raw.strip()
+    try:
+        parsed = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        parsed = None
+    if parsed is None:
+        try:
+            parsed = dateparser.isoparse(text)
+        except (ValueError, OverflowError):
+            return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.astimezone(timezone.utc)
+
+
+def _text(item: dict[str, Any], key: str, default: str = "") -> str:
+    value = item.get(key, default)
+    return value if isinstance(value, str) else default
+
+
+def _required_text(item: dict[str, Any], key: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{key} missing or not text")
+    return value.strip()
+
+
+def _duration(value: Any) -> int:
+    if isinstance(value, bool):
+        return -1
+    if isinstance(value, (int, float)) and value == value and abs(value) < 2**31:
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return -1
+    return -1
+
+
+def _incarnation(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return None
+
+
+def parse_event(item: Any) -> Event:
+    """One event from its JSON object; raises ValueError naming the field that makes it unusable."""
+    if not isinstance(item, dict):
+        raise ValueError("event is not an object")
+    resources = item.get("Resources", [])
+    if not isinstance(resources, list):
+        raise ValueError("Resources is not a list")
+    raw_nb = item.get("NotBefore", "")
+    return Event(
+        event_id=_required_text(item, "EventId"),
+        event_type=_required_text(item, "EventType"),
+        status=_required_text(item, "EventStatus"),
+        resources=tuple(r for r in resources if isinstance(r, str)),
+        resource_type=_text(item, "ResourceType", "VirtualMachine"),
+        not_before=parse_not_before(raw_nb),
+        not_before_raw=raw_nb if isinstance(raw_nb, str) else "",
+        description=_text(item, "Description"),
+        source=_text(item, "EventSource", "Platform") or "Platform",
+        duration_seconds=_duration(item.get("DurationInSeconds", -1)),
+    )
+
+
+def parse_document(data: Any) -> Document:
+    """A Document from decoded JSON; skips bad events, raises DocumentError if the whole is unusable."""
+    if not isinstance(data, dict):
+        raise DocumentError("document is not a JSON object")
+    raw_events = data.get("Events")
+    if not isinstance(raw_events, list):
+        raise DocumentError("document has no Events list")
+    events: list[Event] = []
+    skipped: list[Skipped] = []
+    for i, item in enumerate(raw_events):
+        try:
+            events.append(parse_event(item))
+        except ValueError as exc:
+            eid = item.get("EventId") if isinstance(item, dict) else None
+            skipped.append(Skipped(i, str(exc), eid.strip() if isinstance(eid, str) and eid.strip() else None))
+    return Document(_incarnation(data.get("DocumentIncarnation")), tuple(events), tuple(skipped))
+

@@ -1,0 +1,107 @@
+"""Every Prometheus metric maintd exposes, defined once, on an injected registry.
+
+Label values are bounded: EventIds never become labels; event types are the five known ones or
+`Other`; handler names come from the config. Labelled series with known values are initialised
+at start so dashboards and alerts see zeros rather than gaps.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from agent import __version__
+from agent.events import KNOWN_TYPES
+
+EVENT_TYPES = (*KNOWN_TYPES, "Other")
+IMDS_ENDPOINTS = ("scheduledevents", "compute", "approve")
+PHASES = ("scheduled", "started", "completed")
+HANDLER_OUTCOMES = ("ok", "failed", "timed_out", "skipped")
+APPROVAL_OUTCOMES = ("sent", "failed", "skipped")
+
+
+class Metrics:
+    """The daemon's metrics; one instance per registry (tests make their own)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.build_info = Gauge("maintd_build_info", "maintd version, always 1", ["version"], registry=r)
+        self.build_info.labels(__version__).set(1)
+        self.imds_requests = Counter("maintd_imds_requests_total",
+                                     "IMDS requests by endpoint and HTTP status (error = timeout or connection failure)",
+                                     ["endpoint", "code"], registry=r)
+        self.imds_duration = Histogram("maintd_imds_request_duration_seconds", "IMDS request duration", ["endpoint"],
+                                       buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
+                                       registry=r)
+        self.poll_last_success = Gauge("maintd_poll_last_success_timestamp_seconds",
+                                       "Unix time of the last successful Scheduled Events poll", registry=r)
+        self.poll_failures = Gauge("maintd_poll_consecutive_failures", "Failed polls since the last success",
+                                   registry=r)
+        self.document_incarnation = Gauge("maintd_document_incarnation", "DocumentIncarnation of the last document",
+                                          registry=r)
+        self.events = Gauge("maintd_events", "Events in the current document",
+                            ["event_type", "status", "scope"], registry=r)
+        self.event_notice = Histogram("maintd_event_notice_seconds", "NotBefore minus the time maintd first saw the event",
+                                      ["event_type"], buckets=(0, 30, 60, 120, 300, 600, 900, 1800, 3600, 86400, 604800),
+                                      registry=r)
+        self.events_malformed = Counter("maintd_events_malformed_total",
+                                        "Events skipped because a required field was missing or malformed", registry=r)
+        self.documents_malformed = Counter("maintd_documents_malformed_total",
+                                           "Documents refused as a whole (not JSON, no Events list)", registry=r)
+        self.transitions = Counter("maintd_event_transitions_total", "Event transitions seen",
+                                   ["kind", "event_type"], registry=r)
+        self.in_rotation = Gauge("maintd_in_rotation", "1 while the probe answers 200, 0 while out of rotation",
+                                 registry=r)
+        self.health_state = Gauge("maintd_health_state", "Aggregated health: 0 Ok, 1 Warning, 2 Error", registry=r)
+        self.handler_runs = Counter("maintd_handler_runs_total", "Handler runs by outcome",
+                                    ["handler", "phase", "outcome"], registry=r)
+        self.handler_duration = Histogram("maintd_handler_duration_seconds", "Handler run duration",
+                                          ["handler", "phase"],
+                                          buckets=(0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 900), registry=r)
+        self.deadline_short = Counter("maintd_deadline_short_total",
+                                      "Handler timeouts or drain waits cut short by an event's NotBefore", registry=r)
+        self.leader = Gauge("maintd_leader", "Events of this type for which this VM is the approving leader",
+                            ["event_type"], registry=r)
+        self.approvals = Counter("maintd_approvals_total", "Approval (StartRequests) attempts by outcome",
+                                 ["outcome"], registry=r)
+        self.peer_requests = Counter("maintd_peer_requests_total", "Readiness requests to peers by outcome",
+                                     ["outcome"], registry=r)
+        self.profile_active = Gauge("maintd_profile_active", "1 for the profile in force", ["profile"], registry=r)
+        self.gate_blocked = Gauge("maintd_approval_gate_blocked", "1 while an approval gate holds an approval",
+                                  ["gate"], registry=r)
+        self.state_write_failures = Counter("maintd_state_write_failures_total",
+                                            "Failed writes of the state file (full or read-only disk)", registry=r)
+        self.state_dirty = Gauge("maintd_state_unsaved", "1 while some state change has not reached the disk",
+                                 registry=r)
+        self.config_reloads = Counter("maintd_config_reloads_total", "Config reloads (SIGHUP) by outcome",
+                                      ["outcome"], registry=r)
+        self.loop_last_tick = Gauge("maintd_loop_last_tick_timestamp_seconds", "Unix time of the loop's last tick",
+                                    registry=r)
+        self.rule_sample_failures = Counter("maintd_rule_sample_failures_total",
+                                            "Health rule samples that failed", registry=r)
+        self.http_requests = Counter("maintd_http_requests_total", "Requests to maintd's HTTP server",
+                                     ["route", "code"], registry=r)
+        self._initialise()
+
+    def _initialise(self) -> None:
+        for endpoint in IMDS_ENDPOINTS:
+            self.imds_requests.labels(endpoint, "200")
+        for outcome in APPROVAL_OUTCOMES:
+            self.approvals.labels(outcome)
+        for outcome in ("ready", "not_ready", "unreachable"):
+            self.peer_requests.labels(outcome)
+        for event_type in EVENT_TYPES:
+            self.leader.labels(event_type).set(0)
+        for outcome in ("ok", "failed"):
+            self.config_reloads.labels(outcome)
+        self.in_rotation.set(1)
+
+    def init_handler(self, name: str, phases: tuple[str, ...]) -> None:
+        """Create a configured handler's series so they read 0 before its first run."""
+        for phase in phases:
+            for outcome in HANDLER_OUTCOMES:
+                self.handler_runs.labels(name, phase, outcome)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

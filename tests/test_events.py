@@ -1,0 +1,146 @@
+"""Parsing Scheduled Events documents of every API version, tolerantly."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.events import DocumentError, parse_document, parse_not_before
+
+FULL = {
+    "DocumentIncarnation": 2,
+    "Events": [{
+        "EventId": "4CAEA225-A741-474D-A72E-428C86FCD853", "EventStatus": "Scheduled", "EventType": "Freeze",
+        "ResourceType": "VirtualMachine", "Resources": ["WestNO_0", "WestNO_1"],
+        "NotBefore": "Mon, 19 Sep 2016 18:29:47 GMT",
+        "Description": "Virtual machine is being paused because of a memory-preserving Live Migration operation.",
+        "EventSource": "Platform", "DurationInSeconds": 5,
+    }],
+}
+
+
+def test_every_field_of_a_2020_07_01_event_is_read():
+    """All nine documented fields land in the Event, NotBefore as an aware UTC datetime."""
+    doc = parse_document(FULL)
+    (e,) = doc.events
+    assert doc.incarnation == 2
+    assert (e.event_id, e.event_type, e.status) == ("4CAEA225-A741-474D-A72E-428C86FCD853", "Freeze", "Scheduled")
+    assert e.resources == ("WestNO_0", "WestNO_1")
+    assert e.not_before == datetime(2016, 9, 19, 18, 29, 47, tzinfo=timezone.utc)
+    assert (e.source, e.duration_seconds, e.resource_type) == ("Platform", 5, "VirtualMachine")
+    assert e.live_migration
+
+
+def test_a_2017_03_01_event_without_later_fields_gets_documented_defaults():
+    """Old API versions omit Description, EventSource and DurationInSeconds: defaults fill them in."""
+    doc = parse_document({"DocumentIncarnation": 5, "Events": [{
+        "EventId": "a", "EventStatus": "Scheduled", "EventType": "Reboot", "ResourceType": "VirtualMachine",
+        "Resources": ["_myvm"], "NotBefore": "Wed, 24 Jan 2018 21:20:44 GMT"}]})
+    (e,) = doc.events
+    assert (e.description, e.source, e.duration_seconds) == ("", "Platform", -1)
+
+
+def test_unknown_event_type_and_status_are_kept_as_text():
+    """A future EventType (e.g. an OS-image upgrade) is kept, not dropped, and labelled Other in metrics."""
+    doc = parse_document({"Events": [{"EventId": "x", "EventType": "OSUpgrade", "EventStatus": "Pending"}]})
+    (e,) = doc.events
+    assert (e.event_type, e.status, e.type_label) == ("OSUpgrade", "Pending", "Other")
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ("Thu, 16 Mar 2023 14:01:28 GMT", datetime(2023, 3, 16, 14, 1, 28, tzinfo=timezone.utc)),
+    ("2016-09-19T18:29:47Z", datetime(2016, 9, 19, 18, 29, 47, tzinfo=timezone.utc)),
+    ("2026-04-29T18:00:00", datetime(2026, 4, 29, 18, 0, tzinfo=timezone.utc)),
+    ("", None), ("   ", None), ("next tuesday", None), (None, None), (12345, None),
+])
+def test_not_before_rfc1123_first_then_iso_and_blank_means_none(raw, expected):
+    """NotBefore: RFC 1123 on the wire, ISO 8601 from some docs, "" once Started; garbage is no deadline."""
+    assert parse_not_before(raw) == expected
+
+
+def test_incarnation_as_string_is_accepted():
+    """Some clients and samples send DocumentIncarnation as a string."""
+    assert parse_document({"DocumentIncarnation": "7", "Events": []}).incarnation == 7
+    assert parse_document({"DocumentIncarnation": "x", "Events": []}).incarnation is None
+
+
+def test_malformed_event_is_skipped_with_its_reason_and_id():
+    """An event without EventType is skipped, the rest kept, the skip names the field."""
+    doc = parse_document({"Events": [
+        {"EventId": "GOOD", "EventType": "Reboot", "EventStatus": "Scheduled"},
+        {"EventId": "BAD", "EventStatus": "Scheduled"},
+        "not an object",
+        {"EventId": "R", "EventType": "Reboot", "EventStatus": "Scheduled", "Resources": "vm1"},
+    ]})
+    assert [e.event_id for e in doc.events] == ["GOOD"]
+    assert [(s.index, s.event_id) for s in doc.skipped] == [(1, "BAD"), (2, None), (3, "R")]
+    assert "EventType" in doc.skipped[0].reason
+
+
+@pytest.mark.parametrize("data", [None, [], "text", {"DocumentIncarnation": 1}, {"Events": {}}])
+def test_a_document_without_an_events_list_is_malformed_as_a_whole(data):
+    """Not an object with an Events list: DocumentError, so the poll counts as failed (not 'all gone')."""
+    with pytest.raises(DocumentError):
+        parse_document(data)
+
+
+@pytest.mark.parametrize("vm,expected", [("vm1", True), ("VM1", True), ("vm10", False), ("vm", False), ("m1", False)])
+def test_resources_match_is_exact_and_case_insensitive(vm, expected):
+    """vm1 is not vm10: matching never uses substrings."""
+    doc = parse_document({"Events": [{"EventId": "a", "EventType": "Reboot", "EventStatus": "Scheduled",
+                                      "Resources": ["Vm1", "vm2"]}]})
+    assert doc.events[0].names(vm) is expected
+
+
+def test_rank_is_position_in_resources():
+    """Rank = index of the VM in Resources, case-insensitive; None when absent."""
+    doc = parse_document({"Events": [{"EventId": "a", "EventType": "Reboot", "EventStatus": "Scheduled",
+                                      "Resources": ["a", "B", "c"]}]})
+    assert [doc.events[0].rank(n) for n in ("A", "b", "c", "d")] == [0, 1, 2, None]
+
+
+def test_live_migration_only_for_freeze_with_that_description():
+    """Only a Freeze mentioning live migration is classified as one."""
+    base = {"EventId": "a", "EventStatus": "Scheduled", "Description": "memory-preserving Live Migration"}
+    assert parse_document({"Events": [{**base, "EventType": "Freeze"}]}).events[0].live_migration
+    assert not parse_document({"Events": [{**base, "EventType": "Reboot"}]}).events[0].live_migration
+
+
+def test_to_json_round_trips_through_the_parser():
+    """The state store saves events as JSON and reads them back unchanged."""
+    (e,) = parse_document(FULL).events
+    (again,) = parse_document({"Events": [e.to_json()]}).events
+    assert again == e
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=5),
+    max_leaves=30,
+)
+event_like = st.fixed_dictionaries({}, optional={
+    "EventId": json_values | st.text(max_size=8), "EventType": json_values | st.sampled_from(["Reboot", "Freeze"]),
+    "EventStatus": json_values | st.sampled_from(["Scheduled", "Started"]), "Resources": json_values,
+    "NotBefore": json_values | st.just("Mon, 19 Sep 2016 18:29:47 GMT"), "DurationInSeconds": json_values,
+    "Description": json_values, "EventSource": json_values, "ResourceType": json_values,
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(json_values, st.fixed_dictionaries({"DocumentIncarnation": json_values,
+                                                      "Events": st.lists(event_like | json_values, max_size=5)})))
+def test_any_json_parses_or_raises_document_error_only(data):
+    """Whatever IMDS (or a proxy) sends, the parser never raises anything but DocumentError."""
+    json.dumps(data, allow_nan=True)
+    try:
+        doc = parse_document(data)
+    except DocumentError:
+        return
+    assert len(doc.events) + len(doc.skipped) == len(data["Events"])
+    for e in doc.events:
+        assert e.event_id and e.event_type and e.status
+        assert e.not_before is None or e.not_before.tzinfo is not None
