@@ -15,6 +15,8 @@ class Clock(Protocol):
 
     def sleep(self, seconds: float) -> None: ...
 
+    def wait(self, event: threading.Event, seconds: float) -> bool: ...
+
 
 class SystemClock:
     """The real clock. `sleep` is interruptible through `wake()` (a SIGTERM cuts a wait short)."""
@@ -35,6 +37,10 @@ class SystemClock:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """Wait up to `seconds` for `event` (worker threads: a drain wait cut short by a stop)."""
+        return event.wait(max(0.0, seconds))
 
 
 class FakeClock:
@@ -65,3 +71,9 @@ class FakeClock:
 
     def wake(self) -> None:
         """Nothing to wake: FakeClock never blocks."""
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """Advance the clock by `seconds` unless `event` is already set."""
+        if not event.is_set():
+            self.advance(max(0.0, seconds))
+        return event.is_set()

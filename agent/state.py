@@ -227,6 +227,12 @@ class Store:
                 self.journal(journal, event_id=event_id, key=key, **value)
             self._changed()
 
+    def clear_result(self, event_id: str, key: str) -> None:
+        """Forget a result (an idempotent handler interrupted by a crash runs again)."""
+        with self._lock:
+            if self._data["results"].get(event_id, {}).pop(key, None) is not None:
+                self._changed()
+
     def flag(self, name: str) -> Any:
         """A persisted flag (None when unset)."""
         with self._lock:

@@ -1,0 +1,1 @@
+"""Handlers: what runs when an event reaches a phase (built-ins and `maintd.handlers` plugins)."""
