@@ -23,6 +23,7 @@ from agent.configschema import (
     duration,
     integer,
     list_of,
+    mapping_of,
     opt,
     optional,
     parse_section,
@@ -30,6 +31,9 @@ from agent.configschema import (
     text,
 )
 from agent.errors import ConfigError, ConfigValueError
+from agent.handlers.base import HandlerSpec
+from agent.handlers.registry import parse_handlers
+from agent.policy import DEFAULT_PROFILE, Profile, check_handler_names, parse_profiles
 
 Path_ = tuple[str | int, ...]
 
@@ -123,6 +127,24 @@ class HealthConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CoordinationConfig:
+    peer_url: str = opt(text(r"^https?://\S*\{name\}\S*$", "a URL template containing {name}"),
+                        "http://{name}:8088", "how to reach a peer named in Resources")
+    peers: dict[str, str] = opt(mapping_of(text(r"^https?://\S+$", "a base URL such as http://10.0.0.5:8088")), {},
+                                "static map VM name -> base URL; wins over peer_url")
+    token_file: str | None = opt(optional(text(r"^/", "an absolute path")), None,
+                                 "shared bearer token peers send (and this VM requires) on /v1 reads")
+    unreachable_peers: str = opt(choice("wait", "ignore"), "wait",
+                                 "wait: an unreachable peer blocks approval; ignore: after peer_timeout it no longer does")
+    peer_timeout: float = opt(duration(1, 86400), 120.0, "with ignore: how long a peer must be unreachable to be ignored")
+    takeover_after: float = opt(duration(1, 86400), 60.0,
+                                "a VM approves in the leader's place once every lower-ranked peer is unreachable this long")
+    request_timeout: float = opt(duration(0.05, 30), 2.0, "timeout of one peer readiness request")
+    max_concurrency: int = opt(integer(1, 256), 16, "peer requests in flight at once")
+    approval_retry_for: float = opt(duration(1, 3600), 60.0, "how long one approval POST is retried with backoff")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     imds: ImdsConfig = opt(section(ImdsConfig), ImdsConfig(), "")
     identity: IdentityConfig = opt(section(IdentityConfig), IdentityConfig(), "")
@@ -131,8 +153,17 @@ class Config:
     server: ServerConfig = opt(section(ServerConfig), ServerConfig(), "")
     probe: ProbeConfig = opt(section(ProbeConfig), ProbeConfig(), "")
     health: HealthConfig = opt(section(HealthConfig), HealthConfig(), "")
+    coordination: CoordinationConfig = opt(section(CoordinationConfig), CoordinationConfig(), "")
+    handlers: tuple[HandlerSpec, ...] = opt(parse_handlers, (), "what runs in each phase (see Handlers)")
+    profiles: tuple[Profile, ...] = opt(parse_profiles, (DEFAULT_PROFILE,), "approval profiles (see Profiles)")
     dry_run: bool = opt(boolean, False, "run the whole pipeline but send no approval; hooks run only if they opt in")
     source: str = dataclasses.field(default="<defaults>", compare=False)
+
+    def validate(self) -> None:
+        try:
+            check_handler_names(self.profiles, {h.name for h in self.handlers})
+        except ConfigValueError as exc:
+            raise exc.under("profiles") from None
 
 
 # --- YAML with marks -------------------------------------------------------------------------

@@ -1,0 +1,331 @@
+"""The `maintd` command: run the daemon, check a config, talk to a running daemon, emulate, demo."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+import requests
+
+from agent import __version__
+from agent import config as config_mod
+from agent.errors import ConfigError
+
+DEFAULT_CONFIG = "/etc/maintd/maintd.yaml"
+EX_CONFIG = 78
+DEFAULT_STATE_DIR = "/var/lib/maintd"
+
+
+def _config_path(args: argparse.Namespace) -> str:
+    return args.config or os.environ.get("MAINTD_CONFIG") or DEFAULT_CONFIG
+
+
+def with_state_env(cfg: config_mod.Config) -> config_mod.Config:
+    """Use systemd's $STATE_DIRECTORY when state.dir is left at its default."""
+    state_env = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if state_env and cfg.state.dir == DEFAULT_STATE_DIR:
+        cfg = dataclasses.replace(cfg, state=dataclasses.replace(cfg.state, dir=state_env))
+    return cfg
+
+
+def load_for_run(path: str, dry_run: bool = False) -> config_mod.Config:
+    """The config for `run`: the file, with $STATE_DIRECTORY and --dry-run applied."""
+    cfg = with_state_env(config_mod.load(path))
+    if dry_run:
+        cfg = dataclasses.replace(cfg, dry_run=True)
+    return cfg
+
+
+# --- run / check-config ---------------------------------------------------------------------
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from agent import logs
+    from agent.clock import SystemClock
+    from agent.daemon import build
+    from agent.systemd import listen_fds
+
+    path = _config_path(args)
+    try:
+        cfg = load_for_run(path, args.dry_run)
+    except ConfigError as exc:
+        print(f"maintd: config refused: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    logs.configure(cfg.log.format, cfg.log.level)
+    daemon = build(cfg, SystemClock(), config_path=path)
+    if args.once:
+        return run_once(daemon)
+    daemon.install_signals()
+    sockets = listen_fds()
+    try:
+        daemon.serve(sockets[0] if sockets else None)
+    except OSError as exc:
+        daemon.log.error("server.bind_failed", listen=cfg.server.listen, error=str(exc),
+                         hint="another process holds the port; change server.listen or stop it")
+        return 1
+    daemon.start()
+    daemon.notifier.ready(f"polling {cfg.imds.endpoint} as {daemon.vm_name or '(name unknown)'}")
+    try:
+        daemon.run()
+    finally:
+        daemon.shutdown()
+    return 0
+
+
+def run_once(daemon: Any) -> int:
+    """Poll once, print what maintd sees and would do, change nothing on disk, exit."""
+    from agent.errors import ImdsError
+    from agent.tracker import diff
+
+    daemon.store.load()
+    previous = daemon.store.tracked()
+    if daemon.vm_name is None:
+        daemon._resolve_identity(attempts=3)
+    if daemon.vm_name is None:
+        print("maintd: cannot learn this VM's name from IMDS; set identity.name", file=sys.stderr)
+        return 1
+    try:
+        result = daemon.imds.get_document()
+    except ImdsError as exc:
+        print(f"maintd: poll failed: {exc} {exc.body[:200]}", file=sys.stderr)
+        return 1
+    doc = result.document
+    if doc is None:
+        print("maintd: IMDS answered 304 Not Modified to a first request", file=sys.stderr)
+        return 1
+    _, transitions = diff(previous, doc, vm_name=daemon.vm_name, boot_id=daemon.boot_id, now=daemon.clock.now())
+    out = {
+        "vm_name": daemon.vm_name,
+        "document_incarnation": doc.incarnation,
+        "events": [{**e.to_json(), "names_self": e.names(daemon.vm_name)} for e in doc.events],
+        "skipped": [dataclasses.asdict(s) for s in doc.skipped],
+        "would": [daemon.describe_plan(t) for t in transitions],
+        "dry_run": daemon.config.dry_run,
+    }
+    print(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_mod.load(args.path)
+    except ConfigError as exc:
+        print(f"{exc}", file=sys.stderr)
+        return 1
+    print(f"{args.path}: OK ({_summary(cfg)})")
+    return 0
+
+
+def _summary(cfg: config_mod.Config) -> str:
+    parts = [f"poll every {cfg.imds.poll_interval:g}s", f"identity {cfg.identity.name}"]
+    handlers = getattr(cfg, "handlers", ())
+    parts.append(f"{len(handlers)} handler{'s' if len(handlers) != 1 else ''}")
+    return ", ".join(parts)
+
+
+# --- talking to a running daemon ------------------------------------------------------------
+
+def _base_url(args: argparse.Namespace) -> str:
+    if args.url:
+        return args.url.rstrip("/")
+    listen = "127.0.0.1:8088"
+    try:
+        listen = config_mod.load(_config_path(args), check_perms=False).server.listen
+    except ConfigError:
+        pass
+    host, _, port = listen.rpartition(":")
+    if host in ("0.0.0.0", "", "[::]", "::"):
+        host = "127.0.0.1"
+    return f"http://{host}:{port}"
+
+
+def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    url = _base_url(args) + path
+    headers = {}
+    token = os.environ.get("MAINTD_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    session = requests.Session()
+    session.trust_env = False
+    try:
+        response = session.request(method, url, json=body, headers=headers, timeout=10)
+    except requests.RequestException as exc:
+        raise SystemExit(f"maintd: cannot reach the daemon at {url} ({type(exc).__name__}); is it running? "
+                         "(systemctl status maintd; or pass --url)") from None
+    try:
+        return response.status_code, response.json()
+    except ValueError:
+        return response.status_code, response.text
+
+
+def _fail(status: int, body: Any) -> int:
+    message = body.get("error") if isinstance(body, dict) else body
+    print(f"maintd: the daemon answered {status}: {message}", file=sys.stderr)
+    return 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status, body = _call(args, "GET", "/v1/status")
+    if status != 200:
+        return _fail(status, body)
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    for key, value in body.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        print(f"{key:24} {value}")
+    return 0
+
+
+def _events_table(events: list[dict[str, Any]]) -> str:
+    rows = [("EVENT ID", "TYPE", "STATUS", "NOT BEFORE", "THIS VM", "RANK", "READY", "RESOURCES")]
+    for e in events:
+        rows.append((e["EventId"], e["EventType"], e["EventStatus"], e.get("NotBefore") or "-",
+                     "yes" if e.get("names_self") else "no", str(e.get("rank") if e.get("rank") is not None else "-"),
+                     "yes" if e.get("ready") else "no", ",".join(e.get("Resources", []))[:40]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    if args.history:
+        from agent.state import read_journal
+
+        try:
+            directory = with_state_env(config_mod.load(_config_path(args), check_perms=False)).state.dir
+        except ConfigError as exc:
+            print(f"maintd: {exc}", file=sys.stderr)
+            return 1
+        entries = [e for e in read_journal(directory) if not args.event_id or e.get("event_id") == args.event_id]
+        for entry in entries:
+            print(json.dumps(entry) if args.json else
+                  f"{entry.get('t', '?')}  {entry.get('kind', '?'):28} {entry.get('event_id', '')}  "
+                  + " ".join(f"{k}={v}" for k, v in entry.items() if k not in ("t", "kind", "event_id")))
+        return 0
+    status, body = _call(args, "GET", f"/v1/events/{args.event_id}" if args.event_id else "/v1/events")
+    if status != 200:
+        return _fail(status, body)
+    if args.json or args.event_id:
+        print(json.dumps(body, indent=2))
+    else:
+        print(_events_table(body) if body else "no events")
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    status, body = _call(args, "POST", "/v1/drain", {"reason": args.reason})
+    if status != 200:
+        return _fail(status, body)
+    print(f"out of rotation: {args.reason}" + (" (was already drained)" if body.get("already") else ""))
+    return 0
+
+
+def cmd_undrain(args: argparse.Namespace) -> int:
+    status, body = _call(args, "POST", "/v1/undrain")
+    if status != 200:
+        return _fail(status, body)
+    remaining = body.get("remaining_drains") or {}
+    print("manual drain lifted" if body.get("undrained") else "there was no manual drain")
+    if remaining:
+        print("still out of rotation for: " + ", ".join(remaining))
+    return 0
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    status, body = _call(args, "POST", f"/v1/events/{args.event_id}/approve")
+    if status != 200:
+        return _fail(status, body)
+    print(json.dumps(body, indent=2))
+    return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    status, body = _call(args, "GET", "/v1/health")
+    if status != 200:
+        return _fail(status, body)
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    print(f"aggregated: {body.get('AggregatedHealthState')}")
+    for ev in body.get("HealthEvents", []):
+        print(f"  {ev.get('HealthState', '?'):8} {ev.get('SourceId')}/{ev.get('Property')}: {ev.get('Description', '')}")
+    return 0 if body.get("AggregatedHealthState") != "Error" else 2
+
+
+def cmd_emulate(args: argparse.Namespace) -> int:
+    from agent.emulator.cli import main as emulate_main
+
+    return emulate_main(args.rest)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from agent.demo import main as demo_main
+
+    return demo_main(args.rest)
+
+
+# --- parser ---------------------------------------------------------------------------------
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser (also the source of `maintd --help`)."""
+    p = argparse.ArgumentParser(prog="maintd", description="Azure Scheduled Events agent.")
+    p.add_argument("--version", action="version", version=f"maintd {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def client(name: str, help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument("--config", help=f"config file (default $MAINTD_CONFIG or {DEFAULT_CONFIG})")
+        sp.add_argument("--url", help="the daemon's base URL (default: from server.listen in the config)")
+        return sp
+
+    run = sub.add_parser("run", help="run the daemon")
+    run.add_argument("--config", help=f"config file (default $MAINTD_CONFIG or {DEFAULT_CONFIG})")
+    run.add_argument("--once", action="store_true", help="poll once, print what maintd sees and would do, exit")
+    run.add_argument("--dry-run", action="store_true", help="send no approval; run only hooks that opt in")
+    run.set_defaults(fn=cmd_run)
+
+    check = sub.add_parser("check-config", help="validate a config file (exit 0 valid, 1 refused)")
+    check.add_argument("path")
+    check.set_defaults(fn=cmd_check_config)
+
+    st = client("status", "the daemon's state")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=cmd_status)
+
+    ev = client("events", "events the daemon tracks (or --history from the audit journal)")
+    ev.add_argument("event_id", nargs="?")
+    ev.add_argument("--json", action="store_true")
+    ev.add_argument("--history", action="store_true", help="read the audit journal instead of asking the daemon")
+    ev.set_defaults(fn=cmd_events)
+
+    dr = client("drain", "take this VM out of the load balancer's rotation")
+    dr.add_argument("--reason", default="manual drain")
+    dr.set_defaults(fn=cmd_drain)
+    client("undrain", "lift the manual drain").set_defaults(fn=cmd_undrain)
+
+    ap = client("approve", "approve a Scheduled event (profiles with approval: manual)")
+    ap.add_argument("event_id")
+    ap.set_defaults(fn=cmd_approve)
+
+    he = client("health", "aggregated health and every report")
+    he.add_argument("--json", action="store_true")
+    he.set_defaults(fn=cmd_health)
+
+    em = sub.add_parser("emulate", help="run the IMDS Scheduled Events emulator (see maintd emulate --help)",
+                        add_help=False)
+    em.add_argument("rest", nargs=argparse.REMAINDER)
+    em.set_defaults(fn=cmd_emulate)
+    de = sub.add_parser("demo", help="emulator + agent on loopback: a Reboot handled end to end", add_help=False)
+    de.add_argument("rest", nargs=argparse.REMAINDER)
+    de.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `maintd` console script."""
+    args = parser().parse_args(argv)
+    return int(args.fn(args) or 0)

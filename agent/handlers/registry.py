@@ -1,0 +1,118 @@
+"""Handler types by name: the built-ins plus plugins from the `maintd.handlers` entry-point group,
+and parsing of the config's `handlers:` list into `HandlerSpec`s."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from importlib.metadata import entry_points
+from typing import Any
+
+from agent.configschema import boolean, choice, duration, integer, list_of, opt, parse_section, text
+from agent.errors import ConfigValueError
+from agent.handlers.base import PHASES, Handler, HandlerSpec
+
+ENTRY_POINT_GROUP = "maintd.handlers"
+EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
+
+
+def _builtins() -> dict[str, type[Handler]]:
+    from agent.handlers.drain import DrainHandler
+    from agent.handlers.exec import ExecHandler
+    from agent.handlers.health import HealthHandler
+    from agent.handlers.webhook import WebhookHandler
+
+    return {h.type_name: h for h in (DrainHandler, ExecHandler, WebhookHandler, HealthHandler)}
+
+
+def available() -> dict[str, type[Handler]]:
+    """Every handler type: built-ins, then plugins; two plugins (or a plugin and a built-in) with one name is an error."""
+    types = _builtins()
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in types:
+            raise ConfigValueError("", f"handler type {ep.name!r} is provided twice (plugin {ep.value}); "
+                                   "uninstall one of the packages")
+        try:
+            cls = ep.load()
+        except Exception as exc:  # a broken plugin must say so, not crash the daemon
+            raise ConfigValueError("", f"handler plugin {ep.name!r} ({ep.value}) cannot be loaded: {exc}") from None
+        if not (isinstance(cls, type) and issubclass(cls, Handler)):
+            raise ConfigValueError("", f"handler plugin {ep.name!r} ({ep.value}) is not a maintd Handler class")
+        types[ep.name] = cls
+    return types
+
+
+@dataclasses.dataclass(frozen=True)
+class _Common:
+    name: str = opt(text(r"^[A-Za-z0-9_.-]{1,64}$", "letters, digits, _ . - (up to 64)"), doc="unique handler name")
+    type: str = opt(text(), doc="handler type (drain, exec, webhook, health, or a plugin)")
+    phases: tuple[str, ...] = opt(list_of(choice(*PHASES), min_len=1, unique=True), doc="phases it runs in")
+    event_types: tuple[str, ...] = opt(list_of(text(), unique=True), (), "only these EventTypes (default all)")
+    event_sources: tuple[str, ...] = opt(list_of(choice("Platform", "User"), unique=True), (),
+                                         "only these EventSources (default both)")
+    scope: str = opt(choice("self", "any"), "self", "self: events naming this VM; any: every event in the document")
+    timeout: float = opt(duration(0.1, 86400), 60.0, "longest run; capped by the time left before NotBefore")
+    on_failure: str = opt(choice("block", "continue"), "block",
+                          "block: the VM is not ready and approval waits; continue: failure still counts as ready")
+    order: int = opt(integer(-1000, 1000), 0, "runs in ascending order within a phase (then list order)")
+    dry_run: bool = opt(boolean, False, "also run when maintd is in dry-run mode (gets MAINTD_DRY_RUN=1)")
+
+
+COMMON_KEYS = tuple(f.name for f in dataclasses.fields(_Common))
+
+
+def _parse_one(item: Any, types: dict[str, type[Handler]]) -> HandlerSpec:
+    if not isinstance(item, dict):
+        raise ConfigValueError("", "each handler is a mapping with name, type and phases")
+    kind = item.get("type")
+    if kind not in types:
+        close = difflib.get_close_matches(str(kind), list(types), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigValueError("type" if "type" in item else "", f"unknown handler type {kind!r}{hint}; "
+                               f"available: {', '.join(sorted(types))}")
+    cls = types[kind]
+    option_keys = cls.option_names()
+    for key in item:
+        if key not in COMMON_KEYS and key not in option_keys:
+            known = sorted(COMMON_KEYS + option_keys)
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigValueError(str(key), f"unknown key for a {kind} handler{hint}; known keys: {', '.join(known)}")
+    common = parse_section(_Common, {k: v for k, v in item.items() if k in COMMON_KEYS})
+    options = parse_section(cls.Options, {k: v for k, v in item.items() if k in option_keys})
+    unsupported = [p for p in common.phases if p not in cls.supported_phases()]
+    if unsupported:
+        raise ConfigValueError("phases", f"a {kind} handler has no {', '.join(unsupported)} phase; "
+                               f"it supports {', '.join(cls.supported_phases())}")
+    for i, t in enumerate(common.event_types):
+        if t not in EVENT_TYPES:
+            close = difflib.get_close_matches(t, EVENT_TYPES, n=1)
+            if close:
+                raise ConfigValueError(f"event_types[{i}]", f"{t!r} is not an EventType; did you mean {close[0]!r}?")
+    return HandlerSpec(options=options, **dataclasses.asdict(common))
+
+
+def parse_handlers(value: Any) -> tuple[HandlerSpec, ...]:
+    """The `handlers:` list, each entry checked against its type's schema; names must be unique."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigValueError("", "handlers is a list of mappings (- name: ..., type: ..., phases: [...])")
+    types = available()
+    specs: list[HandlerSpec] = []
+    for i, item in enumerate(value):
+        try:
+            spec = _parse_one(item, types)
+        except ConfigValueError as exc:
+            raise exc.under(f"[{i}]") from None
+        if any(s.name == spec.name for s in specs):
+            raise ConfigValueError(f"[{i}].name", f"handler name {spec.name!r} is used twice; names must be unique")
+        specs.append(spec)
+    return tuple(specs)
+
+
+def instantiate(specs: tuple[HandlerSpec, ...], services: Any) -> list[Handler]:
+    """Handler objects for the specs, sorted by `order` then list position."""
+    types = available()
+    ordered = sorted(enumerate(specs), key=lambda pair: (pair[1].order, pair[0]))
+    return [types[spec.type](spec, services) for _, spec in ordered]

@@ -1,0 +1,157 @@
+"""Profiles and approval rules, and the pure decision whether this VM may approve an event now.
+
+Profiles (`profiles:`) are evaluated fixed date, then recurrence, then default (see `schedule`);
+the one in force sets `approval` (auto, manual, never, immediate) and may narrow the handlers
+that run and change the drain timings. Within a profile, `rules` match on event_types,
+event_sources, max_duration_seconds and live_migration; the first match decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from agent.configschema import boolean, choice, duration, integer, list_of, opt, optional, parse_section, text
+from agent.errors import ConfigValueError
+from agent.events import Event
+from agent.schedule import FixedDate, Recurrence, Selection, parse_fixed_date, parse_recurrence, select, validate_profiles
+
+APPROVAL_MODES = ("auto", "immediate", "manual", "never")
+
+
+@dataclass(frozen=True)
+class ApprovalRule:
+    """One rule of a profile: when it matches, `approval` decides."""
+
+    approval: str = opt(choice(*APPROVAL_MODES), doc="auto (once every VM is ready), immediate, manual or never")
+    event_types: tuple[str, ...] = opt(list_of(text(), unique=True), (), "match these EventTypes")
+    event_sources: tuple[str, ...] = opt(list_of(choice("Platform", "User"), unique=True), (), "match these sources")
+    max_duration_seconds: int | None = opt(optional(integer(0)), None,
+                                           "match events announcing at most this impact (DurationInSeconds ≥ 0)")
+    live_migration: bool | None = opt(optional(boolean), None, "match (true) or exclude (false) live migrations")
+
+    def matches(self, event: Event) -> bool:
+        """Whether every condition of the rule holds for the event."""
+        if self.event_types and event.event_type not in self.event_types:
+            return False
+        if self.event_sources and event.source not in self.event_sources:
+            return False
+        if self.max_duration_seconds is not None and not 0 <= event.duration_seconds <= self.max_duration_seconds:
+            return False
+        if self.live_migration is not None and event.live_migration != self.live_migration:
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One profile: when it is in force and what it allows."""
+
+    name: str = opt(text(r"^[A-Za-z0-9_.-]{1,64}$", "letters, digits, _ . -"), doc="profile name")
+    approval: str = opt(choice(*APPROVAL_MODES), "auto", "approval when no rule matches")
+    rules: tuple[ApprovalRule, ...] = opt(list_of(lambda v: parse_section(ApprovalRule, v)), (),
+                                          "ordered approval rules; the first match wins")
+    fixed_date: FixedDate | None = opt(optional(parse_fixed_date), None, "in force between start and end")
+    recurrence: Recurrence | None = opt(optional(parse_recurrence), None,
+                                        "in force from each occurrence until another recurrence profile's next one")
+    handlers: tuple[str, ...] | None = opt(optional(list_of(text(), unique=True)), None,
+                                           "only these handlers run while the profile is in force (default all)")
+    lb_timeout: float | None = opt(optional(duration(11, 3600)), None, "overrides probe.lb_timeout")
+    drain_grace: float | None = opt(optional(duration(0, 3600)), None, "overrides probe.drain_grace")
+
+    def validate(self) -> None:
+        if self.fixed_date is not None and self.recurrence is not None:
+            raise ConfigValueError("recurrence", "a profile has either fixed_date or recurrence, not both")
+
+    @property
+    def schedule(self) -> FixedDate | Recurrence | None:
+        """What decides when the profile is in force (None: the default profile)."""
+        return self.fixed_date or self.recurrence
+
+    def approval_for(self, event: Event) -> tuple[str, int | None]:
+        """The approval mode for an event and the index of the rule that chose it (None: the profile's own)."""
+        for i, rule in enumerate(self.rules):
+            if rule.matches(event):
+                return rule.approval, i
+        return self.approval, None
+
+
+DEFAULT_PROFILE = Profile(name="default", approval="auto")
+
+
+def parse_profiles(value: Any) -> tuple[Profile, ...]:
+    """The `profiles:` list: unique names, exactly one default (no fixed_date, no recurrence)."""
+    if value is None:
+        return (DEFAULT_PROFILE,)
+    if not isinstance(value, list) or not value:
+        raise ConfigValueError("", "profiles is a non-empty list; leave it out for one default profile (approval: auto)")
+    profiles: list[Profile] = []
+    for i, item in enumerate(value):
+        try:
+            profile = parse_section(Profile, item)
+        except ConfigValueError as exc:
+            raise exc.under(f"[{i}]") from None
+        if any(p.name == profile.name for p in profiles):
+            raise ConfigValueError(f"[{i}].name", f"profile name {profile.name!r} is used twice")
+        profiles.append(profile)
+    validate_profiles([p.schedule for p in profiles])
+    return tuple(profiles)
+
+
+def check_handler_names(profiles: tuple[Profile, ...], handler_names: set[str]) -> None:
+    """A profile may only name configured handlers."""
+    for i, p in enumerate(profiles):
+        for j, name in enumerate(p.handlers or ()):
+            if name not in handler_names:
+                raise ConfigValueError(f"[{i}].handlers[{j}]", f"no handler named {name!r} is configured; "
+                                       f"configured: {', '.join(sorted(handler_names)) or 'none'}")
+
+
+def in_force(profiles: tuple[Profile, ...], now: datetime) -> tuple[Profile, Selection]:
+    """The profile in force at `now`, and when that may change."""
+    selection = select([p.schedule for p in profiles], now)
+    return (profiles[selection.index] if selection.index >= 0 else DEFAULT_PROFILE), selection
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether to send the approval now, and why (or why not)."""
+
+    approve: bool
+    reason: str
+
+
+def decide(*, mode: str, status: str, rank: int | None, already_sent: bool, manual_requested: bool,
+           local_pending: list[str], peers_not_ready: list[str], lower_ranked_reachable: list[str],
+           dry_run: bool) -> Decision:
+    """The approval decision for one event on this VM (pure).
+
+    `lower_ranked_reachable` are the VMs ranked before this one that answered recently (the
+    leader is rank 0; a VM of rank r takes over only when all of them have been unreachable for
+    `takeover_after`, which the caller has already applied).
+    """
+    if status != "Scheduled":
+        return Decision(False, f"event is {status}")
+    if rank is None:
+        return Decision(False, "this VM is not in Resources")
+    if already_sent:
+        return Decision(False, "already approved")
+    if mode == "never":
+        return Decision(False, "profile forbids approval (never)")
+    if mode == "manual":
+        if not manual_requested:
+            return Decision(False, "waiting for an operator: maintd approve EVENT_ID")
+        return Decision(not dry_run, "approved by an operator" + (" (dry run: not sent)" if dry_run else ""))
+    if lower_ranked_reachable:
+        return Decision(False, f"not the leader: {', '.join(lower_ranked_reachable[:5])} ranked before this VM")
+    if mode == "auto":
+        if local_pending:
+            return Decision(False, f"waiting for local handlers: {', '.join(local_pending)}")
+        if peers_not_ready:
+            more = f" (+{len(peers_not_ready) - 5} more)" if len(peers_not_ready) > 5 else ""
+            return Decision(False, f"waiting for peers: {', '.join(peers_not_ready[:5])}{more}")
+    if dry_run:
+        return Decision(False, "dry run: approval not sent")
+    return Decision(True, "every affected VM is ready" if mode == "auto" else "immediate by policy")
+

@@ -1,0 +1,38 @@
+"""tenacity retries that run on maintd's injected clock.
+
+tenacity measures `stop_after_delay` with the real monotonic clock, so a test clock that jumps
+would never end the retries; here the stop and the sleeps both go through `Clock`. The wait is
+exponential with additive jitter, built from primitives every tenacity since 8.x has.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import tenacity
+
+from agent.clock import Clock
+
+
+def retrying(clock: Clock, *, retry_if: Callable[[BaseException], bool], attempts: int | None = None,
+             within: float | None = None, cancel: threading.Event | None = None, initial: float = 0.5,
+             maximum: float = 5.0) -> tenacity.Retrying:
+    """A Retrying that gives up after `attempts` tries or `within` seconds of `clock`, or when `cancel` is set."""
+    start = clock.monotonic()
+    stop_event = cancel or threading.Event()
+
+    def stop(state: Any) -> bool:
+        if stop_event.is_set():
+            return True
+        if attempts is not None and state.attempt_number >= attempts:
+            return True
+        return within is not None and clock.monotonic() - start >= within
+
+    return tenacity.Retrying(
+        stop=stop,
+        wait=tenacity.wait_exponential(multiplier=initial, max=maximum) + tenacity.wait_random(0, initial),
+        retry=tenacity.retry_if_exception(retry_if),
+        sleep=lambda seconds: clock.wait(stop_event, seconds) and None,
+        reraise=True,
+    )

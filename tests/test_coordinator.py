@@ -1,0 +1,173 @@
+"""Coordination: one approval per event, peers asked boundedly, takeover after the leader is gone."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import requests
+import responses
+
+from agent.config import CoordinationConfig
+from agent.coordinator import Coordinator
+from agent.events import Event
+from agent.metrics import Metrics
+from agent.policy import Profile
+from agent.state import Store
+from agent.tracker import Tracked
+
+AUTO = Profile(name="default", approval="auto")
+
+
+def peer(name: str) -> str:
+    return f"http://{name}.peers.invalid:8088"
+
+
+@pytest.fixture
+def peers():
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
+        yield rsps
+
+
+def setup(tmp_path, clock, **settings):
+    sent: list[list[str]] = []
+    cfg = CoordinationConfig(peer_url="http://{name}.peers.invalid:8088", takeover_after=60.0, **settings)
+    store = Store(tmp_path, clock)
+    coord = Coordinator(cfg, approve=sent.append, store=store, clock=clock, metrics=Metrics(), poll_interval=1.0)
+    return coord, sent, store
+
+
+def tracked(clock, resources, status="Scheduled", eid="E1"):
+    e = Event(eid, "Reboot", status, tuple(resources), not_before=clock.now() + timedelta(minutes=15))
+    return {eid: Tracked(e, True, clock.now(), "b", False)}
+
+
+def answer(peers, name, ready=True, status=200, eid="E1"):
+    if status == 0:
+        peers.get(f"{peer(name)}/v1/events/{eid}", body=requests.ConnectionError("down"))
+    else:
+        peers.get(f"{peer(name)}/v1/events/{eid}", json={"ready": ready}, status=status)
+
+
+def step(coord, t, vm, pending=lambda t: [], profile=AUTO):
+    coord.tick(t, vm, profile, False, pending)
+    assert coord.wait_idle(5)
+
+
+def test_leader_approves_once_when_everyone_is_ready(tmp_path, clock, peers):
+    """vm1 (rank 0) waits for vm2 and vm3, then sends exactly one POST, recorded as sent."""
+    coord, sent, store = setup(tmp_path, clock)
+    t = tracked(clock, ["vm1", "vm2", "vm3"])
+    answer(peers, "vm2", ready=True)
+    answer(peers, "vm3", ready=False)
+    step(coord, t, "vm1")
+    step(coord, t, "vm1")
+    assert sent == []
+    assert "vm3" in coord.view("E1")["approval_decision"]
+    peers.replace(responses.GET, f"{peer('vm3')}/v1/events/E1", json={"ready": True})
+    clock.advance(1)
+    step(coord, t, "vm1")
+    step(coord, t, "vm1")
+    clock.advance(1)
+    step(coord, t, "vm1")
+    assert sent == [["E1"]]
+    assert store.result("E1", "approval")["status"] == "sent"
+
+
+def test_ready_peers_are_not_asked_again(tmp_path, clock, peers):
+    """Ready is final: a ready peer is asked once, a not-ready one at most once per poll interval."""
+    coord, sent, _ = setup(tmp_path, clock)
+    t = tracked(clock, ["vm1", "vm2", "vm3"])
+    answer(peers, "vm2", ready=True)
+    answer(peers, "vm3", ready=False)
+    for _ in range(3):
+        step(coord, t, "vm1", pending=lambda t: ["checkpoint"])
+    calls = [c.request.url for c in peers.calls]
+    assert calls.count(f"{peer('vm2')}/v1/events/E1") == 1
+    assert calls.count(f"{peer('vm3')}/v1/events/E1") == 1
+    clock.advance(1.0)
+    step(coord, t, "vm1", pending=lambda t: ["checkpoint"])
+    assert [c.request.url for c in peers.calls].count(f"{peer('vm3')}/v1/events/E1") == 2
+
+
+def test_non_leader_never_approves_while_the_leader_answers(tmp_path, clock, peers):
+    """vm2 (rank 1) leaves approval to a reachable vm1, however long it waits."""
+    coord, sent, _ = setup(tmp_path, clock)
+    t = tracked(clock, ["vm1", "vm2"])
+    answer(peers, "vm1", ready=False)
+    for _ in range(5):
+        clock.advance(30)
+        step(coord, t, "vm2")
+    assert sent == [] and "not the leader" in coord.view("E1")["approval_decision"]
+
+
+def test_rank_1_takes_over_after_the_leader_is_unreachable_for_takeover_after(tmp_path, clock, peers):
+    """vm1 down: vm2 approves only once vm1 has been unreachable for 60 s and vm3 is ready."""
+    coord, sent, _ = setup(tmp_path, clock)
+    t = tracked(clock, ["vm1", "vm2", "vm3"])
+    answer(peers, "vm1", status=0)
+    answer(peers, "vm3", ready=True)
+    step(coord, t, "vm2")
+    clock.advance(30)
+    step(coord, t, "vm2")
+    assert sent == []
+    clock.advance(31)
+    step(coord, t, "vm2")
+    step(coord, t, "vm2")
+    assert sent == [["E1"]]
+
+
+def test_unreachable_peer_blocks_with_wait_and_is_ignored_after_peer_timeout(tmp_path, clock, peers):
+    """unreachable_peers: wait never approves for a dead peer; ignore does after peer_timeout."""
+    for policy, expected in (("wait", []), ("ignore", [["E1"]])):
+        coord, sent, _ = setup(tmp_path / policy, clock, unreachable_peers=policy, peer_timeout=120.0)
+        t = tracked(clock, ["vm1", "vm2"])
+        answer(peers, "vm2", status=0)
+        for _ in range(4):
+            step(coord, t, "vm1")
+            clock.advance(50)
+        step(coord, t, "vm1")
+        assert sent == expected, policy
+
+
+def test_never_and_started_and_other_vms_events_are_not_approved(tmp_path, clock, peers):
+    """No POST inside a `never` profile, for a Started event, or for an event not naming this VM."""
+    coord, sent, _ = setup(tmp_path, clock)
+    step(coord, tracked(clock, ["vm1"]), "vm1", profile=Profile(name="freeze", approval="never"))
+    step(coord, tracked(clock, ["vm1"], status="Started", eid="E2"), "vm1")
+    step(coord, tracked(clock, ["vm9"], eid="E3"), "vm1")
+    assert sent == []
+
+
+def test_a_sent_approval_is_never_sent_again_after_restart(tmp_path, clock, peers):
+    """The state store remembers `sent`: a new coordinator over it sends nothing."""
+    coord, sent, store = setup(tmp_path, clock)
+    step(coord, tracked(clock, ["vm1"]), "vm1")
+    step(coord, tracked(clock, ["vm1"]), "vm1")
+    assert sent == [["E1"]]
+    store2 = Store(tmp_path, clock)
+    store2.load()
+    sent2: list = []
+    coord2 = Coordinator(coord.settings, approve=sent2.append, store=store2, clock=clock, metrics=Metrics())
+    step(coord2, tracked(clock, ["vm1"]), "vm1")
+    assert sent2 == []
+
+
+def test_failed_posts_are_retried_with_backoff_then_recorded(tmp_path, clock):
+    """A 500 from IMDS is retried (tenacity); when retries run out the failure is recorded and counted."""
+    from agent.errors import ImdsUnavailable
+
+    attempts: list[int] = []
+
+    def flaky(ids):
+        attempts.append(1)
+        raise ImdsUnavailable("IMDS answered 500", 500)
+
+    cfg = CoordinationConfig(approval_retry_for=10.0)
+    store = Store(tmp_path, clock)
+    metrics = Metrics()
+    coord = Coordinator(cfg, approve=flaky, store=store, clock=clock, metrics=metrics)
+    step(coord, tracked(clock, ["vm1"]), "vm1")
+    assert len(attempts) > 1
+    assert store.result("E1", "approval")["status"] == "failed"
+    assert metrics.approvals.labels("failed")._value.get() == 1
