@@ -90,7 +90,12 @@ def duration(min_s: float = 0.0, max_s: float | None = None) -> Parser:
 
 
 def _fmt_s(seconds: float) -> str:
-    return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def integer(min_v: int | None = None, max_v: int | None = None) -> Parser:
@@ -256,15 +261,32 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
         if "parse" not in f.metadata:
             continue
         key = f"{prefix}{f.name}"
-        default: Any
         if f.default is not dataclasses.MISSING:
-            default = f.default
+            default: Any = f.default
         elif f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
         else:
-            default = "(required)"
+            rows.append((key, "required", f.metadata.get("doc", "")))
+            continue
         if dataclasses.is_dataclass(default):
             rows.extend(describe(type(default), key + "."))
             continue
-        rows.append((key, repr(default) if not isinstance(default, str) else default, f.metadata.get("doc", "")))
+        rows.append((key, _default_text(default, f.metadata["parse"]), f.metadata.get("doc", "")))
     return rows
+
+
+def _default_text(value: Any, parse: Parser) -> str:
+    """A default as an operator would write it in YAML (durations as 31s, lists as [a, b])."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and "duration" in getattr(parse, "__qualname__", ""):
+        return _fmt_s(value)
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{}" if not value else str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

@@ -14,7 +14,8 @@ import signal
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from datetime import datetime
+from typing import Any, Callable, Iterable
 
 import requests
 
@@ -37,6 +38,7 @@ from agent.runner import Runner
 from agent.server import ApiServer
 from agent.state import Store
 from agent.systemd import Notifier, system_is_stopping
+from agent.tcpprobe import TcpProbe
 from agent.tracker import Tracked, Transition, diff
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -51,6 +53,17 @@ def read_boot_id(path: str = BOOT_ID_PATH) -> str:
         return Path(path).read_text().strip()
     except OSError:
         return ""
+
+
+def next_maintenance(tracked: Iterable[Tracked]) -> dict[str, datetime]:
+    """Earliest NotBefore per event type among the Scheduled events naming this VM."""
+    out: dict[str, datetime] = {}
+    for t in tracked:
+        nb = t.event.not_before
+        if t.names_self and t.event.status == "Scheduled" and nb is not None:
+            label = t.event.type_label
+            out[label] = min(out.get(label, nb), nb)
+    return out
 
 
 def read_secret(path: str | None) -> str | None:
@@ -84,6 +97,7 @@ class Daemon:
                                  config.health.consider_warning_as_error)
         self._session = session
         self.server: ApiServer | None = None
+        self.tcp_probe: TcpProbe | None = None
         self.imds = self._make_client(config)
         self.vm_name: str | None = None if config.identity.name == "auto" else config.identity.name
         self.tracked: dict[str, Tracked] = {}
@@ -333,6 +347,9 @@ class Daemon:
             counts[key] = counts.get(key, 0) + 1
         for key, n in counts.items():
             self.metrics.events.labels(*key).set(n)
+        self.metrics.next_maintenance.clear()
+        for label, when in next_maintenance(self.tracked.values()).items():
+            self.metrics.next_maintenance.labels(label).set(when.timestamp())
         pending = [t for t in self.tracked.values() if t.names_self]
         if pending:
             self.health.set("maintenance", "pending", HealthState.OK,
@@ -435,6 +452,10 @@ class Daemon:
                                 max_body_bytes=c.max_body_bytes, read_timeout=c.read_timeout, sock=sock)
         self.server.serve_in_background()
         self.log.info("server.listening", url=self.server.url, socket_activated=sock is not None)
+        probe = self.config.probe
+        if probe.mode == "tcp" and probe.listen:
+            self.tcp_probe = TcpProbe(probe.listen, lambda: self.rotation.verdict().in_rotation)
+            self.tcp_probe.start()
         return self.server
 
     # --- control ------------------------------------------------------------------------
@@ -533,6 +554,8 @@ class Daemon:
             self.drain_for_stop()
         self.runner.stop(HANDLER_STOP_GRACE)
         self.coordinator.stop()
+        if self.tcp_probe is not None:
+            self.tcp_probe.stop()
         if self.server is not None:
             self.server.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
