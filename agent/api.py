@@ -117,6 +117,12 @@ class LocalApi:
             raise ApiError(409, f"event {event_id} is {tracked.event.status}; only Scheduled events can be approved")
         return self.d.manual_approve(event_id)
 
+    def peer_ready(self, event_id: str, body: Any) -> dict[str, Any]:
+        vm = body.get("vm") if isinstance(body, dict) else None
+        if not isinstance(vm, str) or not vm:
+            raise ApiError(400, 'body must be {"vm": "name of the peer that became ready"}')
+        return {"event_id": event_id, "asked_again": self.d.coordinator.hint(event_id, vm)}
+
     def report_health(self, body: Any) -> dict[str, Any]:
         try:
             report = parse_report(body)

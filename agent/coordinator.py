@@ -70,7 +70,7 @@ class Coordinator:
 
     def __init__(self, settings: Any, *, approve: Callable[[list[str]], None], store: Store, clock: Clock,
                  metrics: Metrics, token_reader: Callable[[], str | None] = lambda: None,
-                 poll_interval: float = 1.0) -> None:
+                 poll_interval: float = 1.0, on_change: Callable[[], None] = lambda: None) -> None:
         self.settings = settings
         self.approve_fn = approve
         self.store = store
@@ -78,6 +78,7 @@ class Coordinator:
         self.metrics = metrics
         self.token_reader = token_reader
         self.poll_interval = poll_interval
+        self.on_change = on_change
         self.log = logs.get("coordinator")
         self.cancel = threading.Event()
         self._lock = threading.Lock()
@@ -125,12 +126,39 @@ class Coordinator:
         with self._lock:
             peer.in_flight = False
             peer.detail = detail
+            newly_ready = ready and not peer.ready
             if outcome == "unreachable":
                 if peer.failing_since is None:
                     peer.failing_since = now
             else:
                 peer.answered, peer.last_ok, peer.failing_since = True, now, None
                 peer.ready = peer.ready or ready
+        if newly_ready:
+            self.on_change()
+
+    def hint(self, event_id: str, name: str) -> bool:
+        """A peer says it became ready: ask it again at once (its word is checked, not trusted)."""
+        with self._lock:
+            state = self._events.get(event_id)
+            peer = next((p for n, p in state.peers.items() if n.casefold() == name.casefold()), None) if state else None
+            if peer is None or peer.ready:
+                return False
+            peer.last_asked = float("-inf")
+        self.on_change()
+        return True
+
+    def tell_leader(self, event_id: str, leader: str, vm_name: str) -> None:
+        """Tell the event's leader that this VM is ready, so it need not wait for its next round of asking."""
+        def post() -> None:
+            token = self.token_reader()
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            try:
+                self.session.post(f"{self.peer_url(leader)}/v1/events/{event_id}/peer-ready", json={"vm": vm_name},
+                                  headers=headers, timeout=self.settings.request_timeout)
+            except requests.RequestException as exc:  # only a hint: the leader asks anyway
+                self.log.debug("peer.hint_failed", event_id=event_id, leader=leader, error=type(exc).__name__)
+
+        self._track(self._peer_pool.submit(post))
 
     def _refresh(self, event_id: str, names: list[str], state: EventCoordination) -> None:
         now = self.clock.monotonic()

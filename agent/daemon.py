@@ -111,6 +111,7 @@ class Daemon:
         self.stop_requested = threading.Event()
         self._second_stop = threading.Event()
         self.reload_requested = threading.Event()
+        self._coordinate_soon = threading.Event()
         self._poll_errors = logs.RepeatLimiter()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="imds")
         self.transition_listeners: list[Callable[[list[Transition]], None]] = []
@@ -122,7 +123,7 @@ class Daemon:
         self.transition_listeners.append(lambda trs: [self.runner.submit(t) for t in trs])
         self.coordinator = Coordinator(config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store,
                                        clock=clock, metrics=self.metrics, token_reader=self.peer_token,
-                                       poll_interval=config.imds.poll_interval)
+                                       poll_interval=config.imds.poll_interval, on_change=self.wake_coordination)
         self.profile: Profile = self._update_profile()
 
     # --- construction -------------------------------------------------------------------
@@ -178,7 +179,8 @@ class Daemon:
         wait = self.next_poll - self.clock.monotonic()
         if self.notifier.watchdog_interval is not None:
             wait = min(wait, self.notifier.watchdog_interval)
-        if wait > 0 and not (self.stop_requested.is_set() or self.reload_requested.is_set()):
+        if wait > 0 and not (self.stop_requested.is_set() or self.reload_requested.is_set()
+                             or self._coordinate_soon.is_set()):
             self.clock.sleep(wait)
 
     def tick(self) -> list[Transition]:
@@ -191,7 +193,12 @@ class Daemon:
             self.reload()
         transitions: list[Transition] = []
         if now >= self.next_poll:
+            self._coordinate_soon.clear()
             transitions = self._poll_and_schedule(now)
+        elif self._coordinate_soon.is_set():
+            self._coordinate_soon.clear()
+            if self.last_success is not None and now - self.last_success <= 2 * self.config.imds.poll_interval:
+                self._coordinate()
         self._retry_state_flush()
         self._update_imds_health()
         self.update_rotation_metrics()
@@ -411,6 +418,23 @@ class Daemon:
                             f"{phase} run for {event_id} {result.outcome}: {result.detail}"[:500])
         elif result.outcome == "ok":
             self.health.remove("handlers", handler)
+        tracked = self.tracked.get(event_id)
+        if phase == "scheduled" and tracked is not None and self.vm_name and self.runner.is_ready(tracked):
+            self.wake_coordination()
+            rank = tracked.event.rank(self.vm_name)
+            if rank:
+                self.coordinator.tell_leader(event_id, tracked.event.resources[0], self.vm_name)
+
+    def wake_coordination(self) -> None:
+        """Decide about approvals now rather than after the next poll (a VM just became ready)."""
+        self._coordinate_soon.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Cut the loop's sleep short (signal-safe)."""
+        wake = getattr(self.clock, "wake", None)
+        if wake:
+            wake()
 
     def extra_status(self) -> dict[str, Any]:
         """Profile fields for /v1/status."""
@@ -513,16 +537,12 @@ class Daemon:
     def request_stop(self, *_: Any) -> None:
         """Ask the loop to stop (signal-safe)."""
         self.stop_requested.set()
-        wake = getattr(self.clock, "wake", None)
-        if wake:
-            wake()
+        self._wake()
 
     def request_reload(self, *_: Any) -> None:
         """Ask the loop to reload the config (signal-safe)."""
         self.reload_requested.set()
-        wake = getattr(self.clock, "wake", None)
-        if wake:
-            wake()
+        self._wake()
 
     def install_signals(self) -> None:
         """SIGTERM/SIGINT stop, SIGHUP reloads."""

@@ -26,6 +26,7 @@ from agent.metrics import Metrics
 MAX_CONNECTIONS = 128
 _EVENT_ROUTE = re.compile(r"^/v1/events/([^/]+)$")
 _APPROVE_ROUTE = re.compile(r"^/v1/events/([^/]+)/approve$")
+_READY_ROUTE = re.compile(r"^/v1/events/([^/]+)/peer-ready$")
 
 
 class ApiError(Exception):
@@ -50,6 +51,7 @@ class Backend(Protocol):
     def drain(self, reason: str) -> dict[str, Any]: ...
     def undrain(self) -> dict[str, Any]: ...
     def approve(self, event_id: str) -> dict[str, Any]: ...
+    def peer_ready(self, event_id: str, body: Any) -> dict[str, Any]: ...
     def report_health(self, body: Any) -> dict[str, Any]: ...
     def peer_authorized(self, authorization: str | None) -> bool: ...
 
@@ -232,6 +234,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if match:
             event_id = unquote(match.group(1))
             return "events_approve", lambda m: self._mutate(lambda body: b.approve(event_id)), ("POST",)
+        match = _READY_ROUTE.match(path)
+        if match:
+            event_id = unquote(match.group(1))
+            return "events_peer_ready", lambda m: self._peer_ready(event_id), ("POST",)
         match = _EVENT_ROUTE.match(path)
         if match:
             event_id = unquote(match.group(1))
@@ -259,6 +265,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if view is None:
             raise ApiError(404, f"no event {event_id} is known here")
         self._json(200, view, "event")
+
+    def _peer_ready(self, event_id: str) -> None:
+        """A peer's hint that it became ready: peer auth suffices, since the leader only re-asks it."""
+        self._authorize_read()
+        self._json(202, self.server.backend.peer_ready(event_id, self._body("v1")), "v1")
 
     def _mutate(self, fn: Callable[[Any], dict[str, Any]]) -> None:
         self._authorize_mutation()

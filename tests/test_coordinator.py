@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -171,3 +172,30 @@ def test_failed_posts_are_retried_with_backoff_then_recorded(tmp_path, clock):
     assert len(attempts) > 1
     assert store.result("E1", "approval")["status"] == "failed"
     assert metrics.approvals.labels("failed")._value.get() == 1
+
+
+def test_a_ready_hint_makes_the_leader_ask_again_at_once_and_approve_without_waiting_a_poll(tmp_path, clock, peers):
+    """vm3 says it is ready: vm1 re-asks it in the same poll interval (checking, not trusting) and approves."""
+    changes: list[int] = []
+    coord, sent, _ = setup(tmp_path, clock)
+    coord.on_change = lambda: changes.append(1)
+    t = tracked(clock, ["vm1", "vm2", "vm3"])
+    answer(peers, "vm2", ready=True)
+    answer(peers, "vm3", ready=False)
+    step(coord, t, "vm1")
+    assert not coord.hint("E1", "vm2"), "a peer already known ready needs no second look"
+    peers.replace(responses.GET, f"{peer('vm3')}/v1/events/E1", json={"ready": True})
+    assert coord.hint("E1", "VM3")
+    step(coord, t, "vm1")  # no clock advance: still inside the same poll interval
+    step(coord, t, "vm1")
+    assert sent == [["E1"]]
+    assert len(changes) >= 2, "the hint and the peer turning ready each wake the loop"
+
+
+def test_a_non_leader_tells_the_leader_when_it_becomes_ready(tmp_path, clock, peers):
+    coord, _, _ = setup(tmp_path, clock)
+    peers.post(f"{peer('vm1')}/v1/events/E1/peer-ready", json={"asked_again": True}, status=202)
+    coord.tell_leader("E1", "vm1", "vm2")
+    assert coord.wait_idle(5)
+    call = next(c for c in peers.calls if c.request.method == "POST")
+    assert json.loads(call.request.body) == {"vm": "vm2"}

@@ -46,6 +46,8 @@ class FakeBackend:
         self.reports.append(body)
         return {"accepted": True}
 
+    def peer_ready(self, event_id, body): return {"event_id": event_id, "asked_again": body == {"vm": "vm2"}}
+
     def peer_authorized(self, authorization): return self.peer_token is None or token_ok(authorization, self.peer_token)
 
 
@@ -206,3 +208,14 @@ def test_is_loopback_and_token_rules():
     assert token_ok("Bearer abc", "abc") and token_ok("bearer abc", "abc")
     assert not token_ok("Bearer abcd", "abc") and not token_ok("Basic abc", "abc") and not token_ok(None, "abc")
     assert not token_ok("Bearer ", None)
+
+
+def test_peer_ready_hint_needs_only_the_peer_token(server):
+    """POST /v1/events/{id}/peer-ready: a hint between peers, guarded like the /v1 reads (202 Accepted)."""
+    srv, backend, port = server
+    backend.peer_token = "peer-token"
+    remote = session("127.0.0.2")
+    assert remote.post(url(port, "/v1/events/E1/peer-ready"), json={"vm": "vm2"}).status_code == 401
+    r = remote.post(url(port, "/v1/events/E1/peer-ready"), json={"vm": "vm2"},
+                    headers={"Authorization": "Bearer peer-token"})
+    assert (r.status_code, r.json()["asked_again"]) == (202, True)
