@@ -181,12 +181,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _approval_cell(event: dict[str, Any]) -> str:
+    """sent/failed, `held: <gate>` while a gate holds it, else -."""
+    held = event.get("approval_held")
+    if held:
+        return f"held: {held.get('gate')}"
+    approval = event.get("approval")
+    return str(approval.get("status", "-")) if isinstance(approval, dict) else "-"
+
+
 def _events_table(events: list[dict[str, Any]]) -> str:
-    rows = [("EVENT ID", "TYPE", "STATUS", "NOT BEFORE", "THIS VM", "RANK", "READY", "RESOURCES")]
+    rows = [("EVENT ID", "TYPE", "STATUS", "NOT BEFORE", "THIS VM", "RANK", "READY", "APPROVAL", "RESOURCES")]
     for e in events:
         rows.append((e["EventId"], e["EventType"], e["EventStatus"], e.get("NotBefore") or "-",
                      "yes" if e.get("names_self") else "no", str(e.get("rank") if e.get("rank") is not None else "-"),
-                     "yes" if e.get("ready") else "no", ",".join(e.get("Resources", []))[:40]))
+                     "yes" if e.get("ready") else "no", _approval_cell(e), ",".join(e.get("Resources", []))[:40]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 

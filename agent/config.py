@@ -31,6 +31,7 @@ from agent.configschema import (
     text,
 )
 from agent.errors import ConfigError, ConfigValueError
+from agent.gates import NO_GATES, Gates
 from agent.handlers.base import HandlerSpec
 from agent.handlers.registry import parse_handlers
 from agent.policy import DEFAULT_PROFILE, Profile, check_handler_names, parse_profiles
@@ -156,6 +157,7 @@ class Config:
     coordination: CoordinationConfig = opt(section(CoordinationConfig), CoordinationConfig(), "")
     handlers: tuple[HandlerSpec, ...] = opt(parse_handlers, (), "what runs in each phase (see Handlers)")
     profiles: tuple[Profile, ...] = opt(parse_profiles, (DEFAULT_PROFILE,), "approval profiles (see Profiles)")
+    gates: Gates = opt(section(Gates), NO_GATES, "approval gates: fleet health and Prometheus alerts (see Approval gates)")
     dry_run: bool = opt(boolean, False, "run the whole pipeline but send no approval; hooks run only if they opt in")
     source: str = dataclasses.field(default="<defaults>", compare=False)
 

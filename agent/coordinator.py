@@ -24,6 +24,7 @@ from requests.adapters import HTTPAdapter
 from agent import logs
 from agent.clock import Clock
 from agent.errors import ImdsError
+from agent.gates import NO_GATES, GateChecker, Gates, Held
 from agent.imds import is_transient
 from agent.metrics import EVENT_TYPES, Metrics
 from agent.retry import retrying as retrying_on
@@ -32,6 +33,7 @@ from agent.state import Store
 from agent.tracker import Tracked
 
 APPROVAL_KEY = "approval"
+GATE_NAMES = ("fleet", "prometheus")
 RETRY_FAILED_AFTER = 10.0
 """Seconds before an approval whose retries all failed is tried again (the event may still be Scheduled)."""
 
@@ -63,6 +65,7 @@ class EventCoordination:
     rule: int | None = None
     sending: bool = False
     failed_at: float | None = None
+    held: Held | None = None
 
 
 class Coordinator:
@@ -70,7 +73,9 @@ class Coordinator:
 
     def __init__(self, settings: Any, *, approve: Callable[[list[str]], None], store: Store, clock: Clock,
                  metrics: Metrics, token_reader: Callable[[], str | None] = lambda: None,
-                 poll_interval: float = 1.0, on_change: Callable[[], None] = lambda: None) -> None:
+                 poll_interval: float = 1.0, on_change: Callable[[], None] = lambda: None,
+                 gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
+                 warning_as_error: bool = False) -> None:
         self.settings = settings
         self.approve_fn = approve
         self.store = store
@@ -93,6 +98,10 @@ class Coordinator:
                               max_retries=0)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
+        self.gates = gates
+        self.warning_as_error = warning_as_error
+        self.gate_checker = GateChecker(self.session, self.peer_url, token_reader, local_health,
+                                        settings.request_timeout, settings.max_concurrency)
 
     # --- peers --------------------------------------------------------------------------
 
@@ -219,9 +228,16 @@ class Coordinator:
             self._note(event_id, t, state, decision)
             if decision.approve and not state.sending and self._retry_allowed(state, now):
                 state.sending = True
-                self._track(self._approver.submit(self._send, event_id, vm_name, decision.reason))
+                gates = profile.gates if profile.gates is not None else self.gates
+                self._track(self._approver.submit(self._send, event_id, vm_name, decision.reason, gates,
+                                                  t.event.resources))
+            elif not decision.approve:
+                state.held = None
         for label in EVENT_TYPES:
             self.metrics.leader.labels(label).set(leading.get(label, 0))
+        for gate in GATE_NAMES:
+            self.metrics.gate_blocked.labels(gate).set(
+                1 if any(s.held and s.held.gate == gate for s in self._events.values()) else 0)
 
     def _counts_as_present(self, state: EventCoordination, name: str, now: float, after: float) -> bool:
         peer = state.peers.get(name)
@@ -256,8 +272,24 @@ class Coordinator:
 
     # --- sending ------------------------------------------------------------------------
 
-    def _send(self, event_id: str, vm_name: str, reason: str) -> None:
+    def _gate(self, event_id: str, state: EventCoordination, gates: Gates, resources: tuple[str, ...],
+              vm_name: str) -> bool:
+        """True when a gate holds the approval (logged when the reason changes)."""
+        held = self.gate_checker.check(gates, event_id, resources, vm_name, self.warning_as_error) if gates.active else None
+        if held is not None and held != state.held:
+            self.log.warning("approval.held", event_id=event_id, gate=held.gate, reason=held.reason)
+            self.store.journal("approval.held", event_id=event_id, gate=held.gate, reason=held.reason)
+        elif held is None and state.held is not None:
+            self.log.info("approval.gate_open", event_id=event_id, gate=state.held.gate)
+        state.held = held
+        return held is not None
+
+    def _send(self, event_id: str, vm_name: str, reason: str, gates: Gates = NO_GATES,
+              resources: tuple[str, ...] = ()) -> None:
         state = self._events.get(event_id) or EventCoordination()
+        if self._gate(event_id, state, gates, resources, vm_name):
+            state.sending = False
+            return
         try:
             self.store.record(event_id, APPROVAL_KEY, {"status": "sending", "by": vm_name,
                                                        "at": self.clock.now().isoformat(), "reason": reason})
@@ -313,6 +345,7 @@ class Coordinator:
             "approval_mode": state.mode,
             "approval_rule": state.rule,
             "approval_decision": state.decision.reason if state.decision else None,
+            "approval_held": {"gate": state.held.gate, "reason": state.held.reason} if state.held else None,
             "peers_ready": sum(1 for p in state.peers.values() if p.ready),
             "peers_known": len(state.peers),
             "peers": peers,

@@ -123,7 +123,9 @@ class Daemon:
         self.transition_listeners.append(lambda trs: [self.runner.submit(t) for t in trs])
         self.coordinator = Coordinator(config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store,
                                        clock=clock, metrics=self.metrics, token_reader=self.peer_token,
-                                       poll_interval=config.imds.poll_interval, on_change=self.wake_coordination)
+                                       poll_interval=config.imds.poll_interval, on_change=self.wake_coordination,
+                                       gates=config.gates, local_health=self._health_json,
+                                       warning_as_error=config.health.consider_warning_as_error)
         self.profile: Profile = self._update_profile()
 
     # --- construction -------------------------------------------------------------------
@@ -425,6 +427,9 @@ class Daemon:
             if rank:
                 self.coordinator.tell_leader(event_id, tracked.event.resources[0], self.vm_name)
 
+    def _health_json(self) -> dict[str, Any]:
+        return self.health.to_json(self.config.health.consider_warning_as_error)
+
     def wake_coordination(self) -> None:
         """Decide about approvals now rather than after the next poll (a VM just became ready)."""
         self._coordinate_soon.set()
@@ -531,6 +536,8 @@ class Daemon:
                 self.metrics.init_handler(h.spec.name, h.spec.phases)
         self.runner.dry_run = new.dry_run
         self.coordinator.settings = new.coordination
+        self.coordinator.gates = new.gates
+        self.coordinator.warning_as_error = new.health.consider_warning_as_error
         self.config = new
         self._update_profile()
 

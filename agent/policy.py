@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agent.configschema import boolean, choice, duration, integer, list_of, opt, optional, parse_section, text
+from agent.configschema import boolean, choice, duration, integer, list_of, opt, optional, parse_section, section, text
 from agent.errors import ConfigValueError
 from agent.events import Event
+from agent.gates import Gates
 from agent.schedule import FixedDate, Recurrence, Selection, parse_fixed_date, parse_recurrence, select, validate_profiles
 
 APPROVAL_MODES = ("auto", "immediate", "manual", "never")
@@ -59,6 +60,7 @@ class Profile:
                                            "only these handlers run while the profile is in force (default all)")
     lb_timeout: float | None = opt(optional(duration(11, 3600)), None, "overrides probe.lb_timeout")
     drain_grace: float | None = opt(optional(duration(0, 3600)), None, "overrides probe.drain_grace")
+    gates: Gates | None = opt(optional(section(Gates)), None, "replaces the top-level gates while in force")
 
     def validate(self) -> None:
         if self.fixed_date is not None and self.recurrence is not None:

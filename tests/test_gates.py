@@ -1,0 +1,179 @@
+"""Approval gates: the fleet percentage rule, peer health reading, the Prometheus gate, and holding."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+import responses
+
+from agent.config import CoordinationConfig, loads
+from agent.coordinator import Coordinator
+from agent.errors import ConfigError
+from agent.gates import (
+    FleetGate,
+    GateChecker,
+    Gates,
+    PrometheusGate,
+    allowed_unhealthy,
+    firing,
+    fleet_verdict,
+    peer_state,
+)
+from agent.metrics import Metrics
+from agent.policy import Profile
+from agent.state import Store
+from tests.test_coordinator import peer, step, tracked
+
+PROM = "http://prometheus.invalid:9090"
+
+
+# --- the percentage rule -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("total, percent, allowed", [
+    (3, 10, 1),     # rounds up: one failure tolerated in a small fleet
+    (10, 10, 1), (11, 10, 2), (100, 10, 10), (1, 0, 0), (5, 0, 0), (7, 100, 7), (0, 50, 0),
+])
+def test_allowed_unhealthy_rounds_up(total, percent, allowed):
+    assert allowed_unhealthy(total, percent) == allowed
+
+
+def test_fleet_verdict_holds_only_beyond_the_tolerated_share():
+    gate = FleetGate(max_percent_unhealthy=20)
+    assert fleet_verdict({"a": "ok", "b": "ok", "c": "unhealthy"}, gate) is None  # 1 of 3 ≤ ceil(0.6)
+    held = fleet_verdict({"a": "unhealthy", "b": "ok", "c": "unhealthy"}, gate)
+    assert held and held.gate == "fleet" and "2 of 3" in held.reason and "a (unhealthy)" in held.reason
+    assert fleet_verdict({"a": "ok"}, FleetGate(max_percent_unhealthy=0)) is None
+    assert fleet_verdict({"a": "unhealthy"}, FleetGate(max_percent_unhealthy=0)) is not None
+    assert fleet_verdict({"a": "unhealthy", "b": "unhealthy"}, FleetGate(max_percent_unhealthy=100)) is None
+
+
+def test_unreachable_counts_as_error_by_default_or_is_left_out():
+    states = {"a": "ok", "b": "unreachable", "c": "unreachable"}
+    assert fleet_verdict(states, FleetGate(max_percent_unhealthy=33)) is not None
+    assert fleet_verdict(states, FleetGate(max_percent_unhealthy=0, unreachable_counts_as="ignore")) is None
+
+
+def report(source, prop, state, expired=False):
+    return {"SourceId": source, "Property": prop, "HealthState": state, "IsExpired": expired}
+
+
+def test_peer_state_ignores_the_reports_about_the_event_itself():
+    """A VM that is only draining (and reporting) for this very event is healthy for its gate."""
+    body = {"HealthEvents": [report("maintd", "maintenance/E1", "Error"), report("maintenance", "pending", "Ok")]}
+    assert peer_state(body, "E1", False) == "ok"
+    assert peer_state(body, "E2", False) == "unhealthy", "another event's maintenance report still counts"
+    assert peer_state({"HealthEvents": [report("app", "q", "Warning")]}, "E1", False) == "ok"
+    assert peer_state({"HealthEvents": [report("app", "q", "Warning")]}, "E1", True) == "unhealthy"
+    assert peer_state({"HealthEvents": [report("app", "q", "Ok", expired=True)]}, "E1", False) == "unhealthy"
+    assert peer_state("garbage", "E1", False) == "unreachable"
+
+
+def test_firing_matches_names_and_regexes_in_full():
+    body = {"data": {"alerts": [{"labels": {"alertname": "NodeDown"}, "state": "firing"},
+                                {"labels": {"alertname": "DiskFull"}, "state": "pending"},
+                                {"labels": {"alertname": "HighLatencyEU"}, "state": "firing"}]}}
+    assert firing(body, ["NodeDown"]) == ["NodeDown"]
+    assert firing(body, ["High.*"]) == ["HighLatencyEU"]
+    assert firing(body, ["DiskFull", "Node"]) == [], "pending alerts and partial names do not block"
+
+
+# --- config ------------------------------------------------------------------------------------
+
+def test_gates_config_top_level_and_per_profile():
+    cfg = loads("gates:\n  fleet: {max_percent_unhealthy: 10}\n"
+                "profiles:\n  - {name: default, approval: auto, gates: {prometheus: {url: 'http://p:9090', alerts: [X]}}}\n")
+    assert cfg.gates.fleet.max_percent_unhealthy == 10
+    assert cfg.profiles[0].gates.prometheus.alerts == ("X",)
+
+
+@pytest.mark.parametrize("text, key", [
+    ("gates:\n  fleet: {max_percent_unhealthy: 101}\n", "gates.fleet.max_percent_unhealthy"),
+    ("gates:\n  prometheus: {url: 'http://p:9090'}\n", "gates.prometheus.alerts"),
+    ("gates:\n  prometheus: {url: 'http://p:9090', alerts: ['(']}\n", "gates.prometheus.alerts[0]"),
+    ("gates:\n  fleet: {max_percent_unhealthy: 5, unreachable_counts_as: maybe}\n", "gates.fleet.unreachable_counts_as"),
+])
+def test_bad_gates_are_refused_naming_the_key(text, key):
+    with pytest.raises(ConfigError) as err:
+        loads(text, "maintd.yaml")
+    assert err.value.key == key and err.value.line is not None
+
+
+# --- the checker -------------------------------------------------------------------------------
+
+def checker(local=None):
+    s = requests.Session()
+    s.trust_env = False
+    return GateChecker(s, lambda n: peer(n), lambda: None, lambda: local or {"HealthEvents": []}, 1.0, 4)
+
+
+@responses.activate
+def test_prometheus_gate_blocks_on_firing_alerts_queries_and_failures():
+    gate = Gates(prometheus=PrometheusGate(url=PROM, alerts=("Node.*",), query="up == 0"))
+    responses.get(f"{PROM}/api/v1/alerts", json={"data": {"alerts": [
+        {"labels": {"alertname": "NodeDown"}, "state": "firing"}]}})
+    held = checker().check(gate, "E1", ["vm1"], "vm1", False)
+    assert held and held.gate == "prometheus" and "NodeDown" in held.reason
+
+    responses.replace(responses.GET, f"{PROM}/api/v1/alerts", json={"data": {"alerts": []}})
+    responses.get(f"{PROM}/api/v1/query", json={"data": {"result": [{"metric": {}, "value": [0, "1"]}]}})
+    assert "returned 1" in checker().check(gate, "E1", ["vm1"], "vm1", False).reason
+
+    responses.replace(responses.GET, f"{PROM}/api/v1/query", json={"data": {"result": []}})
+    assert checker().check(gate, "E1", ["vm1"], "vm1", False) is None
+
+    responses.replace(responses.GET, f"{PROM}/api/v1/query", status=500)
+    assert "on_failure: block" in checker().check(gate, "E1", ["vm1"], "vm1", False).reason
+    lenient = Gates(prometheus=PrometheusGate(url=PROM, query="up == 0", on_failure="ignore"))
+    assert checker().check(lenient, "E1", ["vm1"], "vm1", False) is None
+
+
+@responses.activate
+def test_fleet_gate_reads_every_peers_health():
+    responses.get(f"{peer('vm2')}/v1/health", json={"HealthEvents": [report("app", "db", "Error")]})
+    responses.get(f"{peer('vm3')}/v1/health", body=requests.ConnectionError("down"))
+    gates = Gates(fleet=FleetGate(max_percent_unhealthy=33))
+    held = checker().check(gates, "E1", ["vm1", "vm2", "vm3"], "vm1", False)
+    assert held and "vm2 (unhealthy)" in held.reason and "vm3 (unreachable)" in held.reason
+    assert checker().check(Gates(fleet=FleetGate(max_percent_unhealthy=34, unreachable_counts_as="ignore")),
+                           "E1", ["vm1", "vm2", "vm3"], "vm1", False) is None
+
+
+# --- holding in the coordinator ----------------------------------------------------------------
+
+@responses.activate
+def test_a_held_approval_is_visible_and_goes_out_once_the_gate_opens(tmp_path, clock, logs):
+    sent: list[list[str]] = []
+    metrics = Metrics()
+    coord = Coordinator(CoordinationConfig(peer_url="http://{name}.peers.invalid:8088"), approve=sent.append,
+                        store=Store(tmp_path, clock), clock=clock, metrics=metrics,
+                        gates=Gates(prometheus=PrometheusGate(url=PROM, alerts=("NodeDown",))))
+    responses.get(f"{PROM}/api/v1/alerts", json={"data": {"alerts": [
+        {"labels": {"alertname": "NodeDown"}, "state": "firing"}]}})
+    t = tracked(clock, ["vm1"])
+    profile = Profile(name="default", approval="auto")
+    step(coord, t, "vm1", profile=profile)
+    assert sent == []
+    view = coord.view("E1")
+    assert view["approval_held"]["gate"] == "prometheus"
+    assert any(e["event"] == "approval.held" for e in logs)
+    step(coord, t, "vm1", profile=profile)
+    assert metrics.gate_blocked.labels("prometheus")._value.get() == 1
+    responses.replace(responses.GET, f"{PROM}/api/v1/alerts", json={"data": {"alerts": []}})
+    step(coord, t, "vm1", profile=profile)
+    assert sent == [["E1"]] and coord.view("E1")["approval_held"] is None
+    step(coord, t, "vm1", profile=profile)
+    assert metrics.gate_blocked.labels("prometheus")._value.get() == 0
+
+
+@responses.activate
+def test_a_profile_without_gates_overrides_nothing_and_one_with_gates_replaces_them(tmp_path, clock):
+    sent: list[list[str]] = []
+    coord = Coordinator(CoordinationConfig(), approve=sent.append, store=Store(tmp_path, clock), clock=clock,
+                        metrics=Metrics())
+    responses.get(f"{PROM}/api/v1/alerts", json={"data": {"alerts": [
+        {"labels": {"alertname": "Freeze"}, "state": "firing"}]}})
+    strict = Profile(name="window", approval="auto", gates=Gates(prometheus=PrometheusGate(url=PROM, alerts=("Freeze",))))
+    step(coord, tracked(clock, ["vm1"]), "vm1", profile=strict)
+    assert sent == []
+    step(coord, tracked(clock, ["vm1"]), "vm1", profile=Profile(name="default", approval="auto"))
+    assert sent == [["E1"]]
