@@ -250,7 +250,10 @@ def check_permissions(path: Path) -> None:
 
 def loads(text_: str, source: str = "<string>") -> Config:
     """Parse and validate config text; raise ConfigError naming source, line, column and key."""
-    loader = yaml.SafeLoader(text_)
+    try:
+        loader = yaml.SafeLoader(text_)
+    except yaml.YAMLError as exc:  # the reader refuses control characters before parsing starts
+        raise ConfigError(source, None, None, "", f"not valid YAML: {exc}") from None
     try:
         node = loader.get_single_node()
         values = _MarkedValues(loader)
