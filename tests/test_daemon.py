@@ -1,0 +1,138 @@
+"""The loop in-process, with a fake clock and IMDS mocked by `responses`: cadence, backoff, outages."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import requests
+import responses
+
+from agent.config import loads
+from agent.daemon import build
+from agent.health import HealthState
+from agent.systemd import Notifier
+
+BASE = "http://169.254.169.254"
+SE = re.compile(rf"{BASE}/metadata/scheduledevents.*")
+NB = "Mon, 19 Sep 2026 18:29:47 GMT"
+
+
+def doc(*events, incarnation=1):
+    return {"DocumentIncarnation": incarnation, "Events": list(events)}
+
+
+def reboot(eid="E1", resources=("vm1",), status="Scheduled"):
+    return {"EventId": eid, "EventType": "Reboot", "ResourceType": "VirtualMachine", "Resources": list(resources),
+            "EventStatus": status, "NotBefore": NB if status == "Scheduled" else "", "Description": "",
+            "EventSource": "Platform", "DurationInSeconds": -1}
+
+
+@pytest.fixture
+def imds():
+    """IMDS mocked for the daemon's whole life (its worker threads too); approvals succeed."""
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
+        rsps.post(SE, status=200)
+        yield rsps
+
+
+@pytest.fixture
+def daemon(tmp_path, clock, imds):
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{max_backoff: 10s, stale_after: 60s}}\n")
+    d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+    d.start()
+    yield d
+    d.shutdown()
+
+
+def run_for(d, clock, seconds):
+    end = clock.monotonic() + seconds
+    while clock.monotonic() < end:
+        d.tick()
+        d._sleep_until_due()
+
+
+def poll_times(calls_at):
+    return [b - a for a, b in zip(calls_at, calls_at[1:])]
+
+
+def test_polls_stay_on_their_deadlines_even_when_imds_is_slow(daemon, clock, imds):
+    """600 polls take 600 s ± one interval although each answer takes 300 ms of (fake) time."""
+    def slow(request):
+        clock.advance(0.3)
+        return 200, {"Content-Type": "application/json"}, '{"DocumentIncarnation": 1, "Events": []}'
+
+    imds.add_callback(responses.GET, SE, callback=slow)
+    start = clock.monotonic()
+    while daemon.polls < 600:
+        daemon.tick()
+        daemon._sleep_until_due()
+    assert abs((clock.monotonic() - start) - 600) <= 1.0
+
+
+def test_failures_back_off_up_to_max_backoff_then_the_cadence_returns(daemon, clock, imds):
+    times: list[float] = []
+
+    def failing(request):
+        times.append(clock.monotonic())
+        return 503, {}, "Service Unavailable"
+
+    imds.add_callback(responses.GET, SE, callback=failing)
+    run_for(daemon, clock, 120)
+    gaps = poll_times(times)
+    assert gaps[0] >= 1.0 and max(gaps) <= 10.0 + 1e-6, "exponential, capped at imds.max_backoff"
+    assert len(times) < 25, "120 s of outage cost well under 120 requests"
+    imds.replace(responses.GET, SE, json=doc())
+    daemon.next_poll = clock.monotonic()
+    before = len(imds.calls)
+    run_for(daemon, clock, 10)
+    assert len(imds.calls) - before in (10, 11), "back to one poll per second after the first success"
+
+
+def test_retry_after_is_honoured(daemon, clock, imds):
+    times: list[float] = []
+
+    def limited(request):
+        times.append(clock.monotonic())
+        return 429, {"Retry-After": "7"}, "Too many requests"
+
+    imds.add_callback(responses.GET, SE, callback=limited)
+    run_for(daemon, clock, 20)
+    assert all(g >= 7 for g in poll_times(times))
+
+
+def test_a_400_is_reported_as_error_with_the_body_and_not_hammered(daemon, clock, imds, logs):
+    body = '{"error": "Bad request. api-version is invalid or was not specified in the request."}'
+    imds.get(SE, status=400, body=body)
+    run_for(daemon, clock, 60)
+    failed = [e for e in logs if e["event"] == "poll.failed"]
+    assert len(failed) == 1 and "api-version" in failed[0]["body"], "logged once, with IMDS's body"
+    assert len(imds.calls) < 15
+    reports = {(r.report.source_id, r.report.property): r.report.state for r in daemon.health.snapshot()}
+    assert reports[("imds", "request")] == HealthState.ERROR
+
+
+def test_imds_gone_for_an_hour_is_survived_and_no_event_is_lost(daemon, clock, imds, logs):
+    imds.get(SE, body=requests.ConnectionError("no route to host"))
+    run_for(daemon, clock, 3600)
+    assert daemon.stuck_for() == 0, "/healthz stays 200: the loop kept ticking"
+    poll = next(r for r in daemon.health.snapshot() if r.report.property == "poll")
+    assert poll.report.state == HealthState.ERROR and "no successful poll" in poll.report.description
+    assert daemon.rotation.verdict().in_rotation, "an IMDS outage never takes the VM out of rotation"
+    assert len(imds.calls) <= 3600 / 7, "backed off during the outage"
+    imds.replace(responses.GET, SE, json=doc(reboot()))
+    run_for(daemon, clock, 15)
+    assert any(e["event"] == "event.appeared" and e["event_id"] == "E1" for e in logs)
+    assert any(e["event"] == "poll.recovered" for e in logs)
+    assert next(r for r in daemon.health.snapshot() if r.report.property == "poll").report.state == HealthState.OK
+
+
+def test_a_malformed_document_is_counted_and_the_loop_goes_on(daemon, clock, imds, logs):
+    imds.get(SE, body="{not json", content_type="application/json")
+    run_for(daemon, clock, 5)
+    assert any(e["event"] == "poll.failed" for e in logs)
+    imds.replace(responses.GET, SE, json=doc(reboot(), {"EventId": 5}))
+    daemon.next_poll = clock.monotonic()
+    run_for(daemon, clock, 3)
+    assert daemon.metrics.events_malformed._value.get() >= 1
+    assert "E1" in daemon.tracked
