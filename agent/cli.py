@@ -336,5 +336,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `maintd` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("emulate", "demo"):  # their own parsers take every option after the command
+        return int(parser().parse_args(argv[:1]).fn(argparse.Namespace(rest=argv[1:])) or 0)
     args = parser().parse_args(argv)
     return int(args.fn(args) or 0)

@@ -70,6 +70,10 @@ def describe(entry: dict[str, Any]) -> str | None:
     return fmt[name](entry) if name in fmt else None
 
 
+LAST_HANDLER = "restore"
+"""The demo config's last handler (completed phase): the demo ends once it has run."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the exit status."""
     p = argparse.ArgumentParser(prog="maintd demo", description=__doc__)
@@ -142,7 +146,7 @@ def _run(emulator: Emulator, base: str, lines: "queue.Queue[dict[str, Any]]", sa
             text = describe(entry)
             if text:
                 say(text)
-            if entry.get("event") == "event.completed":
+            if entry.get("event") == "handler.finished" and entry.get("handler") == LAST_HANDLER:
                 completed = True
         probe = _probe(session, base)
         if probe != probe_seen and probe != "unreachable":

@@ -1,0 +1,3 @@
+from agent.emulator.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""Three real agents (three ports on 127.0.0.1, static peers map) against one emulator."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.e2e.harness import free_port, wait_until
+
+pytestmark = pytest.mark.e2e
+
+VMS = ["vm-1", "vm-2", "vm-3"]
+WAIT_FOR_GO = "import os, time\nwhile not os.path.exists(os.environ['GO']): time.sleep(0.05)\n"
+
+
+def fleet(start_emulator, start_agent, extra_for=lambda vm: {}, coordination=None):
+    emu = start_emulator(VMS, "--started-duration", "2")
+    ports = {vm: free_port() for vm in VMS}
+    peers = {vm: f"http://127.0.0.1:{p}" for vm, p in ports.items()}
+    agents = {}
+    for vm in VMS:
+        extra = {"coordination": {"peers": peers, "request_timeout": "500ms", **(coordination or {})},
+                 **extra_for(vm)}
+        agents[vm] = start_agent(emu, vm, extra, port=ports[vm])
+    return emu, agents
+
+
+def all_approvals(emu):
+    return [a for vm in VMS for a in emu.approvals(vm)]
+
+
+def test_one_post_per_event_and_none_while_a_peers_checkpoint_runs(start_emulator, start_agent, tmp_path):
+    go = tmp_path / "go"
+    checkpoint = {"handlers": [{"name": "checkpoint", "type": "exec", "phases": ["scheduled"],
+                                "command": [sys.executable, "-c", WAIT_FOR_GO], "env": {"GO": str(go)}}]}
+    emu, agents = fleet(start_emulator, start_agent, lambda vm: checkpoint if vm == "vm-3" else {})
+    eid = emu.add_event(event_type="Reboot", resources=VMS, notice=300)
+    for vm in VMS:
+        agents[vm].wait_log("event.appeared", event_id=eid)
+    skipped = agents["vm-1"].wait_log("approval.skipped", event_id=eid)
+    assert "vm-3" in skipped["reason"] or "not ready" in skipped["reason"]
+    polls = len(emu.requests("vm-1"))
+    wait_until(lambda: len(emu.requests("vm-1")) >= polls + 10, 10, "ten more polls while vm-3 checkpoints")
+    assert not all_approvals(emu), "no approval while a peer's checkpoint hook is still running"
+    go.touch()
+    agents["vm-1"].wait_log("approval.sent", event_id=eid)
+    for vm in VMS:
+        agents[vm].wait_log("event.status_changed", event_id=eid, status="Started")
+    approvals = all_approvals(emu)
+    assert len(approvals) == 1 and approvals[0]["vm"] == "vm-1", approvals
+    assert not agents["vm-2"].events("approval.sent") and not agents["vm-3"].events("approval.sent")
+
+
+def test_rank_1_takes_over_after_the_leader_is_killed(start_emulator, start_agent):
+    emu, agents = fleet(start_emulator, start_agent, coordination={"takeover_after": "2s"})
+    agents["vm-1"].kill()
+    eid = emu.add_event(event_type="Reboot", resources=VMS, notice=300)
+    sent = agents["vm-2"].wait_log("approval.sent", event_id=eid, timeout=20)
+    assert sent["by"] == "vm-2"
+    approvals = all_approvals(emu)
+    assert len(approvals) == 1 and approvals[0]["vm"] == "vm-2"
+    assert not agents["vm-3"].events("approval.sent")
+
+
+def test_no_approval_inside_a_never_profile(start_emulator, start_agent):
+    never = {"profiles": [{"name": "freeze", "approval": "never"}]}
+    emu, agents = fleet(start_emulator, start_agent, lambda vm: never)
+    eid = emu.add_event(event_type="Reboot", resources=VMS, notice=300)
+    skipped = agents["vm-1"].wait_log("approval.skipped", event_id=eid)
+    assert "never" in skipped["reason"]
+    polls = len(emu.requests("vm-1"))
+    wait_until(lambda: len(emu.requests("vm-1")) >= polls + 10, 10, "ten more polls")
+    assert not all_approvals(emu)
+    assert agents["vm-1"].get("/v1/status").json()["profile"] == "freeze"
