@@ -26,6 +26,9 @@ from agent.handlers.base import FAILED, OK, TIMED_OUT, Context, Handler, Result
 OUTPUT_KEEP = 64 * 1024
 """Bytes of a hook's output kept (the tail); the rest is counted, not stored."""
 LOG_LINES = 20
+LOG_CHARS = 4000
+ENV_VALUE_MAX = 32 * 1024
+"""Longest environment value passed (Linux refuses one over 128 KiB); the full event is on stdin."""
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -112,7 +115,9 @@ class ExecHandler(Handler):
         base = {"PATH": BASE_PATH, "LANG": os.environ.get("LANG", "C.UTF-8"), "HOME": home}
         if account:
             base.update(USER=account.pw_name, LOGNAME=account.pw_name)
-        return {**base, **ctx.environment(), **self.options.env}
+        event = {k: v if len(v) <= ENV_VALUE_MAX else v[:ENV_VALUE_MAX - 14] + " [truncated]"
+                 for k, v in ctx.environment().items()}
+        return {**base, **event, **self.options.env}
 
     def _run(self, ctx: Context) -> Result:
         o = self.options
@@ -144,7 +149,7 @@ class ExecHandler(Handler):
         output = tail.text()
         if output or tail.dropped:
             log.info("hook.output", handler=self.spec.name, event_id=ctx.event.event_id, phase=ctx.phase,
-                     lines="\n".join(output.splitlines()[-LOG_LINES:]), truncated_bytes=tail.dropped)
+                     lines="\n".join(output.splitlines()[-LOG_LINES:])[-LOG_CHARS:], truncated_bytes=tail.dropped)
         if timed_out:
             return Result(TIMED_OUT, f"killed after {ctx.timeout:.0f}s (process group: SIGTERM, then SIGKILL)",
                           exit_code=proc.returncode, output=output)
