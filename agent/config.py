@@ -34,6 +34,7 @@ from agent.errors import ConfigError, ConfigValueError
 from agent.gates import NO_GATES, Gates
 from agent.handlers.base import HandlerSpec
 from agent.handlers.registry import parse_handlers
+from agent.rules import RuleSpec, parse_rules
 from agent.policy import DEFAULT_PROFILE, Profile, check_handler_names, parse_profiles
 
 Path_ = tuple[str | int, ...]
@@ -157,6 +158,7 @@ class Config:
     coordination: CoordinationConfig = opt(section(CoordinationConfig), CoordinationConfig(), "")
     handlers: tuple[HandlerSpec, ...] = opt(parse_handlers, (), "what runs in each phase (see Handlers)")
     profiles: tuple[Profile, ...] = opt(parse_profiles, (DEFAULT_PROFILE,), "approval profiles (see Profiles)")
+    health_rules: tuple[RuleSpec, ...] = opt(parse_rules, (), "health rules on local metrics (see Health rules)")
     gates: Gates = opt(section(Gates), NO_GATES, "approval gates: fleet health and Prometheus alerts (see Approval gates)")
     dry_run: bool = opt(boolean, False, "run the whole pipeline but send no approval; hooks run only if they opt in")
     source: str = dataclasses.field(default="<defaults>", compare=False)

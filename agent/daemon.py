@@ -34,6 +34,7 @@ from agent.metrics import Metrics
 from agent.policy import Profile, in_force
 from agent.retry import retrying as retrying_on
 from agent.rotation import Rotation
+from agent.rules import RuleEngine
 from agent.runner import Runner
 from agent.server import ApiServer
 from agent.state import Store
@@ -127,6 +128,7 @@ class Daemon:
                                        gates=config.gates, local_health=self._health_json,
                                        warning_as_error=config.health.consider_warning_as_error)
         self.profile: Profile = self._update_profile()
+        self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
 
     # --- construction -------------------------------------------------------------------
 
@@ -153,6 +155,7 @@ class Daemon:
         if self.vm_name is None:
             self._resolve_identity(attempts=5)
         self.runner.resume(self.tracked)
+        self.rules.start()
 
     def _resolve_identity(self, attempts: int) -> None:
         """Ask IMDS for compute.name (tenacity: a few tries at start, then once per poll cycle)."""
@@ -535,6 +538,7 @@ class Daemon:
             for h in self.runner.handlers:
                 self.metrics.init_handler(h.spec.name, h.spec.phases)
         self.runner.dry_run = new.dry_run
+        self.rules.update(new.health_rules)
         self.coordinator.settings = new.coordination
         self.coordinator.gates = new.gates
         self.coordinator.warning_as_error = new.health.consider_warning_as_error
@@ -580,6 +584,7 @@ class Daemon:
         if self.should_drain_on_stop():
             self.drain_for_stop()
         self.runner.stop(HANDLER_STOP_GRACE)
+        self.rules.stop()
         self.coordinator.stop()
         if self.tcp_probe is not None:
             self.tcp_probe.stop()
