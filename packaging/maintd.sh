@@ -1,0 +1,7 @@
+#!/usr/bin/python3
+# /usr/bin/maintd from the .deb/.rpm: the system Python with the distribution's libraries.
+import sys
+
+from agent.cli import main
+
+sys.exit(main())

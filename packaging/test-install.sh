@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Install dist/maintd_*.deb with apt into a clean Debian 12 root (debootstrap) and run it there
+# with Debian's own library versions: maintd --version, check-config of the shipped file, demo.
+#   packaging/test-install.sh [ROOT]      (default /var/cache/maintd-ci/bookworm; reused if present)
+# Needs root, debootstrap and deb.debian.org (a package registry).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deb=$(ls -t dist/maintd_*_all.deb | head -1)
+cache=${1:-/var/cache/maintd-ci/bookworm}
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+if [ ! -x "$cache/usr/bin/apt-get" ]; then
+    echo "== debootstrap bookworm into $cache"
+    rm -rf "$cache" && mkdir -p "$(dirname "$cache")"
+    debootstrap --variant=minbase bookworm "$cache" "$mirror" >/dev/null
+fi
+
+root=$(mktemp -d /var/tmp/maintd-root.XXXXXX)
+cleanup() {
+    umount -l "$root/proc" 2>/dev/null || true
+    umount -l "$root/dev" 2>/dev/null || true
+    rm -rf "$root"
+}
+trap cleanup EXIT
+echo "== fresh root $root (a copy of the cached bookworm)"
+cp -a "$cache/." "$root/"
+mount -t proc proc "$root/proc"
+mount --bind /dev "$root/dev"
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+cp "$deb" "$root/tmp/"
+
+in_root() { chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
+echo "== apt-get install ./$(basename "$deb")"
+in_root apt-get update -qq
+in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "/tmp/$(basename "$deb")" >/dev/null
+echo "== Debian's library versions"
+in_root dpkg-query -W python3 python3-requests python3-yaml python3-structlog python3-tenacity \
+    python3-prometheus-client python3-dateutil
+echo "== maintd --version"
+in_root maintd --version
+echo "== maintd check-config /etc/maintd/maintd.yaml"
+in_root maintd check-config /etc/maintd/maintd.yaml
+echo "== no service was started (not under systemd here)"
+if grep -qs "maintd.run" "$root"/proc/[0-9]*/cmdline; then echo "a maintd service was started" >&2; exit 1; fi
+echo "== maintd demo"
+in_root timeout 180 maintd demo
+echo "== install test passed"

@@ -1,0 +1,109 @@
+"""What ships: systemd units, shipped configs, alert rules, the dashboard, and the .deb itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = sorted([ROOT / "config" / "maintd.yaml", ROOT / "config" / "demo.yaml",
+                  *(ROOT / "config" / "examples").glob("*.yaml")])
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_passes_check_config(path, tmp_path):
+    copy = tmp_path / path.name
+    copy.write_text(path.read_text())
+    copy.chmod(0o600)  # a checkout's umask may leave the original group-writable, which maintd refuses
+    done = subprocess.run([sys.executable, "-m", "agent", "check-config", str(copy)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
+def test_systemd_units_verify(tmp_path):
+    maintd = shutil.which("maintd") or str(Path(sys.executable).with_name("maintd"))
+    (tmp_path / "maintd.service").write_text((ROOT / "systemd/maintd.service").read_text()
+                                             .replace("/usr/bin/maintd", maintd))
+    shutil.copy(ROOT / "systemd/maintd.socket", tmp_path / "maintd.socket")
+    done = subprocess.run([SYSTEMD_ANALYZE, "verify", str(tmp_path / "maintd.service"),
+                           str(tmp_path / "maintd.socket")], capture_output=True, text=True)
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+def test_unit_matches_the_daemon():
+    unit = (ROOT / "systemd/maintd.service").read_text()
+    for line in ("Type=notify", "RestartPreventExitStatus=78", "ExecReload=/bin/kill -HUP $MAINPID",
+                 "StateDirectory=maintd", "ConfigurationDirectory=maintd", "Restart=on-failure"):
+        assert line in unit
+    from agent.cli import EX_CONFIG
+    assert EX_CONFIG == 78
+    stop = int(re.search(r"TimeoutStopSec=(\d+)s", unit).group(1))
+    assert stop > 31 + 10 + 10, "room for the default drain on stop and the handlers' grace"
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (.ci/run installs Debian's prometheus)")
+def test_alert_rules_check_and_unit_tests_pass():
+    d = ROOT / "packaging/prometheus"
+    for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]):
+        done = subprocess.run([PROMTOOL, *args], cwd=d, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def exposed_names() -> set[str]:
+    text = Metrics().render().decode()
+    return {m.group(1) for m in re.finditer(r"^# TYPE (\S+) (\w+)", text, re.M)} | \
+           {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def used_names(expressions: list[str]) -> set[str]:
+    names = set()
+    for expr in expressions:
+        for name in re.findall(r"\bmaintd_[a-z_]+", expr):
+            names.add(re.sub(r"_(bucket|sum|count)$", "", name) if name.endswith(("_bucket", "_sum", "_count"))
+                      and not name.endswith("_total") else name)
+    return names
+
+
+def test_every_metric_in_the_alerts_and_dashboard_exists():
+    rules = yaml.safe_load((ROOT / "packaging/prometheus/alerts.yml").read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    dash = json.loads((ROOT / "packaging/grafana/maintd.json").read_text())
+    exprs += [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
+    exposed = exposed_names()
+    missing = sorted(n for n in used_names(exprs) if n not in exposed)
+    assert not missing, f"not exported by maintd: {missing}"
+
+
+def test_promtool_accepts_the_metrics_output():
+    if PROMTOOL is None:
+        pytest.skip("promtool is not installed")
+    done = subprocess.run([PROMTOOL, "check", "metrics"], input=Metrics().render(), capture_output=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+CAN_INSTALL = os.geteuid() == 0 and shutil.which("debootstrap") is not None
+
+
+@pytest.mark.package
+@pytest.mark.skipif(not CAN_INSTALL, reason="needs root and debootstrap (.ci/run installs it)")
+def test_deb_builds_and_installs_in_a_clean_debian_12_root():
+    """packaging/build.sh, then apt-get install into a debootstrapped bookworm: --version, check-config, demo."""
+    build = subprocess.run([str(ROOT / "packaging/build.sh")], cwd=ROOT, capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert list((ROOT / "dist").glob("maintd-*.noarch.rpm")), "the .rpm is built too"
+    install = subprocess.run([str(ROOT / "packaging/test-install.sh")], cwd=ROOT, capture_output=True, text=True)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    assert "done: prepared, approved" in install.stdout
