@@ -25,11 +25,16 @@ def _builtins() -> dict[str, type[Handler]]:
     return {h.type_name: h for h in (DrainHandler, ExecHandler, WebhookHandler, HealthHandler)}
 
 
-def available() -> dict[str, type[Handler]]:
-    """Every handler type: built-ins, then plugins; two plugins (or a plugin and a built-in) with one name is an error."""
-    types = _builtins()
+def plugins() -> dict[str, type[Handler]]:
+    """Handler types from the `maintd.handlers` entry-point group; a name given twice is an error.
+
+    Only called for a type that is not built in: scanning every installed distribution's metadata
+    costs several MB of memory that a config using built-ins need not pay.
+    """
+    builtins = _builtins()
+    found: dict[str, type[Handler]] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in types:
+        if ep.name in builtins or ep.name in found:
             raise ConfigValueError("", f"handler type {ep.name!r} is provided twice (plugin {ep.value}); "
                                    "uninstall one of the packages")
         try:
@@ -38,8 +43,21 @@ def available() -> dict[str, type[Handler]]:
             raise ConfigValueError("", f"handler plugin {ep.name!r} ({ep.value}) cannot be loaded: {exc}") from None
         if not (isinstance(cls, type) and issubclass(cls, Handler)):
             raise ConfigValueError("", f"handler plugin {ep.name!r} ({ep.value}) is not a maintd Handler class")
-        types[ep.name] = cls
-    return types
+        found[ep.name] = cls
+    return found
+
+
+def handler_type(name: Any) -> type[Handler] | None:
+    """The class for a handler type name: a built-in, else a plugin, else None."""
+    builtins = _builtins()
+    if isinstance(name, str) and name in builtins:
+        return builtins[name]
+    return plugins().get(name) if isinstance(name, str) else None
+
+
+def available() -> dict[str, type[Handler]]:
+    """Every handler type: built-ins, then plugins."""
+    return {**_builtins(), **plugins()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,16 +79,17 @@ class _Common:
 COMMON_KEYS = tuple(f.name for f in dataclasses.fields(_Common))
 
 
-def _parse_one(item: Any, types: dict[str, type[Handler]]) -> HandlerSpec:
+def _parse_one(item: Any) -> HandlerSpec:
     if not isinstance(item, dict):
         raise ConfigValueError("", "each handler is a mapping with name, type and phases")
     kind = item.get("type")
-    if kind not in types:
+    cls = handler_type(kind)
+    if cls is None:
+        types = available()
         close = difflib.get_close_matches(str(kind), list(types), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigValueError("type" if "type" in item else "", f"unknown handler type {kind!r}{hint}; "
                                f"available: {', '.join(sorted(types))}")
-    cls = types[kind]
     option_keys = cls.option_names()
     for key in item:
         if key not in COMMON_KEYS and key not in option_keys:
@@ -98,11 +117,10 @@ def parse_handlers(value: Any) -> tuple[HandlerSpec, ...]:
         return ()
     if not isinstance(value, list):
         raise ConfigValueError("", "handlers is a list of mappings (- name: ..., type: ..., phases: [...])")
-    types = available()
     specs: list[HandlerSpec] = []
     for i, item in enumerate(value):
         try:
-            spec = _parse_one(item, types)
+            spec = _parse_one(item)
         except ConfigValueError as exc:
             raise exc.under(f"[{i}]") from None
         if any(s.name == spec.name for s in specs):
@@ -113,6 +131,12 @@ def parse_handlers(value: Any) -> tuple[HandlerSpec, ...]:
 
 def instantiate(specs: tuple[HandlerSpec, ...], services: Any) -> list[Handler]:
     """Handler objects for the specs, sorted by `order` then list position."""
-    types = available()
     ordered = sorted(enumerate(specs), key=lambda pair: (pair[1].order, pair[0]))
-    return [types[spec.type](spec, services) for _, spec in ordered]
+    return [_type_of(spec.type)(spec, services) for _, spec in ordered]
+
+
+def _type_of(name: str) -> type[Handler]:
+    cls = handler_type(name)
+    if cls is None:  # a plugin uninstalled since the config was parsed
+        raise ConfigValueError("type", f"handler type {name!r} is no longer installed")
+    return cls
