@@ -112,7 +112,7 @@ class ProbeConfig:
     drain_grace: float = opt(duration(0, 3600), 10.0, "extra time for in-flight connections after the LB stopped sending new ones")
     drain_on_stop: str = opt(choice("shutdown", "always", "never"), "shutdown",
                              "drain before exiting: when the system shuts down, on every stop, or never")
-    fail_on: tuple[str, ...] = opt(list_of(text(), unique=True), ("*", "!imds", "!maintenance", "!config", "!state"),
+    fail_on: tuple[str, ...] = opt(list_of(text(), unique=True), ("*", "!imds", "!maintenance", "!config", "!state", "!maintd"),
                                    "SourceIds whose Error takes the VM out of rotation: patterns, * for all, !x excludes x")
 
     def validate(self) -> None:

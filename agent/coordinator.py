@@ -6,8 +6,9 @@ interval and never twice at a time; `ready` is final for an event, so a ready pe
 again. A VM of rank r approves in the leader's place only when every lower-ranked peer has been
 unreachable for `takeover_after`. The POST is recorded before (`sending`) and after (`sent` or
 `failed`) in the state store: a restart never re-sends a `sent` approval, and a `sending` one
-(crash between POST and record) is sent again only if the event is still Scheduled — IMDS answers
-200 to a repeated approval, so that is safe. The loop calls `tick` only right after a successful
+(crash between POST and record) is sent again only if the event is still Scheduled after
+RETRY_FAILED_AFTER seconds — time for IMDS to show the first one took effect; a repeat would be
+harmless (IMDS answers 200) but is avoided. The loop calls `tick` only right after a successful
 poll, so no approval is ever sent on stale data.
 """
 
@@ -226,6 +227,10 @@ class Coordinator:
                 lower_ranked_reachable=lower_reachable if mode != "manual" else [],
                 dry_run=dry_run)
             self._note(event_id, t, state, decision)
+            if decision.approve and not state.sending and state.failed_at is None and self._unconfirmed(event_id):
+                state.failed_at = now  # sent by a previous run that died before the answer: give IMDS time
+                self.log.warning("approval.unconfirmed", event_id=event_id, wait_seconds=RETRY_FAILED_AFTER,
+                                 reason="a previous run sent it and stopped before recording the answer")
             if decision.approve and not state.sending and self._retry_allowed(state, now):
                 state.sending = True
                 gates = profile.gates if profile.gates is not None else self.gates
@@ -260,6 +265,10 @@ class Coordinator:
     def _sent(self, event_id: str) -> bool:
         rec = self.store.result(event_id, APPROVAL_KEY)
         return rec is not None and rec.get("status") == "sent"
+
+    def _unconfirmed(self, event_id: str) -> bool:
+        rec = self.store.result(event_id, APPROVAL_KEY)
+        return rec is not None and rec.get("status") == "sending"
 
     def _retry_allowed(self, state: EventCoordination, now: float) -> bool:
         return state.failed_at is None or now - state.failed_at >= RETRY_FAILED_AFTER

@@ -113,6 +113,7 @@ class Daemon:
         self._second_stop = threading.Event()
         self.reload_requested = threading.Event()
         self._coordinate_soon = threading.Event()
+        self._state_failing = False
         self._poll_errors = logs.RepeatLimiter()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="imds")
         self.transition_listeners: list[Callable[[list[Transition]], None]] = []
@@ -204,7 +205,7 @@ class Daemon:
             self._coordinate_soon.clear()
             if self.last_success is not None and now - self.last_success <= 2 * self.config.imds.poll_interval:
                 self._coordinate()
-        self._retry_state_flush()
+        self._check_state()
         self._update_imds_health()
         self.update_rotation_metrics()
         for listener in self.tick_listeners:
@@ -383,23 +384,26 @@ class Daemon:
 
     def _state_failed(self, exc: StateError) -> None:
         self.metrics.state_write_failures.inc()
-        self.metrics.state_dirty.set(1)
         self.log.error("state.write_failed", error=str(exc), hint="free space or make the state dir writable; "
                        "changes are kept in memory and written when the disk accepts them")
-        self.health.set("state", "write", HealthState.ERROR, f"state not saved: {exc}")
 
-    def _retry_state_flush(self) -> None:
-        if not self.store.dirty:
-            return
-        try:
-            self.store.flush()
-        except StateError as exc:
-            self.metrics.state_write_failures.inc()
-            self.health.set("state", "write", HealthState.ERROR, f"state not saved: {exc}")
-            return
-        self.metrics.state_dirty.set(0)
-        self.log.info("state.write_recovered")
-        self.health.set("state", "write", HealthState.OK, "state saved")
+    def _check_state(self) -> None:
+        """Retry a pending write; report the disk's state whichever thread's write failed or recovered."""
+        if self.store.dirty:
+            try:
+                self.store.flush()
+            except StateError:
+                self.metrics.state_write_failures.inc()
+        error = self.store.write_error
+        if error and not self._state_failing:
+            self._state_failing = True
+            self.metrics.state_dirty.set(1)
+            self.health.set("state", "write", HealthState.ERROR, f"state not saved: {error}")
+        elif self._state_failing and not error and not self.store.dirty:
+            self._state_failing = False
+            self.metrics.state_dirty.set(0)
+            self.log.info("state.write_recovered")
+            self.health.set("state", "write", HealthState.OK, "state saved")
 
     def describe_plan(self, tr: Transition) -> dict[str, Any]:
         """What maintd would do for a transition (`maintd run --once`)."""

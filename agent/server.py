@@ -118,9 +118,28 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _error(self, status: int, message: str, route: str, extra: dict[str, str] | None = None) -> None:
         unread_body = not self._body_read and (self.headers.get("Content-Length") or "0").strip() not in ("", "0")
+        if unread_body and status not in (411, 413) and self._discard_body():
+            unread_body = False
         if unread_body or status in (400, 408, 411, 413, 500):
             self.close_connection = True  # an unread body would be taken for the next request
+            extra = {**(extra or {}), "Connection": "close"}  # so the client does not reuse the connection
         self._json(status, {"error": message, "status": status}, route, extra)
+
+    def _discard_body(self) -> bool:
+        """Read and drop a refused request's body (closing on unread data would reset the connection
+        before the client reads the answer); False when it is too large or malformed to read."""
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            return False
+        if not 0 <= length <= self.server.max_body_bytes:
+            return False
+        try:
+            self.rfile.read(length)
+        except OSError:
+            return False
+        self._body_read = True
+        return True
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The stdlib's own errors (bad request line, headers too large) as JSON too."""
@@ -128,7 +147,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.request_version == "HTTP/0.9":
             self.request_version = "HTTP/1.0"  # an unparsable request line still gets a status line and headers
         try:
-            self._json(code, {"error": message or http.HTTPStatus(code).phrase, "status": code}, "invalid")
+            self._json(code, {"error": message or http.HTTPStatus(code).phrase, "status": code}, "invalid",
+                       {"Connection": "close"})
         except OSError:
             pass
 

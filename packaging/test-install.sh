@@ -17,6 +17,7 @@ fi
 
 root=$(mktemp -d /var/tmp/maintd-root.XXXXXX)
 cleanup() {
+    umount -l "$root/dev/pts" 2>/dev/null || true
     umount -l "$root/proc" 2>/dev/null || true
     umount -l "$root/dev" 2>/dev/null || true
     rm -rf "$root"
@@ -26,6 +27,7 @@ echo "== fresh root $root (a copy of the cached bookworm)"
 cp -a "$cache/." "$root/"
 mount -t proc proc "$root/proc"
 mount --bind /dev "$root/dev"
+mount --bind /dev/pts "$root/dev/pts"    # apt's terminal log
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 cp "$deb" "$root/tmp/"
 
@@ -40,6 +42,15 @@ echo "== maintd --version"
 in_root maintd --version
 echo "== maintd check-config /etc/maintd/maintd.yaml"
 in_root maintd check-config /etc/maintd/maintd.yaml
+echo "== maintd check-config on every shipped example"
+for example in "$root"/usr/share/doc/maintd/examples/*.yaml; do
+    in_root maintd check-config "/usr/share/doc/maintd/examples/$(basename "$example")"
+done
+echo "== /etc/maintd/maintd.yaml is a conffile: a reinstall keeps the admin's edit"
+in_root dpkg-query -W -f='${Conffiles}\n' maintd | grep -q '/etc/maintd/maintd.yaml'
+echo "# edited by the admin" >> "$root/etc/maintd/maintd.yaml"
+in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --reinstall "/tmp/$(basename "$deb")" >/dev/null
+grep -q "^# edited by the admin" "$root/etc/maintd/maintd.yaml"
 echo "== no service was started (not under systemd here)"
 if grep -qs "maintd.run" "$root"/proc/[0-9]*/cmdline; then echo "a maintd service was started" >&2; exit 1; fi
 echo "== maintd demo"

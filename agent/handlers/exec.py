@@ -3,18 +3,26 @@
 The command is a list run without a shell; the event reaches it only through `MAINTD_*`
 environment variables and JSON on stdin, so event text (a Description such as
 `$(touch pwned); rm -rf ~`) is never interpreted. The hook gets a minimal environment (PATH, LANG,
-HOME of its user, plus `env`), not maintd's own. It runs in its own session so a timeout kills the
-whole process tree: SIGTERM to the group, then SIGKILL after `kill_grace`. Output (stdout and
-stderr merged) is read on a thread and bounded: only the last `OUTPUT_KEEP` bytes are kept.
+HOME/USER/LOGNAME of the account it runs as, the event, then `env`), never maintd's own: no
+`NOTIFY_SOCKET`, no proxy settings, no secrets that happen to be in maintd's environment.
+
+It runs in its own session, so a timeout reaches the whole process tree. The handler's `timeout`
+is the longest the tree may live, kill included: SIGTERM goes to the process group `kill_grace`
+before the budget ends (at most half of the budget), SIGKILL when it ends. That keeps the run
+inside the runner's budget, which in the scheduled phase ends before NotBefore. A stop of maintd
+kills the hook the same way. Output (stdout and stderr merged) is read on a thread and bounded:
+only the last `OUTPUT_KEEP` bytes are kept, the rest is counted.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import re
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -30,24 +38,35 @@ LOG_CHARS = 4000
 ENV_VALUE_MAX = 32 * 1024
 """Longest environment value passed (Linux refuses one over 128 KiB); the full event is on stdin."""
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+POLL = 0.1
+"""How often a waiting run looks at maintd's stop flag."""
+REAP = 1.0
+"""Seconds allowed, after the hook exited or was killed, for its exit status and the last output."""
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _command(value: Any) -> tuple[str, ...]:
-    items = list_of(text(), min_len=1)(value)
-    if not items[0]:
-        raise ConfigValueError("", "the program (first item) must not be empty")
-    return items
+def _env(value: Any) -> dict[str, str]:
+    env = mapping_of(text(allow_empty=True))(value)
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise ConfigValueError(name, "not a valid environment variable name (letters, digits, _)")
+        if name.startswith("MAINTD_"):
+            raise ConfigValueError(name, "MAINTD_* variables carry the event and cannot be set here")
+    return env
 
 
 @dataclass(frozen=True)
 class ExecOptions:
-    command: tuple[str, ...] = opt(_command, doc='program and arguments, e.g. ["/usr/local/bin/ckpt", "--fast"]; '
-                                                 "no shell unless you write [/bin/sh, -c, ...]")
+    command: tuple[str, ...] = opt(list_of(text(), min_len=1),
+                                   doc='program and arguments, e.g. ["/usr/local/bin/ckpt", "--fast"]; '
+                                       "no shell unless you write [/bin/sh, -c, ...]")
     user: str | None = opt(optional(text(r"^[a-z_][a-z0-9_.-]*\$?$", "a user name")), None,
                            "run as this user (maintd must run as root)")
     cwd: str | None = opt(optional(text(r"^/", "an absolute path")), None, "working directory (default /)")
-    env: dict[str, str] = opt(mapping_of(text(allow_empty=True)), {}, "extra environment variables")
-    kill_grace: float = opt(duration(0, 300), 5.0, "after a timeout, seconds between SIGTERM and SIGKILL")
+    env: dict[str, str] = opt(_env, {}, "extra environment variables")
+    kill_grace: float = opt(duration(0, 300), 5.0,
+                            "on timeout, seconds between SIGTERM and SIGKILL to the hook's process group; "
+                            "both fall within timeout (the grace is at most half of it)")
 
 
 class _Tail:
@@ -61,27 +80,42 @@ class _Tail:
         self.thread.start()
 
     def _read(self) -> None:
-        while chunk := self.pipe.read1(65536):  # type: ignore[attr-defined]
-            self.data += chunk
-            if len(self.data) > OUTPUT_KEEP:
-                self.dropped += len(self.data) - OUTPUT_KEEP
-                del self.data[:-OUTPUT_KEEP]
+        with self.pipe:
+            while chunk := self.pipe.read1(65536):  # type: ignore[attr-defined]
+                self.data += chunk
+                if len(self.data) > OUTPUT_KEEP:
+                    self.dropped += len(self.data) - OUTPUT_KEEP
+                    del self.data[:-OUTPUT_KEEP]
 
     def text(self) -> str:
-        return self.data.decode("utf-8", "replace")
+        return bytes(self.data).decode("utf-8", "replace")
 
 
 def _feed(pipe: IO[bytes], payload: bytes) -> None:
     """Write stdin on a thread: a hook that never reads stdin must not block maintd."""
     try:
         pipe.write(payload)
-    except (BrokenPipeError, OSError):
+    except OSError:  # BrokenPipeError: the hook exited or closed stdin without reading it all
         pass
     finally:
         try:
             pipe.close()
         except OSError:
             pass
+
+
+def _wait(proc: subprocess.Popen[bytes], seconds: float, cancel: threading.Event | None = None) -> bool:
+    """Wait up to `seconds` for the hook to exit; False when it is still running (time is up, or `cancel` is set)."""
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0 or (cancel is not None and cancel.is_set()):
+            return proc.poll() is not None
+        try:
+            proc.wait(min(POLL, left) if cancel is not None else left)
+            return True
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -94,15 +128,19 @@ def _signal_group(pgid: int, sig: int) -> None:
 def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
     """SIGTERM the hook's process group, then after `grace` SIGKILL whatever is left of it."""
     _signal_group(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        pass
+    _wait(proc, grace)
     _signal_group(proc.pid, signal.SIGKILL)  # children may outlive a leader that obeyed SIGTERM
+    _wait(proc, REAP)
+
+
+def _account(name: str | None) -> pwd.struct_passwd | None:
+    """The account the hook runs as: `name`, or maintd's own (None when it has no passwd entry)."""
+    if name is not None:
+        return pwd.getpwnam(name)
     try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
+        return pwd.getpwuid(os.getuid())
+    except KeyError:
+        return None
 
 
 class ExecHandler(Handler):
@@ -111,50 +149,63 @@ class ExecHandler(Handler):
 
     def environment(self, ctx: Context, account: pwd.struct_passwd | None) -> dict[str, str]:
         """The hook's whole environment: a minimal base, the event, then the operator's `env`."""
-        home = account.pw_dir if account else os.environ.get("HOME", "/root")
-        base = {"PATH": BASE_PATH, "LANG": os.environ.get("LANG", "C.UTF-8"), "HOME": home}
+        base = {"PATH": BASE_PATH, "LANG": os.environ.get("LANG", "C.UTF-8"),
+                "HOME": account.pw_dir if account else "/"}
         if account:
             base.update(USER=account.pw_name, LOGNAME=account.pw_name)
-        event = {k: v if len(v) <= ENV_VALUE_MAX else v[:ENV_VALUE_MAX - 14] + " [truncated]"
+        event = {k: v if len(v) <= ENV_VALUE_MAX else v[:ENV_VALUE_MAX - 12] + " [truncated]"
                  for k, v in ctx.environment().items()}
         return {**base, **event, **self.options.env}
 
+    def _start(self, ctx: Context, account: pwd.struct_passwd | None) -> subprocess.Popen[bytes]:
+        o = self.options
+        ids: dict[str, Any] = {}
+        if o.user is not None and account is not None and account.pw_uid != os.geteuid():
+            ids = {"user": account.pw_uid, "group": account.pw_gid,
+                   "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid)}
+        return subprocess.Popen(
+            list(o.command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cwd=o.cwd or "/", env=self.environment(ctx, account), start_new_session=True, close_fds=True, **ids)
+
     def _run(self, ctx: Context) -> Result:
         o = self.options
-        log = logs.get("exec")
-        account = None
-        if o.user:
-            try:
-                account = pwd.getpwnam(o.user)
-            except KeyError:
-                return Result(FAILED, f"no such user {o.user!r}")
         try:
-            proc = subprocess.Popen(
-                list(o.command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                cwd=o.cwd or "/", env=self.environment(ctx, account), start_new_session=True, close_fds=True,
-                user=account.pw_uid if account else None, group=account.pw_gid if account else None,
-                extra_groups=os.getgrouplist(account.pw_name, account.pw_gid) if account else None)
+            account = _account(o.user)
+        except KeyError:
+            return Result(FAILED, f"no such user {o.user!r}")
+        try:
+            proc = self._start(ctx, account)
+        except PermissionError as exc:
+            hint = " (running as another user needs maintd to run as root)" if o.user and os.geteuid() else ""
+            return Result(FAILED, f"cannot start {o.command[0]}: {exc.strerror}: {exc.filename or o.command[0]}{hint}")
+        except FileNotFoundError as exc:
+            missing = exc.filename or o.command[0]
+            return Result(FAILED, f"cannot start {o.command[0]}: no such file or directory: {missing}")
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             return Result(FAILED, f"cannot start {o.command[0]}: {exc}")
         assert proc.stdin is not None and proc.stdout is not None
-        threading.Thread(target=_feed, args=(proc.stdin, ctx.payload_json()), daemon=True).start()
+        threading.Thread(target=_feed, args=(proc.stdin, ctx.payload_json()), name="hook-input", daemon=True).start()
         tail = _Tail(proc.stdout)
-        timed_out = False
-        try:
-            proc.wait(max(0.0, ctx.timeout))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc, o.kill_grace)
-        tail.thread.join(5)
+        grace = min(o.kill_grace, ctx.timeout / 2)
+        finished = _wait(proc, ctx.timeout - grace, ctx.cancel)
+        if not finished:
+            _kill_group(proc, grace)
+        tail.thread.join(REAP)
         output = tail.text()
         if output or tail.dropped:
-            log.info("hook.output", handler=self.spec.name, event_id=ctx.event.event_id, phase=ctx.phase,
-                     lines="\n".join(output.splitlines()[-LOG_LINES:])[-LOG_CHARS:], truncated_bytes=tail.dropped)
-        if timed_out:
-            return Result(TIMED_OUT, f"killed after {ctx.timeout:.0f}s (process group: SIGTERM, then SIGKILL)",
-                          exit_code=proc.returncode, output=output)
-        if proc.returncode != 0:
-            return Result(FAILED, f"exit status {proc.returncode}", exit_code=proc.returncode, output=output)
+            logs.get("exec").info("hook.output", handler=self.spec.name, event_id=ctx.event.event_id, phase=ctx.phase,
+                                  lines="\n".join(output.splitlines()[-LOG_LINES:])[-LOG_CHARS:],
+                                  truncated_bytes=tail.dropped)
+        code = proc.returncode
+        if not finished and ctx.cancel.is_set():
+            return Result(FAILED, "interrupted: maintd is stopping; the hook's process group was killed",
+                          exit_code=code, output=output)
+        if not finished:
+            return Result(TIMED_OUT, f"timed out after {round(ctx.timeout, 1):g}s: its process group got SIGTERM, "
+                                     f"then SIGKILL {round(grace, 1):g}s later", exit_code=code, output=output)
+        if code != 0:
+            status = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            return Result(FAILED, status, exit_code=code, output=output)
         return Result(OK, "exit status 0", exit_code=0, output=output)
 
     def scheduled(self, ctx: Context) -> Result:

@@ -1,11 +1,19 @@
 """`webhook`: tell people (Slack, Teams) or systems (any HTTP endpoint) about an event's phases.
 
 The URL comes from `url` or from `url_file` (read at every run, so a rotated secret is picked up);
-neither is ever logged beyond its scheme and host. Presets: `generic` posts the payload hooks get on
-stdin; `slack` and `teams` post one readable line ("Reboot of vm-3 not before 14:05 UTC (in 9 min),
-approved by vm-1"); `template` renders your own body from a fixed set of fields. Failures that may
-pass (connection errors, timeouts, 429, 5xx) are retried with exponential backoff within the
-handler's `timeout`. Unlike IMDS calls, webhooks honour the proxy environment (HTTPS_PROXY).
+neither is ever logged or put in a result beyond its scheme and host, and request errors are named
+by type only, because their text quotes the URL. Presets: `generic` posts the payload hooks get on
+stdin; `slack` posts `{"text": line}`; `teams` posts the line as an Adaptive Card message, the one
+format both Teams Workflows ("When a Teams webhook request is received", which refuses the old
+MessageCard) and the retiring Office 365 connectors accept. The line reads "Reboot of vm-3 not
+before 14:05 UTC (in 9 min), approved by vm-1". `template` renders your own body from a fixed set
+of fields, without attribute or index access; a template that is JSON gets its values JSON-escaped,
+so a quote in a Description cannot break it.
+
+`post` is the one retrying POST of the handlers (the `health` handler's Service Fabric push uses it
+too): connection errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter
+(longer when a 429 says Retry-After), and neither a wait nor a request reaches past the run's
+budget. Unlike IMDS calls, webhooks honour the proxy environment (HTTPS_PROXY, NO_PROXY).
 """
 
 from __future__ import annotations
@@ -28,22 +36,35 @@ from agent.retry import retrying
 
 TEMPLATE_FIELDS = ("event_id", "event_type", "status", "vm", "resources", "not_before", "phase", "description",
                    "source", "duration_seconds", "outcome", "approved_by", "text")
+MIN_ATTEMPT = 0.5
+"""Seconds a request gets at least: no retry starts with less than this left of the budget."""
 
 
-class _Retryable(Exception):
-    """A webhook answer worth trying again (429, 5xx)."""
+class _SafeFormatter(string.Formatter):
+    """str.format without attribute or index access: `{event_id.__class__}` is refused."""
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
+        if not field_name.isidentifier():
+            raise ValueError(f"field {field_name!r}: only plain names are allowed")
+        return super().get_field(field_name, args, kwargs)
 
 
 def _template(value: Any) -> str:
     tpl = text()(value)
     try:
-        fields = {name for _, name, _, _ in string.Formatter().parse(tpl) if name is not None}
+        parts = list(string.Formatter().parse(tpl))
     except ValueError as exc:
         raise ConfigValueError("", f"not a valid template: {exc}") from None
-    unknown = sorted(f for f in fields if f not in TEMPLATE_FIELDS)
+    unknown = sorted({name for _, name, _, _ in parts if name is not None and name not in TEMPLATE_FIELDS})
     if unknown:
         raise ConfigValueError("", f"unknown field {{{unknown[0]}}}; fields: {', '.join(TEMPLATE_FIELDS)} "
                                "(no attribute or index access)")
+    if any(spec and "{" in spec for _, _, spec, _ in parts):
+        raise ConfigValueError("", "a field's format spec cannot contain another field")
+    try:
+        _SafeFormatter().vformat(tpl, (), dict.fromkeys(TEMPLATE_FIELDS, "x"))
+    except ValueError as exc:
+        raise ConfigValueError("", f"not a valid template: {exc}") from None
     return tpl
 
 
@@ -65,22 +86,26 @@ class WebhookOptions:
             raise ConfigValueError("url", "set exactly one of url and url_file")
 
 
-def _minutes(seconds: float) -> str:
+# --- the body ------------------------------------------------------------------------------
+
+def _span(seconds: float) -> str:
+    if seconds <= 0:
+        return "due now"
     if seconds < 90:
-        return f"{max(0, round(seconds))} s"
+        return f"in {round(seconds)} s"
     if seconds < 5400:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h"
+        return f"in {round(seconds / 60)} min"
+    return f"in {seconds / 3600:.1f} h"
 
 
 def readable(ctx: Context, now: datetime, approved_by: str | None) -> str:
-    """One line for people: what, which VM, when, who approved."""
+    """One line for people: what, which VM(s), when, who approved."""
     e = ctx.event
-    who = f"{e.event_type} of {ctx.vm_name or ', '.join(e.resources)}"
+    who = f"{e.event_type} of {ctx.vm_name if ctx.names_self and ctx.vm_name else ', '.join(e.resources)}"
     if ctx.phase == "scheduled":
         when = ""
         if e.not_before is not None:
-            when = f" not before {e.not_before:%H:%M} UTC (in {_minutes((e.not_before - now).total_seconds())})"
+            when = f" not before {e.not_before:%H:%M} UTC ({_span((e.not_before - now).total_seconds())})"
         line = f"{who}{when}"
     elif ctx.phase == "started":
         line = f"{who} has started"
@@ -93,14 +118,92 @@ def readable(ctx: Context, now: datetime, approved_by: str | None) -> str:
     return line
 
 
-class _SafeFormatter(string.Formatter):
-    """str.format without attribute or index access: `{event_id.__class__}` is refused."""
+def render(template: str, fields: dict[str, str]) -> tuple[bytes, str]:
+    """A template's body and content type: JSON with escaped values when the template is JSON, else text."""
+    escaped = _SafeFormatter().vformat(template, (), {k: json.dumps(v, ensure_ascii=False)[1:-1]
+                                                      for k, v in fields.items()})
+    try:
+        if isinstance(json.loads(escaped), (dict, list)):
+            return escaped.encode(), "application/json"
+    except ValueError:
+        pass
+    return _SafeFormatter().vformat(template, (), fields).encode(), "text/plain; charset=utf-8"
 
-    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
-        if not field_name.isidentifier():
-            raise ValueError(f"field {field_name!r}: only plain names are allowed")
-        return super().get_field(field_name, args, kwargs)
 
+# --- the POST ------------------------------------------------------------------------------
+
+class _Retryable(Exception):
+    """An answer worth trying again (429, 5xx)."""
+
+    def __init__(self, response: requests.Response) -> None:
+        super().__init__(f"answered {response.status_code}")
+        self.response = response
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How a POST ended: the last response (None when none came), the error otherwise, the tries made."""
+
+    response: requests.Response | None
+    error: str
+    tries: int
+
+
+def target(url: str) -> str:
+    """What of a URL may be logged: scheme and host (the path and query of a webhook URL are its secret)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or '?'}"
+
+
+def _retry_after(state: Any) -> float:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(exc, _Retryable):
+        value = exc.response.headers.get("Retry-After", "").strip()
+        if value.isdigit():
+            return float(value)
+    return 0.0
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth another try: 429/5xx, a timeout, a connection error other than TLS (a bad certificate stays bad)."""
+    if isinstance(exc, requests.exceptions.SSLError):
+        return False
+    return isinstance(exc, (_Retryable, requests.ConnectionError, requests.Timeout))
+
+
+def post(ctx: Context, session: requests.Session, url: str, *, attempts: int, request_timeout: float,
+         **kwargs: Any) -> Answer:
+    """POST `url` within `ctx.timeout`, up to `attempts` tries, retrying what `_transient` admits.
+
+    Request errors are named by type only: their text quotes the URL, which may be a secret.
+    """
+    clock = ctx.clock
+    deadline = clock.monotonic() + ctx.timeout
+    tries = 0
+
+    def send() -> requests.Response:
+        nonlocal tries
+        tries += 1
+        left = max(MIN_ATTEMPT, deadline - clock.monotonic())
+        response = session.post(url, timeout=min(request_timeout, left), **kwargs)
+        if response.status_code == 429 or response.status_code >= 500:
+            raise _Retryable(response)
+        return response
+
+    retry = retrying(clock, retry_if=_transient, attempts=attempts, within=max(0.0, ctx.timeout - MIN_ATTEMPT),
+                     cancel=ctx.cancel)
+    backoff = retry.wait
+    retry = retry.copy(wait=lambda state: min(max(backoff(state), _retry_after(state)),
+                                              max(0.0, deadline - clock.monotonic() - MIN_ATTEMPT)))
+    try:
+        return Answer(retry(send), "", tries)
+    except _Retryable as exc:
+        return Answer(exc.response, "", tries)
+    except requests.RequestException as exc:
+        return Answer(None, type(exc).__name__, tries)
+
+
+# --- the handler ---------------------------------------------------------------------------
 
 class WebhookHandler(Handler):
     type_name = "webhook"
@@ -112,13 +215,15 @@ class WebhookHandler(Handler):
         assert self.options.url_file is not None
         try:
             url = Path(self.options.url_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ValueError(f"url_file {self.options.url_file} cannot be read: {exc.strerror}") from None
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"url_file {self.options.url_file} does not hold an http(s) URL")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ValueError(f"url_file {self.options.url_file} cannot be read: {reason}") from None
+        if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+            raise ValueError(f"url_file {self.options.url_file} does not hold one http(s) URL")
         return url
 
     def _approved_by(self, ctx: Context) -> str | None:
+        """Who approved the event, when known here (ctx says so, or this VM sent the approval)."""
         if ctx.approved_by:
             return ctx.approved_by
         record = self.services.store.result(ctx.event.event_id, "approval")
@@ -126,67 +231,45 @@ class WebhookHandler(Handler):
 
     def body(self, ctx: Context) -> tuple[bytes, str]:
         """The request body and its content type, for the preset or template."""
-        line = readable(ctx, ctx.clock.now(), self._approved_by(ctx))
+        approved_by = self._approved_by(ctx)
+        line = readable(ctx, ctx.clock.now(), approved_by)
         if self.options.template is not None:
             e = ctx.event
-            fields = {"event_id": e.event_id, "event_type": e.event_type, "status": e.status, "vm": ctx.vm_name,
-                      "resources": ",".join(e.resources), "phase": ctx.phase, "description": e.description,
-                      "not_before": e.not_before.isoformat().replace("+00:00", "Z") if e.not_before else "",
-                      "source": e.source, "duration_seconds": str(e.duration_seconds), "outcome": ctx.outcome or "",
-                      "approved_by": self._approved_by(ctx) or "", "text": line}
-            rendered = _SafeFormatter().vformat(self.options.template, (), fields)
-            try:
-                json.loads(rendered)
-                return rendered.encode(), "application/json"
-            except ValueError:
-                return rendered.encode(), "text/plain; charset=utf-8"
+            return render(self.options.template, {
+                "event_id": e.event_id, "event_type": e.event_type, "status": e.status, "vm": ctx.vm_name,
+                "resources": ",".join(e.resources), "phase": ctx.phase, "description": e.description,
+                "not_before": e.not_before.isoformat().replace("+00:00", "Z") if e.not_before else "",
+                "source": e.source, "duration_seconds": str(e.duration_seconds), "outcome": ctx.outcome or "",
+                "approved_by": approved_by or "", "text": line})
         if self.options.preset == "slack":
             return json.dumps({"text": line}).encode(), "application/json"
         if self.options.preset == "teams":
             card = {"type": "AdaptiveCard", "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
                     "version": "1.4", "body": [{"type": "TextBlock", "text": line, "wrap": True}]}
             return json.dumps({"type": "message", "text": line, "attachments": [
-                {"contentType": "application/vnd.microsoft.card.adaptive", "content": card}]}).encode(), \
-                "application/json"
+                {"contentType": "application/vnd.microsoft.card.adaptive", "contentUrl": None, "content": card}]}
+            ).encode(), "application/json"
         return ctx.payload_json(), "application/json"
 
     def _post(self, ctx: Context) -> Result:
-        log = logs.get("webhook")
         try:
             url = self._url()
         except ValueError as exc:
             return Result(FAILED, str(exc))
-        where = "{0.scheme}://{0.hostname}".format(urlsplit(url))
-        body, content_type = self.body(ctx)
+        where = target(url)
+        data, content_type = self.body(ctx)
         headers = {"Content-Type": content_type, "User-Agent": f"maintd/{__version__}", **self.options.headers}
-        session = requests.Session()
-        deadline = ctx.clock.monotonic() + ctx.timeout
-        attempts = 0
-
-        def send() -> requests.Response:
-            nonlocal attempts
-            attempts += 1
-            left = max(0.1, deadline - ctx.clock.monotonic())
-            response = session.post(url, data=body, headers=headers, timeout=min(self.options.request_timeout, left))
-            if response.status_code == 429 or response.status_code >= 500:
-                raise _Retryable(f"{where} answered {response.status_code}")
-            return response
-
-        retry = retrying(ctx.clock, retry_if=lambda e: isinstance(e, (_Retryable, requests.ConnectionError,
-                                                                          requests.Timeout)),
-                         attempts=self.options.retries + 1, within=ctx.timeout, cancel=ctx.cancel)
-        try:
-            response = retry(send)
-        except (_Retryable, requests.RequestException) as exc:
-            detail = str(exc) if isinstance(exc, _Retryable) else f"{where}: {type(exc).__name__}"
-            log.warning("webhook.failed", handler=self.spec.name, target=where, attempts=attempts, error=detail)
-            return Result(FAILED, f"{detail} after {attempts} attempt(s)")
-        finally:
-            session.close()
-        if response.status_code >= 400:
-            return Result(FAILED, f"{where} answered {response.status_code}: {response.text[:200]}")
-        return Result(OK, f"{where} answered {response.status_code}" + (f" after {attempts} attempts"
-                                                                         if attempts > 1 else ""))
+        with requests.Session() as session:
+            answer = post(ctx, session, url, attempts=self.options.retries + 1,
+                          request_timeout=self.options.request_timeout, data=data, headers=headers)
+        tries = f" after {answer.tries} attempts" if answer.tries > 1 else ""
+        r = answer.response
+        if r is not None and r.status_code < 400:
+            return Result(OK, f"{where} answered {r.status_code}{tries}")
+        error = f"{where}: {answer.error}" if r is None else f"{where} answered {r.status_code}"
+        logs.get("webhook").warning("webhook.failed", handler=self.spec.name, event_id=ctx.event.event_id,
+                                    phase=ctx.phase, target=where, attempts=answer.tries, error=error)
+        return Result(FAILED, error + tries + (f": {r.text[:200]}" if r is not None and r.text else ""))
 
     def scheduled(self, ctx: Context) -> Result:
         return self._post(ctx)

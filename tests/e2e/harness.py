@@ -123,9 +123,9 @@ class Emulator(Process):
         self.urls: dict[str, str] = ready["vms"]
         self.http = http()
 
-    def admin(self, method: str, path: str, vm: str | None = None, **body: Any) -> Any:
-        url = self.urls[vm or next(iter(self.urls))] + "/admin/" + path
-        r = self.http.request(method, url, json=body if body else None, timeout=5)
+    def admin(self, verb: str, route: str, vm: str | None = None, /, **body: Any) -> Any:
+        url = self.urls[vm or next(iter(self.urls))] + "/admin/" + route
+        r = self.http.request(verb, url, json=body if body else None, timeout=5)
         r.raise_for_status()
         return r.json() if r.content else None
 
