@@ -254,6 +254,21 @@ def parse_section(cls: type[T], value: Any) -> T:
     return obj
 
 
+def named_list(items: list[Any], parse_item: Callable[[Any], T], what: str) -> tuple[T, ...]:
+    """Parse each item of a list of named things (handlers, profiles, rules); names must be unique."""
+    out: list[T] = []
+    for i, item in enumerate(items):
+        try:
+            obj = parse_item(item)
+        except ConfigValueError as exc:
+            raise exc.under(f"[{i}]") from None
+        name = getattr(obj, "name")
+        if any(getattr(o, "name") == name for o in out):
+            raise ConfigValueError(f"[{i}].name", f"{what} name {name!r} is used twice; names must be unique")
+        out.append(obj)
+    return tuple(out)
+
+
 def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
     """(key, default, doc) for every key of a section and its nested sections: the README's reference."""
     rows: list[tuple[str, str, str]] = []

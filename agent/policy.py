@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agent.configschema import boolean, choice, duration, integer, list_of, opt, optional, parse_section, section, text
+from agent.configschema import boolean, choice, duration, integer, list_of, named_list, opt, optional, parse_section, section, text
 from agent.errors import ConfigValueError
 from agent.events import Event
 from agent.gates import Gates
@@ -88,17 +88,9 @@ def parse_profiles(value: Any) -> tuple[Profile, ...]:
         return (DEFAULT_PROFILE,)
     if not isinstance(value, list) or not value:
         raise ConfigValueError("", "profiles is a non-empty list; leave it out for one default profile (approval: auto)")
-    profiles: list[Profile] = []
-    for i, item in enumerate(value):
-        try:
-            profile = parse_section(Profile, item)
-        except ConfigValueError as exc:
-            raise exc.under(f"[{i}]") from None
-        if any(p.name == profile.name for p in profiles):
-            raise ConfigValueError(f"[{i}].name", f"profile name {profile.name!r} is used twice")
-        profiles.append(profile)
+    profiles = named_list(value, lambda item: parse_section(Profile, item), "profile")
     validate_profiles([p.schedule for p in profiles])
-    return tuple(profiles)
+    return profiles
 
 
 def check_handler_names(profiles: tuple[Profile, ...], handler_names: set[str]) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol
 
 from agent import logs
 from agent.clock import Clock
-from agent.configschema import choice, duration, list_of, number, opt, optional, parse_section, text
+from agent.configschema import choice, duration, list_of, named_list, number, opt, optional, parse_section, text
 from agent.errors import ConfigValueError
 from agent.health import HealthState, HealthStore
 from agent.metrics import Metrics
@@ -82,16 +82,7 @@ def parse_rules(value: Any) -> tuple[RuleSpec, ...]:
         return ()
     if not isinstance(value, list):
         raise ConfigValueError("", "health_rules is a list of rules (- name: ..., metric: ..., operator: ...)")
-    rules: list[RuleSpec] = []
-    for i, item in enumerate(value):
-        try:
-            rule = parse_section(RuleSpec, item)
-        except ConfigValueError as exc:
-            raise exc.under(f"[{i}]") from None
-        if any(r.name == rule.name for r in rules):
-            raise ConfigValueError(f"[{i}].name", f"rule name {rule.name!r} is used twice; names must be unique")
-        rules.append(rule)
-    return tuple(rules)
+    return named_list(value, lambda item: parse_section(RuleSpec, item), "rule")
 
 
 # --- pure evaluation -------------------------------------------------------------------------

@@ -102,6 +102,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         """Quiet: requests are counted in metrics, errors logged by the server."""
 
     def _send(self, status: int, body: bytes, content_type: str, route: str, extra: dict[str, str] | None = None) -> None:
+        self.server.metrics.http_requests.labels(route, str(status)).inc()  # counted before the client can look
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -111,7 +112,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-        self.server.metrics.http_requests.labels(route, str(status)).inc()
 
     def _json(self, status: int, obj: Any, route: str, extra: dict[str, str] | None = None) -> None:
         self._send(status, (json.dumps(obj, default=str, indent=None) + "\n").encode(), "application/json", route, extra)

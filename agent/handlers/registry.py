@@ -8,7 +8,7 @@ import difflib
 from importlib.metadata import entry_points
 from typing import Any
 
-from agent.configschema import boolean, choice, duration, integer, list_of, opt, parse_section, text
+from agent.configschema import boolean, choice, duration, integer, list_of, named_list, opt, parse_section, text
 from agent.errors import ConfigValueError
 from agent.handlers.base import PHASES, Handler, HandlerSpec
 
@@ -117,16 +117,7 @@ def parse_handlers(value: Any) -> tuple[HandlerSpec, ...]:
         return ()
     if not isinstance(value, list):
         raise ConfigValueError("", "handlers is a list of mappings (- name: ..., type: ..., phases: [...])")
-    specs: list[HandlerSpec] = []
-    for i, item in enumerate(value):
-        try:
-            spec = _parse_one(item)
-        except ConfigValueError as exc:
-            raise exc.under(f"[{i}]") from None
-        if any(s.name == spec.name for s in specs):
-            raise ConfigValueError(f"[{i}].name", f"handler name {spec.name!r} is used twice; names must be unique")
-        specs.append(spec)
-    return tuple(specs)
+    return named_list(value, _parse_one, "handler")
 
 
 def instantiate(specs: tuple[HandlerSpec, ...], services: Any) -> list[Handler]:
