@@ -79,9 +79,11 @@ def diff(
             current[event.event_id] = Tracked(event, names_self, now, boot_id, event.status == "Started")
             transitions.append(Transition(APPEARED, event, names_self, now))
             continue
-        current[event.event_id] = replace(
-            before, event=event, names_self=names_self, seen_started=before.seen_started or event.status == "Started"
-        )
+        seen_started = before.seen_started or event.status == "Started"
+        if before.event == event and before.seen_started == seen_started:
+            current[event.event_id] = before  # the common case, every poll: nothing new about this event
+        else:
+            current[event.event_id] = replace(before, event=event, names_self=names_self, seen_started=seen_started)
         if event.status != before.event.status:
             transitions.append(Transition(STATUS_CHANGED, event, names_self, now, previous_status=before.event.status))
     unreadable = {s.event_id for s in document.skipped if s.event_id}
