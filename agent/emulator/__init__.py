@@ -1,27 +1,38 @@
-"""A faithful IMDS Scheduled Events emulator for tests, benchmarks, `maintd demo` and rehearsals.
+"""A faithful IMDS Scheduled Events emulator, for tests, benchmarks, `maintd demo` and rehearsing hooks.
 
     emu = Emulator(vms=["vm-1", "vm-2"])
-    urls = emu.start()                      # {"vm-1": "http://127.0.0.1:PORT", ...}: one server per VM
+    urls = emu.start()                       # {"vm-1": "http://127.0.0.1:PORT", ...}: one server per VM
     eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=900)
     emu.add_fault(kind="status", status=503, count=3)
     emu.requests("vm-1"); emu.approvals(); emu.stop()
 
-Each VM has its own port, as each Azure VM has its own IMDS. Every VM sees every event (one
-availability set), and filters on Resources as a real client must. It shares no code with the
-client side (`agent.events`, `agent.imds`).
+Each VM has its own port, as each Azure VM has its own IMDS. By default every VM sees every event
+(one availability set) and must filter on Resources, as a real client must (`broadcast=False`: a
+VM sees only the events naming it, like GPU scale sets with one fault domain). Any VM that sees an
+event may approve it; `approvals_required=N` needs N distinct VMs (shared infrastructure).
+
+Time comes from `clock` (e.g. `agent.clock.FakeClock`; default real time). Every span given to the
+emulator (notice, durations, fault delays) is in emulated seconds; `time_scale` > 1 runs emulated
+time faster. The model advances on every request and every 50 ms while started (`tick()`).
+
+Only the standard library and PyYAML are used, and nothing is shared with the client side
+(`agent.events`, `agent.imds`, `agent.tracker`): a mistake in one is never mirrored by the other.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections import deque
 from datetime import datetime, timezone
 from typing import Any
 
-from agent.emulator.model import Model, ModelClock
-from agent.emulator.server import FAULT_KINDS, Fault, TokenBucket, VmServer, recorded
+from agent.emulator.faults import ANSWER_KINDS, Fault, make_fault
+from agent.emulator.model import Approval, Listener, Model, ModelClock
+from agent.emulator.scenario import Scenario, Step
+from agent.emulator.server import RecordedRequest, VmServer
+
+__all__ = ["Approval", "Emulator", "RecordedRequest", "Scenario"]
 
 MAX_RECORDED = 200_000
 TICK_INTERVAL = 0.05
@@ -36,178 +47,202 @@ class _RealClock:
 
 
 class Emulator:
-    """The model, one HTTP server per VM, faults and the request record."""
+    """The event model, one HTTP server per VM, faults, a scenario timeline and the request record."""
 
     def __init__(self, vms: list[str] | None = None, clock: ModelClock | None = None, time_scale: float = 1.0,
-                 rate_limit: float = 5.0, etag: bool = False, unknown_event: str = "ok",
-                 started_duration: float | None = None, approvals_required: int | None = None,
-                 broadcast: bool = True) -> None:
+                 rate_limit: float | None = 5.0, etag: bool = True, started_duration: float | None = None,
+                 approvals_required: int | None = None, *, broadcast: bool = True, unknown_event: str = "ok",
+                 listener: Listener | None = None) -> None:
+        """`rate_limit`: requests/s per VM before 429 (None or 0: none); `etag`: ETag and 304 (unverified
+        on real IMDS); `started_duration`: emulated seconds a Started event with DurationInSeconds <= 0
+        stays (default 10); `unknown_event`: "ok" (200, no-op) or "400" for approving an unknown EventId;
+        `listener(name, fields)` hears every state change and must not block."""
         self.vms = list(vms or ["vm-1"])
-        if len(set(v.casefold() for v in self.vms)) != len(self.vms):
-            raise ValueError("VM names must be unique")
-        self.clock = clock or _RealClock()
+        self.clock: ModelClock = clock or _RealClock()
+        self.listener = listener
         self.model = Model(self.vms, self.clock, time_scale=time_scale, started_duration=started_duration,
-                           approvals_required=approvals_required, broadcast=broadcast, unknown_event=unknown_event)
+                           approvals_required=approvals_required, broadcast=broadcast, unknown_event=unknown_event,
+                           listener=listener)
+        if rate_limit is not None and rate_limit < 0:
+            raise ValueError(f"rate_limit must be >= 0, got {rate_limit!r}")
         self.rate_limit = rate_limit
         self.etag = etag
-        self.servers: dict[str, VmServer] = {}
-        self.faults: list[Fault] = []
-        self.hang_released = threading.Event()
-        self._buckets: dict[str, TokenBucket] = {}
-        self._log: deque[dict[str, Any]] = deque(maxlen=MAX_RECORDED)
+        self.stopping = threading.Event()
+        """Set by stop(): delayed and hanging requests give up."""
+        self._servers: dict[str, VmServer] = {}
+        self._faults: list[Fault] = []
+        self._records: deque[RecordedRequest] = deque(maxlen=MAX_RECORDED)
+        self._timeline: list[tuple[float, Step]] = []
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._ticker: threading.Thread | None = None
+        self._timeline_lock = threading.Lock()
+
+    def _notify(self, name: str, **fields: Any) -> None:
+        if self.listener is not None:
+            self.listener(name, fields)
 
     # --- servers -----------------------------------------------------------------------------
 
     def start(self, host: str = "127.0.0.1", port: int = 0) -> dict[str, str]:
-        """Serve every VM (ports from `port` upwards, or free ports when 0); returns {vm: base URL}."""
-        for i, vm in enumerate(self.vms):
-            server = VmServer(host, port + i if port else 0, vm, str(uuid.uuid4()), self)
-            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name=f"emu-{vm}",
-                             daemon=True).start()
-            self.servers[vm] = server
-        if isinstance(self.clock, _RealClock):
-            self._ticker = threading.Thread(target=self._tick_loop, name="emu-tick", daemon=True)
-            self._ticker.start()
+        """Serve every VM (ports `port`, `port + 1`, ...; 0: free ports); returns {vm: base URL}."""
+        if self._servers:
+            raise RuntimeError("the emulator is already started")
+        self.stopping.clear()
+        try:
+            for i, vm in enumerate(self.vms):
+                self._servers[vm] = VmServer(host, port + i if port else 0, vm, i, self)
+        except OSError:
+            self.stop()
+            raise
+        for server in self._servers.values():
+            server.serve_in_thread()
+        threading.Thread(target=self._tick_loop, name="emulator-tick", daemon=True).start()
         return self.urls
 
     @property
     def urls(self) -> dict[str, str]:
-        return {vm: s.url for vm, s in self.servers.items()}
+        """{vm: base URL} of the running servers."""
+        return {vm: s.url for vm, s in self._servers.items()}
 
     def _tick_loop(self) -> None:
-        while not self._stop.wait(TICK_INTERVAL):
-            self.model.tick()
+        while not self.stopping.wait(TICK_INTERVAL):
+            self.tick()
 
     def stop(self) -> None:
-        self._stop.set()
-        self.hang_released.set()
-        for server in self.servers.values():
-            server.shutdown()
-            server.server_close()
-        self.servers.clear()
+        """Close every server and connection; hanging and delayed requests are dropped."""
+        self.stopping.set()
+        for server in self._servers.values():
+            server.close()
+        self._servers.clear()
 
     def tick(self) -> None:
-        """Advance the model to the clock's now (auto-start at NotBefore, removal after the started time)."""
+        """Advance to the clock's now: due scenario steps, auto-start at NotBefore, removal after the duration."""
+        with self._timeline_lock:
+            now = self.clock.monotonic()
+            due = [step for when, step in self._timeline if when <= now]
+            self._timeline = [(when, step) for when, step in self._timeline if when > now]
+            for step in due:
+                self._play_step(step)
         self.model.tick()
 
     # --- events ------------------------------------------------------------------------------
 
-    def add_event(self, **kwargs: Any) -> str:
-        """Create an event (see `Model.add_event`); returns its EventId."""
-        return self.model.add_event(**kwargs)
+    def add_event(self, event_type: str = "Reboot", resources: list[str] | None = None, notice: float | None = None,
+                  description: str = "", event_source: str = "Platform", duration_seconds: int = -1,
+                  status: str = "Scheduled", resource_type: str = "VirtualMachine",
+                  event_id: str | None = None) -> str:
+        """Create an event (see `Model.add_event`; `notice` defaults to the type's minimum); returns its EventId."""
+        return self.model.add_event(event_type, resources, notice, description, event_source, duration_seconds,
+                                    status, resource_type, event_id)
 
     def start_event(self, event_id: str) -> None:
+        """Scheduled → Started, as if NotBefore had come or the approvals were in."""
         self.model.start_event(event_id)
 
     def complete_event(self, event_id: str) -> None:
+        """The maintenance is over: the event leaves the document."""
         self.model.complete_event(event_id)
 
     def cancel_event(self, event_id: str) -> None:
+        """Azure cancels: a Scheduled event leaves the document without starting."""
         self.model.cancel_event(event_id)
 
     def reset_incarnation(self) -> None:
+        """The 24 h disable: events dropped, DocumentIncarnation back to 1, first-call delays armed again."""
+        with self._lock:
+            for fault in self._faults:
+                fault.fired_vms.clear()
         self.model.reset_incarnation()
 
     def document(self, vm: str, api_version: str = "2020-07-01") -> dict[str, Any]:
+        """The Scheduled Events document `vm` would get now."""
         return self.model.document(vm, api_version)
 
     # --- faults ------------------------------------------------------------------------------
 
-    def add_fault(self, kind: str, vm: str | None = None, path: str | None = None, count: int | None = None,
-                  duration: float | None = None, **params: Any) -> None:
-        """Inject a fault for `count` requests or `duration` emulated seconds (both None: until cleared)."""
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {kind!r}; kinds: {', '.join(FAULT_KINDS)}")
+    def add_fault(self, vm: str | None = None, kind: str = "status", status: int = 503, count: int | None = None,
+                  duration: float | None = None, path: str | None = None, method: str | None = None,
+                  delay: float = 1.0, retry_after: float | str | None = None) -> None:
+        """Inject a fault for `vm` (None: every VM), optionally only on requests whose path starts with
+        `path` or whose method is `method`, for the next `count` requests and/or `duration` emulated
+        seconds (neither: until cleared). Kinds: see `agent.emulator.faults`."""
         if vm is not None and vm not in self.vms:
-            raise ValueError(f"no emulated VM {vm!r}")
-        if kind == "first_call_delay" and count is None:
-            count = 1
-        until = self.clock.monotonic() + self.model.real(duration) if duration is not None else None
-        allowed = {"status", "delay", "retry_after"}
-        unknown = set(params) - allowed
-        if unknown:
-            raise ValueError(f"unknown fault parameters {sorted(unknown)}; allowed: {sorted(allowed)}")
-        if "retry_after" in params and params["retry_after"] is not None:
-            params["retry_after"] = str(params["retry_after"])
+            raise ValueError(f"vm: no emulated VM {vm!r} (VMs: {', '.join(self.vms)})")
+        if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                     or duration <= 0):
+            raise ValueError(f"duration: expected seconds > 0, got {duration!r}")
+        until = None if duration is None else self.clock.monotonic() + self.model.real(duration)
+        fault = make_fault(kind, vm, path, method, count, until, status, delay, retry_after)
         with self._lock:
-            if kind == "hang":
-                self.hang_released.clear()
-            self.faults.append(Fault(kind, vm, path, count, until, **params))
+            self._faults.append(fault)
+        self._notify("emulator.fault_added", kind=kind, vm=vm, path=path, method=fault.method, count=count,
+                     duration=duration)
 
     def clear_faults(self) -> None:
+        """Remove every fault; hanging requests go on and are answered."""
         with self._lock:
-            self.faults.clear()
-        self.hang_released.set()
+            faults, self._faults = self._faults, []
+        for fault in faults:
+            fault.cleared.set()
+        self._notify("emulator.faults_cleared", count=len(faults))
 
-    def take_fault(self, vm: str, path: str) -> Fault | None:
-        """The first fault that applies to this request, counted as fired."""
+    def fault_count(self) -> int:
+        """Faults that can still fire."""
         now = self.clock.monotonic()
         with self._lock:
-            for fault in self.faults:
-                if fault.applies(vm, path, now):
-                    fault.fired += 1
-                    return fault
-        return None
+            return sum(1 for f in self._faults if not f.expired(now)
+                       and (f.kind == "first_call_delay" or f.count is None or f.fired < f.count))
 
-    def bucket(self, vm: str) -> TokenBucket:
+    def take_faults(self, vm: str, path: str, method: str) -> list[Fault]:
+        """The faults this request meets, counted as fired: every delaying one, then at most one that answers."""
+        now = self.clock.monotonic()
+        taken: list[Fault] = []
         with self._lock:
-            if vm not in self._buckets:
-                self._buckets[vm] = TokenBucket(self.rate_limit, self.clock.monotonic())
-            return self._buckets[vm]
+            for fault in self._faults:
+                answers = fault.kind in ANSWER_KINDS
+                if (not answers or not any(f.kind in ANSWER_KINDS for f in taken)) \
+                        and fault.applies(vm, path, method, now):
+                    fault.fire(vm)
+                    taken.append(fault)
+        return sorted(taken, key=lambda f: f.kind in ANSWER_KINDS)
+
+    # --- scenarios ---------------------------------------------------------------------------
+
+    def play(self, scenario: Scenario) -> None:
+        """Schedule a scenario's steps from now on (`at` in emulated seconds); they run on `tick()`."""
+        start = self.clock.monotonic()
+        with self._timeline_lock:
+            self._timeline += [(start + self.model.real(step.at), step) for step in scenario.steps]
+        self.tick()
+
+    def _play_step(self, step: Step) -> None:
+        try:
+            if step.action == "add":
+                self.add_event(**step.args)
+            elif step.action == "fault":
+                self.add_fault(**step.args)
+            else:
+                getattr(self, f"{step.action}_event")(step.args["event_id"])
+        except (KeyError, ValueError) as exc:  # e.g. canceling an event the agent's approval already started
+            self._notify("scenario.skipped", at=step.at, action=step.action, reason=str(exc).strip("'\""))
+            return
+        self._notify("scenario.step", at=step.at, action=step.action, **step.args)
 
     # --- records -----------------------------------------------------------------------------
 
-    def record(self, vm: str, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
-               status: int) -> None:
-        if path.startswith("/admin/"):
-            return
-        entry = recorded(vm, method, path, query, headers, body, status, self.clock.now().timestamp(),
-                         self.clock.monotonic())
+    def record(self, vm: str, method: str, path: str, query: str, headers: dict[str, str],
+               body: bytes) -> RecordedRequest:
+        """Record an IMDS request as it arrives; the server fills in the status once answered."""
+        entry = RecordedRequest(vm, method, path, query, headers, body.decode("utf-8", "replace"), None,
+                                self.clock.now().timestamp(), self.clock.monotonic())
         with self._lock:
-            self._log.append(entry)
+            self._records.append(entry)
+        return entry
 
-    def requests(self, vm: str | None = None) -> list[dict[str, Any]]:
+    def requests(self, vm: str | None = None) -> list[RecordedRequest]:
         """Every IMDS request received (admin calls excluded), oldest first."""
         with self._lock:
-            return [r for r in self._log if vm is None or r["vm"] == vm]
+            return [r for r in self._records if vm is None or r.vm == vm]
 
-    def approvals(self, vm: str | None = None) -> list[dict[str, Any]]:
-        """Every accepted StartRequests POST: vm, event_ids, time."""
-        with self.model.lock:
-            return [a for a in self.model.approval_log if vm is None or a["vm"] == vm]
-
-    # --- admin API ---------------------------------------------------------------------------
-
-    def admin(self, method: str, route: str, data: dict[str, Any], vm: str) -> tuple[int, Any]:
-        """The /admin/ API: (status, JSON body)."""
-        parts = route.split("/")
-        if route == "events" and method == "POST":
-            if "type" in data and "event_type" not in data:
-                data["event_type"] = data.pop("type")
-            return 201, {"EventId": self.add_event(**data)}
-        if route == "events" and method == "GET":
-            return 200, self.document(data.get("vm", vm))
-        if len(parts) == 3 and parts[0] == "events" and method == "POST" and parts[2] in ("start", "complete",
-                                                                                          "cancel"):
-            getattr(self, f"{parts[2]}_event")(parts[1])
-            return 200, {"EventId": parts[1], "done": parts[2]}
-        if route == "faults" and method == "POST":
-            self.add_fault(**data)
-            return 201, {"faults": len(self.faults)}
-        if route == "faults" and method == "DELETE":
-            self.clear_faults()
-            return 200, {"faults": 0}
-        if route == "requests" and method == "GET":
-            return 200, self.requests(vm)
-        if route == "approvals" and method == "GET":
-            return 200, self.approvals(vm)
-        if route == "changes" and method == "GET":
-            with self.model.lock:
-                return 200, list(self.model.changes)
-        if route == "reset" and method == "POST":
-            self.reset_incarnation()
-            return 200, {"DocumentIncarnation": 1}
-        return 404, {"error": f"no admin route {method} /admin/{route}"}
+    def approvals(self, vm: str | None = None) -> list[Approval]:
+        """Every accepted StartRequests POST (vm, event_ids, unknown, time, monotonic), oldest first."""
+        return self.model.approvals(vm)

@@ -1,50 +1,75 @@
-"""`maintd emulate`: the emulator as a process. Prints one ready line on stdout, logs changes on stderr."""
+"""`maintd emulate` (also `python -m agent.emulator`): the emulator as a process.
+
+Prints one JSON line on stdout once every VM listens,
+`{"event": "emulator.ready", "vms": {"vm-1": "http://127.0.0.1:PORT", ...}}`, logs every state
+change as a JSON line on stderr, and serves until SIGTERM or SIGINT (exit 0).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import queue
 import signal
 import sys
 import threading
-from pathlib import Path
+from datetime import datetime, timezone
+from typing import Any
 
 from agent.emulator import Emulator
-from agent.emulator import scenario as scenario_mod
+from agent.emulator.model import UNKNOWN_EVENT_ANSWERS
+from agent.emulator.scenario import ScenarioError, load
+
+DESCRIPTION = ("A faithful IMDS Scheduled Events emulator: one port per VM, IMDS's wire format, validation and "
+               "rate limit, fault injection, and an admin API under /admin/ (events, faults, requests, "
+               "approvals, reset) for loopback clients.")
 
 
-def _log(**fields: object) -> None:
-    print(json.dumps(fields, default=str), file=sys.stderr, flush=True)
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="maintd emulate", description=DESCRIPTION)
+    p.add_argument("--vm", action="append", metavar="NAME",
+                   help="an emulated VM (repeat for several; default vm-1, or the scenario's vms)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0,
+                   help="port of the first VM, the others follow (default 0: free ports)")
+    p.add_argument("--scenario", metavar="FILE", help="a YAML scenario: events and faults on a timeline")
+    p.add_argument("--time-scale", type=float, help="emulated seconds per real second (default 1, or the scenario's)")
+    p.add_argument("--rate-limit", type=float, default=5.0, help="requests/s per VM before 429 (default 5; 0: none)")
+    p.add_argument("--started-duration", type=float, metavar="SECONDS",
+                   help="how long a Started event with DurationInSeconds -1 stays (default 10)")
+    p.add_argument("--first-call-delay", type=float, metavar="SECONDS",
+                   help="delay each VM's first request, and the first after a reset (real IMDS: up to 120 s)")
+    p.add_argument("--etag", action=argparse.BooleanOptionalAction, default=True,
+                   help="send ETag and answer If-None-Match with 304 (unverified on real IMDS; default on)")
+    p.add_argument("--broadcast", action=argparse.BooleanOptionalAction, default=True,
+                   help="every VM sees every event, as in an availability set (default on)")
+    p.add_argument("--unknown-event", choices=UNKNOWN_EVENT_ANSWERS, default="ok",
+                   help="the answer to approving an unknown EventId (undocumented on real IMDS; default ok)")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="maintd emulate", description="A faithful IMDS Scheduled Events emulator on "
-                                "loopback: one port per VM, admin API under /admin/ (events, faults, requests).")
-    p.add_argument("--vm", action="append", help="an emulated VM (repeat; default vm-1, or the scenario's vms)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="port of the first VM, the others follow (0: free ports)")
-    p.add_argument("--scenario", type=Path, help="a YAML scenario file (events and faults on a timeline)")
-    p.add_argument("--time-scale", type=float, help="emulated seconds per real second (default 1)")
-    p.add_argument("--rate-limit", type=float, default=5.0, help="requests per second per VM before 429 (default 5)")
-    p.add_argument("--started-duration", type=float, help="seconds a Started event stays (default 10)")
-    p.add_argument("--etag", action="store_true", help="send ETag and answer If-None-Match with 304 (unverified "
-                                                       "on real IMDS)")
-    p.add_argument("--unknown-event", choices=("ok", "400"), default="ok",
-                   help="answer to approving an unknown EventId (undocumented on real IMDS; default ok)")
-    args = p.parse_args(argv)
+    """Run the emulator until SIGTERM/SIGINT; returns the exit status."""
+    args = _parser().parse_args(argv)
+    lines: "queue.Queue[dict[str, Any]]" = queue.Queue()
 
-    plan = None
-    if args.scenario:
-        try:
-            plan = scenario_mod.parse(args.scenario.read_text())
-        except (OSError, scenario_mod.ScenarioError) as exc:
-            print(f"maintd emulate: {args.scenario}: {exc}", file=sys.stderr)
-            return 2
-    vms = args.vm or (plan.vms if plan else ["vm-1"])
-    scale = args.time_scale or (plan.time_scale if plan else 1.0)
-    started = args.started_duration if args.started_duration is not None else (plan.started_duration if plan else None)
-    emulator = Emulator(vms, time_scale=scale, rate_limit=args.rate_limit, etag=args.etag,
-                        unknown_event=args.unknown_event, started_duration=started)
+    def listen(name: str, fields: dict[str, Any]) -> None:
+        lines.put({"ts": datetime.now(timezone.utc).isoformat(), "event": name, **fields})
+
+    try:
+        plan = load(args.scenario) if args.scenario else None
+        emulator = Emulator(args.vm or (plan.vms if plan else ["vm-1"]),
+                            time_scale=args.time_scale if args.time_scale is not None
+                            else (plan.time_scale if plan else 1.0),
+                            rate_limit=args.rate_limit, etag=args.etag,
+                            started_duration=args.started_duration if args.started_duration is not None
+                            else (plan.started_duration if plan else None),
+                            broadcast=args.broadcast, unknown_event=args.unknown_event, listener=listen)
+        if args.first_call_delay:
+            emulator.add_fault(kind="first_call_delay", delay=args.first_call_delay)
+    except (ScenarioError, ValueError) as exc:
+        print(f"maintd emulate: {exc}", file=sys.stderr)
+        return 2
     try:
         urls = emulator.start(args.host, args.port)
     except OSError as exc:
@@ -55,15 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     print(json.dumps({"event": "emulator.ready", "vms": urls}), flush=True)
     if plan is not None:
-        threading.Thread(target=scenario_mod.run, daemon=True, name="scenario",
-                         args=(plan, emulator, stop, lambda s: _log(event=f"scenario.{s.what}", at=s.at, **s.args))
-                         ).start()
-    seen = 0
-    while not stop.wait(0.1):
-        with emulator.model.lock:
-            changes = emulator.model.changes[seen:]
-            seen += len(changes)
-        for change in changes:
-            _log(event=f"emulator.{change.pop('change')}", **change)
+        emulator.play(plan)
+    while not stop.is_set():
+        try:
+            line = lines.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        print(json.dumps(line, default=str), file=sys.stderr, flush=True)
     emulator.stop()
+    while not lines.empty():
+        print(json.dumps(lines.get(), default=str), file=sys.stderr, flush=True)
     return 0

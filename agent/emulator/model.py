@@ -1,12 +1,16 @@
-"""The emulated Scheduled Events state: events, their life cycle, and each VM's document.
+"""The emulated Scheduled Events state: events, their life cycle, and what each VM's document shows.
 
-Faithful to the field notes (shared/research/imds.md): one availability set whose events every VM
-sees (`broadcast`), an incarnation per VM bumped on every change of its view, uppercase GUIDs,
-NotBefore in RFC 1123 and `""` once Started, fields gated by api-version, the cancel path
-(Scheduled → gone), the hardware-failure path (created Started) and the 24 h reset.
+Pure: no I/O and no thread of its own. Time comes from an injected clock, and every span handed to
+the model (notice, durations) is in *emulated* seconds, divided by `time_scale` to get clock seconds.
 
-This module shares nothing with the client side (`agent.events`, `agent.imds`): a mistake in one
-is never mirrored by the other.
+Faithful to the field notes (shared/research/imds.md §1, §3, §9): one availability set whose events
+every VM sees (`broadcast`), a DocumentIncarnation per VM bumped on every change of its view,
+uppercase GUIDs, NotBefore in RFC 1123 and `""` once Started, fields and event types gated by
+api-version, the cancel path (Scheduled → gone), the hardware-failure path (created Started), the
+VMSS Terminate batch rule and the 24 h reset.
+
+Shares nothing with the client side (`agent.events`, `agent.imds`, `agent.tracker`): a mistake in
+one is never mirrored by the other.
 """
 
 from __future__ import annotations
@@ -16,14 +20,23 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 API_VERSIONS = ("2017-03-01", "2017-08-01", "2017-11-01", "2019-01-01", "2019-04-01", "2019-08-01", "2020-07-01")
-"""Scheduled Events versions, oldest first; the fields each adds are gated in `render_event`."""
+"""Every Scheduled Events api-version, oldest first (none newer than 2020-07-01 is documented)."""
 NEWEST_VERSIONS = ["2020-10-01", "2020-09-01", "2020-07-15"]
-"""What IMDS lists as `newest-versions` in its 400 body (captured from the field)."""
-EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
+"""What IMDS lists as `newest-versions` in its 400 body (captured in the field)."""
+FIELD_SINCE = (("Description", "2019-04-01"), ("EventSource", "2019-08-01"), ("DurationInSeconds", "2020-07-01"))
+TYPE_SINCE = {"Preempt": "2017-11-01", "Terminate": "2019-01-01"}
+"""Older api-versions are not sent these event types at all."""
+MIN_NOTICE = {"Freeze": 900.0, "Reboot": 900.0, "Redeploy": 600.0, "Preempt": 30.0, "Terminate": 300.0}
+"""The documented minimum notice per EventType (seconds), the default `notice` of a new event."""
+STATUSES = ("Scheduled", "Started")
 DEFAULT_STARTED_DURATION = 10.0
+UNKNOWN_EVENT_ANSWERS = ("ok", "400")
+
+Listener = Callable[[str, dict[str, Any]], None]
+"""Told of every state change: (stable event name, fields). Called under the model lock: must not block."""
 
 
 class ModelClock(Protocol):
@@ -32,9 +45,13 @@ class ModelClock(Protocol):
     def now(self) -> datetime: ...
 
 
+class UnknownEventError(ValueError):
+    """A StartRequests POST naming an event this VM cannot see (with unknown_event="400")."""
+
+
 def rfc1123(t: datetime) -> str:
     """NotBefore as IMDS writes it: `Mon, 19 Sep 2016 18:29:47 GMT`."""
-    return email.utils.format_datetime(t.astimezone(timezone.utc), usegmt=True)
+    return email.utils.format_datetime(t.astimezone(timezone.utc).replace(microsecond=0), usegmt=True)
 
 
 @dataclass
@@ -52,23 +69,36 @@ class EmuEvent:
     approvals: set[str] = field(default_factory=set)
 
 
-def render_event(e: EmuEvent, api_version: str) -> dict[str, Any]:
-    """One event as a VM asking with `api_version` sees it (later fields left out for older versions)."""
-    resources = [f"_{r}" for r in e.resources] if api_version == "2017-03-01" else list(e.resources)
+@dataclass(frozen=True)
+class Approval:
+    """One accepted StartRequests POST: who sent it, what it named, and which of those it could not see."""
+
+    vm: str
+    event_ids: list[str]
+    unknown: list[str]
+    time: float
+    """Wall clock, seconds since the epoch."""
+    monotonic: float
+
+
+def render_event(e: EmuEvent, api_version: str) -> dict[str, Any] | None:
+    """The event as a VM asking with `api_version` sees it; None when that version is not sent its type."""
+    if api_version < TYPE_SINCE.get(e.event_type, API_VERSIONS[0]):
+        return None
     out: dict[str, Any] = {
         "EventId": e.event_id,
         "EventStatus": e.status,
         "EventType": e.event_type,
         "ResourceType": e.resource_type,
-        "Resources": resources,
+        "Resources": [f"_{r}" for r in e.resources] if api_version == API_VERSIONS[0] else list(e.resources),
         "NotBefore": rfc1123(e.not_before) if e.status == "Scheduled" and e.not_before else "",
+        "Description": e.description,
+        "EventSource": e.source,
+        "DurationInSeconds": e.duration_seconds,
     }
-    if api_version >= "2019-04-01":
-        out["Description"] = e.description
-    if api_version >= "2019-08-01":
-        out["EventSource"] = e.source
-    if api_version >= "2020-07-01":
-        out["DurationInSeconds"] = e.duration_seconds
+    for name, since in FIELD_SINCE:
+        if api_version < since:
+            del out[name]
     return out
 
 
@@ -77,137 +107,195 @@ class Model:
 
     def __init__(self, vms: list[str], clock: ModelClock, *, time_scale: float = 1.0,
                  started_duration: float | None = None, approvals_required: int | None = None,
-                 broadcast: bool = True, unknown_event: str = "ok") -> None:
+                 broadcast: bool = True, unknown_event: str = "ok", listener: Listener | None = None) -> None:
+        if not vms or len({v.casefold() for v in vms}) != len(vms) or not all(isinstance(v, str) and v for v in vms):
+            raise ValueError(f"vms must be distinct non-empty names, got {vms!r}")
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be above 0, got {time_scale!r}")
+        if started_duration is not None and started_duration < 0:
+            raise ValueError(f"started_duration must be >= 0, got {started_duration!r}")
+        if approvals_required is not None and approvals_required < 1:
+            raise ValueError(f"approvals_required must be at least 1, got {approvals_required!r}")
+        if unknown_event not in UNKNOWN_EVENT_ANSWERS:
+            raise ValueError(f"unknown_event must be one of {UNKNOWN_EVENT_ANSWERS}, got {unknown_event!r}")
         self.vms = list(vms)
         self.clock = clock
-        self.time_scale = time_scale
-        self.started_duration = DEFAULT_STARTED_DURATION if started_duration is None else started_duration
-        self.approvals_required = approvals_required
+        self.time_scale = float(time_scale)
+        self.started_duration = DEFAULT_STARTED_DURATION if started_duration is None else float(started_duration)
+        self.approvals_required = approvals_required or 1
         self.broadcast = broadcast
         self.unknown_event = unknown_event
-        self.events: dict[str, EmuEvent] = {}
-        self.incarnation = {vm: 1 for vm in vms}
-        self.generation = 0
-        """Bumped by each reset, so an ETag never repeats across one."""
-        self.approval_log: list[dict[str, Any]] = []
-        self.changes: list[dict[str, Any]] = []
+        self.listener = listener
         self.lock = threading.RLock()
+        self._events: dict[str, EmuEvent] = {}
+        self._incarnation = {vm: 1 for vm in self.vms}
+        self._approvals: list[Approval] = []
 
     def real(self, emulated_seconds: float) -> float:
-        """Real seconds for a span of emulated time (time_scale > 1 runs faster)."""
+        """Clock seconds for a span of emulated time (time_scale > 1 runs faster)."""
         return emulated_seconds / self.time_scale
 
-    # --- visibility and documents ------------------------------------------------------------
+    def _notify(self, name: str, **fields: Any) -> None:
+        if self.listener is not None:
+            self.listener(name, fields)
+
+    def _vm(self, vm: str) -> str:
+        if vm not in self._incarnation:
+            raise ValueError(f"no emulated VM {vm!r} (VMs: {', '.join(self.vms)})")
+        return vm
+
+    # --- what a VM sees ----------------------------------------------------------------------
 
     def visible(self, e: EmuEvent, vm: str) -> bool:
-        return self.broadcast or any(r.casefold() == vm.casefold() for r in e.resources)
+        """Broadcast (an availability set): every VM sees every event; otherwise only those naming it."""
+        return self.broadcast or vm in e.resources
 
-    def _changed(self, e: EmuEvent, what: str) -> None:
+    def document(self, vm: str, api_version: str = API_VERSIONS[-1]) -> dict[str, Any]:
+        """The Scheduled Events document `vm` gets now when asking with `api_version`."""
+        with self.lock:
+            self._vm(vm)
+            self.tick()
+            rendered = (render_event(e, api_version) for e in self._events.values() if self.visible(e, vm))
+            return {"DocumentIncarnation": self._incarnation[vm], "Events": [r for r in rendered if r is not None]}
+
+    def _changed(self, e: EmuEvent, name: str, **fields: Any) -> None:
         for vm in self.vms:
             if self.visible(e, vm):
-                self.incarnation[vm] += 1
-        self.changes.append({"change": what, "event_id": e.event_id, "status": e.status,
-                             "at": self.clock.now().isoformat()})
-
-    def document(self, vm: str, api_version: str = "2020-07-01") -> dict[str, Any]:
-        with self.lock:
-            self.tick()
-            return {"DocumentIncarnation": self.incarnation[vm],
-                    "Events": [render_event(e, api_version) for e in self.events.values() if self.visible(e, vm)]}
+                self._incarnation[vm] += 1
+        self._notify(f"emulator.event_{name}", event_id=e.event_id, event_type=e.event_type,
+                     resources=list(e.resources), status=e.status, **fields)
 
     # --- life cycle --------------------------------------------------------------------------
 
-    def add_event(self, *, event_type: str = "Reboot", resources: list[str] | None = None, notice: float = 900.0,
+    def add_event(self, event_type: str = "Reboot", resources: list[str] | None = None, notice: float | None = None,
                   description: str = "", event_source: str = "Platform", duration_seconds: int = -1,
                   status: str = "Scheduled", resource_type: str = "VirtualMachine",
                   event_id: str | None = None) -> str:
-        """Create an event; `notice` is emulated seconds until NotBefore; status Started = hardware failure."""
-        if status not in ("Scheduled", "Started"):
-            raise ValueError(f"status must be Scheduled or Started, not {status!r}")
-        names = list(resources) if resources else self.vms[:1]
-        unknown = [r for r in names if r not in self.vms]
-        if unknown:
-            raise ValueError(f"resources {unknown} are not emulated VMs ({', '.join(self.vms)})")
+        """Create an event; returns its EventId (an uppercase GUID unless given).
+
+        `resources` defaults to the first VM and may name VMs that are not emulated; `notice` is
+        emulated seconds until NotBefore (default: the type's documented minimum notice);
+        `status="Started"` is the hardware-failure path (no Scheduled phase, NotBefore "").
+        """
+        if not isinstance(event_type, str) or not event_type:
+            raise ValueError(f"event_type must be a non-empty string, got {event_type!r}")
+        names = self.vms[:1] if resources is None else resources
+        if not isinstance(names, list) or not names or not all(isinstance(r, str) and r for r in names):
+            raise ValueError(f"resources must be a non-empty list of VM names, got {resources!r}")
+        notice = MIN_NOTICE.get(event_type, 900.0) if notice is None else notice
+        if isinstance(notice, bool) or not isinstance(notice, (int, float)) or notice < 0:
+            raise ValueError(f"notice must be a number of seconds >= 0, got {notice!r}")
+        if isinstance(duration_seconds, bool) or not isinstance(duration_seconds, int):
+            raise ValueError(f"duration_seconds must be an integer (-1: unknown), got {duration_seconds!r}")
+        if status not in STATUSES:
+            raise ValueError(f"status must be Scheduled or Started (a hardware failure), got {status!r}")
+        for name, value in (("description", description), ("event_source", event_source),
+                            ("resource_type", resource_type)):
+            if not isinstance(value, str):
+                raise ValueError(f"{name} must be a string, got {value!r}")
         now = self.clock.now()
         with self.lock:
-            eid = event_id or str(uuid.uuid4()).upper()
-            if eid in self.events:
-                raise ValueError(f"event {eid} exists")
-            e = EmuEvent(eid, event_type, names, status,
-                         now + timedelta(seconds=self.real(notice)) if status == "Scheduled" else None,
-                         description, event_source, int(duration_seconds), resource_type,
-                         started_at=now if status == "Started" else None)
-            self.events[eid] = e
-            self._changed(e, "created")
+            eid = str(uuid.uuid4()).upper() if event_id is None else str(event_id)
+            if not eid or eid in self._events:
+                raise ValueError(f"event_id {eid!r} is empty or already exists")
+            scheduled = status == "Scheduled"
+            e = EmuEvent(eid, event_type, list(names), status,
+                         now + timedelta(seconds=self.real(notice)) if scheduled else None,
+                         description, event_source, duration_seconds, resource_type,
+                         started_at=None if scheduled else now)
+            self._events[eid] = e
+            self._changed(e, "created", not_before=e.not_before.isoformat() if e.not_before else "")
             return eid
 
     def _get(self, event_id: str) -> EmuEvent:
-        e = self.events.get(event_id)
+        e = self._events.get(event_id)
         if e is None:
             raise KeyError(f"no event {event_id}")
         return e
 
+    def _start(self, e: EmuEvent, why: str) -> None:
+        e.status, e.started_at = "Started", self.clock.now()
+        self._changed(e, "started", reason=why)
+
     def start_event(self, event_id: str) -> None:
+        """Scheduled → Started now (no-op when already Started); KeyError if there is no such event."""
         with self.lock:
             e = self._get(event_id)
-            if e.status == "Started":
-                return
-            e.status, e.started_at = "Started", self.clock.now()
-            self._changed(e, "started")
+            if e.status == "Scheduled":
+                self._start(e, "admin")
 
     def complete_event(self, event_id: str) -> None:
+        """Remove the event: maintenance done (or, for a Scheduled one, gone without starting)."""
         with self.lock:
-            e = self._get(event_id)
-            del self.events[event_id]
-            self._changed(e, "completed")
+            e = self._events.pop(self._get(event_id).event_id)
+            self._changed(e, "completed", reason="admin")
 
     def cancel_event(self, event_id: str) -> None:
+        """The cancel path: a Scheduled event leaves the document without ever starting."""
         with self.lock:
             e = self._get(event_id)
             if e.status != "Scheduled":
                 raise ValueError(f"event {event_id} is {e.status}; only a Scheduled event can be canceled")
-            del self.events[event_id]
+            del self._events[event_id]
             self._changed(e, "canceled")
 
     def reset_incarnation(self) -> None:
-        """The 24 h disable: every event dropped, DocumentIncarnation back to 1."""
+        """The 24 h disable and re-enable: every event dropped, every DocumentIncarnation back to 1."""
         with self.lock:
-            self.events.clear()
-            self.incarnation = {vm: 1 for vm in self.vms}
-            self.generation += 1
-            self.changes.append({"change": "reset", "at": self.clock.now().isoformat()})
+            self._events.clear()
+            self._incarnation = {vm: 1 for vm in self.vms}
+            self._notify("emulator.reset")
+
+    def _approved(self, e: EmuEvent) -> bool:
+        """Enough approvals; a Terminate also waits for every Terminate in its batch (same NotBefore)."""
+        if len(e.approvals) < self.approvals_required:
+            return False
+        if e.event_type != "Terminate":
+            return True
+        return all(len(o.approvals) >= self.approvals_required for o in self._events.values()
+                   if o.event_type == "Terminate" and o.status == "Scheduled" and o.not_before == e.not_before)
 
     def tick(self) -> None:
-        """Start events whose NotBefore has come; remove Started events whose time is up."""
-        now = self.clock.now()
+        """Start approved events and those whose NotBefore has come; remove Started events whose time is up."""
         with self.lock:
-            for e in list(self.events.values()):
-                if e.status == "Scheduled" and e.not_before is not None and now >= e.not_before:
-                    e.status, e.started_at = "Started", now
-                    self._changed(e, "started")
-                elif e.status == "Started" and e.started_at is not None:
+            now = self.clock.now()
+            for e in list(self._events.values()):
+                if e.status == "Scheduled":
+                    if self._approved(e):
+                        self._start(e, "approved")
+                    elif e.not_before is not None and now >= e.not_before:
+                        self._start(e, "not_before")
+                elif e.started_at is not None:
                     stay = e.duration_seconds if e.duration_seconds > 0 else self.started_duration
                     if now >= e.started_at + timedelta(seconds=self.real(stay)):
-                        del self.events[e.event_id]
-                        self._changed(e, "completed")
+                        del self._events[e.event_id]
+                        self._changed(e, "completed", reason="duration")
 
     # --- approval ----------------------------------------------------------------------------
 
-    def approve(self, vm: str, event_ids: list[str]) -> tuple[int, dict[str, Any]]:
-        """A StartRequests POST from `vm`: (status, body) as IMDS would answer."""
+    def approve(self, vm: str, event_ids: list[str]) -> Approval:
+        """A StartRequests POST from `vm`, already checked to be well formed.
+
+        Any VM that sees an event may approve it, as in Azure ("acknowledging an event allows the
+        event to proceed for all Resources"). An id this VM cannot see is a no-op answered 200, or
+        raises UnknownEventError (400) with unknown_event="400"; approving again is a 200 no-op.
+        """
         with self.lock:
+            self._vm(vm)
             self.tick()
-            unknown = [i for i in event_ids if i not in self.events or not self.visible(self.events[i], vm)]
+            unknown = [i for i in event_ids if i not in self._events or not self.visible(self._events[i], vm)]
             if unknown and self.unknown_event == "400":
-                return 400, {"error": f"Bad request. Unknown EventId {unknown[0]}"}
-            accepted = [i for i in event_ids if i not in unknown]
-            for eid in accepted:
-                e = self.events[eid]
-                e.approvals.add(vm)
-                needed = self.approvals_required or 1
-                if e.status == "Scheduled" and len(e.approvals) >= needed:
-                    e.status, e.started_at = "Started", self.clock.now()
-                    self._changed(e, "approved")
-            self.approval_log.append({"vm": vm, "event_ids": accepted, "unknown": unknown,
-                                      "time": self.clock.now().timestamp(), "mono": self.clock.monotonic()})
-            return 200, {}
+                raise UnknownEventError(f"unknown EventId {unknown[0]}")
+            for eid in event_ids:
+                if eid not in unknown:
+                    self._events[eid].approvals.add(vm)
+            approval = Approval(vm, list(event_ids), unknown, self.clock.now().timestamp(), self.clock.monotonic())
+            self._approvals.append(approval)
+            self._notify("emulator.approval", vm=vm, event_ids=list(event_ids), unknown=unknown)
+            self.tick()
+            return approval
+
+    def approvals(self, vm: str | None = None) -> list[Approval]:
+        """Accepted StartRequests POSTs, oldest first (from `vm` only, if given)."""
+        with self.lock:
+            return [a for a in self._approvals if vm is None or a.vm == vm]

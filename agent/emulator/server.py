@@ -1,83 +1,86 @@
-"""One HTTP server per emulated VM: IMDS's wire format, its request validation, its rate limit,
-injected faults, and a small admin API.
+"""One HTTP server per emulated VM: IMDS's wire format and request validation, its rate limit,
+injected faults, and the loopback-only admin API under `/admin/`.
 
-Validation follows IMDS's order (shared/research/imds.md §9): X-Forwarded-For, the Metadata
-header, duplicate query parameters, api-version, method, then the 5 requests/s token bucket.
+Validation follows IMDS's order (shared/research/imds.md §9): X-Forwarded-For, the Metadata header,
+duplicate query parameters, api-version, method, then the per-VM token bucket. HTTP/1.1 keep-alive
+works (every answer carries a right Content-Length), nothing is logged per request (every request is
+recorded instead), and `close()` ends open keep-alive connections too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.server
+import inspect
+import ipaddress
 import json
+import select
+import selectors
 import socket
-import socketserver
 import struct
+import sys
 import threading
-import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlsplit
+import uuid
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Callable
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-from agent.emulator.model import API_VERSIONS, NEWEST_VERSIONS
+from agent.emulator.faults import CAPTIVE_PAGE, DELAY_KINDS, MALFORMED, PROXY_504, Fault, error_body
+from agent.emulator.model import API_VERSIONS, NEWEST_VERSIONS, UnknownEventError
 
 if TYPE_CHECKING:
     from agent.emulator import Emulator
 
 SE_PATH = "/metadata/scheduledevents"
+INSTANCE_PATH = "/metadata/instance"
 COMPUTE_PATH = "/metadata/instance/compute"
-INSTANCE_VERSIONS = ("2017-03-01", "2017-04-02", "2017-08-01", "2017-12-01", "2018-02-01", "2018-04-02",
-                     "2018-10-01", "2019-02-01", "2019-03-11", "2019-04-30", "2019-06-01", "2019-06-04",
-                     "2019-08-01", "2019-08-15", "2019-11-01", "2020-06-01", "2020-07-15", "2020-09-01",
-                     "2020-10-01", "2020-12-01", "2021-01-01", "2021-02-01", "2021-03-01", "2021-05-01",
-                     "2021-10-01", "2021-11-01", "2021-11-15", "2021-12-13", "2023-07-01")
+VERSIONS_PATH = "/metadata/versions"
+INSTANCE_VERSIONS = ("2017-03-01", "2017-04-02", "2017-08-01", "2017-10-01", "2017-12-01", "2018-02-01",
+                     "2018-04-02", "2018-10-01", "2019-02-01", "2019-03-11", "2019-04-30", "2019-06-01",
+                     "2019-06-04", "2019-08-01", "2019-08-15", "2019-11-01", "2020-06-01", "2020-07-15",
+                     "2020-09-01", "2020-10-01", "2020-12-01", "2021-01-01", "2021-02-01", "2021-03-01",
+                     "2021-05-01", "2021-10-01", "2021-11-01", "2021-11-15", "2021-12-13", "2023-07-01",
+                     "2023-11-15", "2024-03-15", "2024-07-17", "2025-04-07")
+"""The IMDS instance api-versions (a separate list from Scheduled Events')."""
+ERR_FORWARDED = {"error": "Bad request. Requests with X-Forwarded-For header are not allowed"}
 ERR_METADATA = {"error": "Bad request. Required metadata header not specified"}
+ERR_DUPLICATE = {"error": "Bad request. Query parameters should not be repeated"}
 ERR_VERSION = {"error": "Bad request. api-version is invalid or was not specified in the request. "
                         "For more information refer to aka.ms/azureimds", "newest-versions": NEWEST_VERSIONS}
-ERR_DUPLICATE = {"error": "Bad request. Query parameters should not be repeated"}
-ERR_FORWARDED = {"error": "Bad request. Requests with X-Forwarded-For header are not allowed"}
-STATUS_BODIES = {404: "Not found", 410: "Gone", 429: "Too many requests", 500: "Internal server error",
-                 503: "Service unavailable"}
-PROXY_504 = (b"<html><head><title>504 Gateway Timeout</title></head><body><h1>Gateway Timeout</h1>"
-             b"<p>The proxy server did not receive a timely response from the upstream server.</p></body></html>")
-FAULT_KINDS = ("latency", "hang", "status", "proxy_504", "malformed", "wrong_content_type", "reset",
-               "reset_mid_body", "first_call_delay")
-MAX_RECORDED = 200_000
+ERR_BODY = {"error": 'Bad request. The request body is malformed: expected {"StartRequests": [{"EventId": "..."}]}'}
+ERR_LEAF = {"error": "Bad request. Leaf nodes require format=text"}
+MAX_BODY = 64 * 1024
+HANG_POLL = 0.02
+"""Seconds between checks of a hanging request (fault cleared or expired, client gone, emulator stopping)."""
+EVENT_ACTIONS = ("start", "complete", "cancel")
 
 
 @dataclass
-class Fault:
-    """One injected misbehaviour; `count` requests (None: all) until `until` (emulator monotonic; None: forever)."""
+class RecordedRequest:
+    """A request one VM's IMDS received; `status` is None while unanswered or when it was dropped."""
 
-    kind: str
-    vm: str | None = None
-    path: str | None = None
-    count: int | None = None
-    until: float | None = None
-    status: int = 503
-    delay: float = 1.0
-    retry_after: str | None = None
-    fired: int = field(default=0)
-
-    def applies(self, vm: str, path: str, now: float) -> bool:
-        if self.vm is not None and self.vm != vm:
-            return False
-        if self.path is not None and not path.startswith(self.path):
-            return False
-        if self.until is not None and now >= self.until:
-            return False
-        return self.count is None or self.fired < self.count
+    vm: str
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: str
+    status: int | None
+    time: float
+    """Wall clock, seconds since the epoch."""
+    monotonic: float
 
 
 class TokenBucket:
-    """IMDS's per-VM limit: `rate` requests per second, bursts up to `rate`."""
+    """IMDS's per-VM limit: `rate` requests per second, bursts up to `rate` (at least one)."""
 
     def __init__(self, rate: float, now: float) -> None:
-        self.rate, self.tokens, self.at = rate, rate, now
+        self.rate, self.capacity, self.tokens, self.at = rate, max(rate, 1.0), max(rate, 1.0), now
         self.lock = threading.Lock()
 
     def take(self, now: float) -> bool:
         with self.lock:
-            self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
+            self.tokens = min(self.capacity, self.tokens + max(0.0, now - self.at) * self.rate)
             self.at = now
             if self.tokens >= 1:
                 self.tokens -= 1
@@ -85,192 +88,288 @@ class TokenBucket:
             return False
 
 
+def start_requests(body: bytes) -> list[str] | None:
+    """The EventIds of a StartRequests body; None when it is malformed (missing, empty, wrong types)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    requests = data.get("StartRequests") if isinstance(data, dict) else None
+    if not isinstance(requests, list) or not requests:
+        return None
+    ids = [r.get("EventId") if isinstance(r, dict) else None for r in requests]
+    return ids if all(isinstance(i, str) and i for i in ids) else None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    server_version = "maintd-imds-emulator"
+    disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms delayed-ACK stalls
     server: "VmServer"
+    _record: RecordedRequest | None = None
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
         """Quiet: every request is recorded instead."""
 
-    def do_GET(self) -> None:
-        self._handle("GET")
+    def version_string(self) -> str:
+        return self.server_version
 
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def do_PUT(self) -> None:
-        self._handle("PUT")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._handle("PATCH")
+    # --- answering ---------------------------------------------------------------------------
 
     def _send(self, status: int, body: bytes, content_type: str = "application/json; charset=utf-8",
               extra: dict[str, str] | None = None) -> None:
-        self._status = status
+        if self._record is not None:
+            self._record.status = status  # before the answer leaves: a client may read the record next
         self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Server", "Microsoft-IIS/10.0")
-        for k, v in (extra or {}).items():
-            self.send_header(k, v)
+        if status != 304:
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+        for name, value in (extra or {}).items():
+            self.send_header(name, value)
         self.end_headers()
-        if self.command != "HEAD":
+        if self.command != "HEAD" and status != 304:
             self.wfile.write(body)
 
     def _json(self, status: int, obj: Any, extra: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj, separators=(",", ":")).encode(), extra=extra)
 
-    def _handle(self, method: str) -> None:
+    def _drop(self) -> bool:
+        """Close the connection without an answer; False, so `_faults` can return it."""
+        self.close_connection = True
+        if self._record is not None:
+            self._record.status = None
+        return False
+
+    # --- every request -----------------------------------------------------------------------
+
+    def _handle(self) -> None:
         emu = self.server.emulator
+        self._record = None
         url = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if 0 < length <= 1 << 20 else b""
-        self._status = 0
+        body = self._body()
+        if body is None:
+            return
+        emu.tick()
+        if url.path.startswith("/admin/"):
+            return self._admin(url, body)
+        self._record = emu.record(self.server.vm, self.command, url.path, url.query, dict(self.headers.items()), body)
+        if self._faults(url.path):
+            self._imds(url, body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _handle
+
+    def _body(self) -> bytes | None:
+        """The request body; None (answered, connection closing) when it cannot be framed or is too big."""
+        if "Transfer-Encoding" in self.headers:
+            self._json(411, {"error": "Length Required"}, {"Connection": "close"})
+            return None
         try:
-            if url.path.startswith("/admin/"):
-                self._admin(method, url.path[len("/admin/"):], body)
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            self._json(413 if length > MAX_BODY else 400, {"error": "Bad request. Bad Content-Length"},
+                       {"Connection": "close"})
+            return None
+        return self.rfile.read(length) if length else b""
+
+    # --- faults ------------------------------------------------------------------------------
+
+    def _faults(self, path: str) -> bool:
+        """Act out this request's faults; False when one has answered it or dropped the connection."""
+        emu = self.server.emulator
+        for fault in emu.take_faults(self.server.vm, path, self.command):
+            if fault.kind == "hang":
+                if not self._hang(fault):
+                    return self._drop()
+            elif fault.kind in DELAY_KINDS:
+                if emu.stopping.wait(emu.model.real(fault.delay)):
+                    return self._drop()
             else:
-                self._imds(method, url.path, url.query, body)
-        finally:
-            emu.record(self.server.vm, method, url.path, url.query, dict(self.headers), body, self._status)
+                self._misbehave(fault)
+                return False
+        return True
+
+    def _hang(self, fault: Fault) -> bool:
+        """Answer nothing until the fault is cleared or expires (True: go on) or the client gives up (False)."""
+        emu = self.server.emulator
+        while not emu.stopping.wait(HANG_POLL):
+            if fault.expired(emu.clock.monotonic()):
+                return True
+            if self._peer_closed():
+                return False
+        return False
+
+    def _peer_closed(self) -> bool:
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def _misbehave(self, fault: Fault) -> None:
+        kind = fault.kind
+        if kind == "status":
+            self._json(fault.status, error_body(fault.status),
+                       {"Retry-After": fault.retry_after} if fault.retry_after else None)
+        elif kind == "proxy_504":
+            self._send(504, PROXY_504, "text/html")
+        elif kind == "malformed":
+            self._send(200, MALFORMED)
+        elif kind == "wrong_content_type":
+            self._send(200, CAPTIVE_PAGE, "text/html; charset=utf-8")
+        else:
+            if kind == "reset_mid_body":
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json; charset=utf-8")
+                self.send_header("Content-Length", "4096")
+                self.end_headers()
+                self.wfile.write(b'{"DocumentIncarnation": 3, "Events": [')
+            self.server.reset_on_close(self.connection)
+            self._drop()
 
     # --- IMDS --------------------------------------------------------------------------------
 
-    def _imds(self, method: str, path: str, query: str, body: bytes) -> None:
-        emu, vm = self.server.emulator, self.server.vm
-        if self._fault(path):
-            return
+    def _imds(self, url: SplitResult, body: bytes) -> None:
         if "X-Forwarded-For" in self.headers:
             return self._json(400, ERR_FORWARDED)
         if (self.headers.get("Metadata") or "").strip().lower() != "true":
             return self._json(400, ERR_METADATA)
-        pairs = parse_qsl(query, keep_blank_values=True)
-        names = [k for k, _ in pairs]
-        if len(names) != len(set(names)):
+        pairs = parse_qsl(url.query, keep_blank_values=True)
+        if len({k for k, _ in pairs}) != len(pairs):
             return self._json(400, ERR_DUPLICATE)
         params = dict(pairs)
-        version = params.get("api-version", "")
-        if path.rstrip("/") == SE_PATH:
-            if version not in API_VERSIONS:
-                return self._json(400, ERR_VERSION)
-            if method not in ("GET", "POST"):
-                return self._json(405, {"error": "Method not allowed"})
-            if not emu.bucket(vm).take(emu.clock.monotonic()):
-                return self._json(429, {"error": "Too many requests"})
-            return self._scheduled_events(method, version, body)
-        if path.rstrip("/").startswith(COMPUTE_PATH) or path.rstrip("/") == "/metadata/instance":
-            if version not in INSTANCE_VERSIONS:
-                return self._json(400, ERR_VERSION)
-            if method != "GET":
-                return self._json(405, {"error": "Method not allowed"})
-            if not emu.bucket(vm).take(emu.clock.monotonic()):
-                return self._json(429, {"error": "Too many requests"})
-            return self._instance(path.rstrip("/"), params)
-        if path == "/metadata/versions":
-            return self._json(200, {"apiVersions": list(INSTANCE_VERSIONS)})
-        return self._json(404, {"error": "Not found"})
+        path = url.path.rstrip("/")
+        route = self._route(path)
+        if route is None:
+            return self._json(404, error_body(404))
+        versions, methods, answer = route
+        if versions and params.get("api-version") not in versions:
+            return self._json(400, ERR_VERSION)
+        if self.command not in methods:
+            return self._json(405, error_body(405), {"Allow": ", ".join(methods)})
+        if not self.server.allow():
+            return self._json(429, error_body(429))
+        answer(path, params, body)
 
-    def _scheduled_events(self, method: str, version: str, body: bytes) -> None:
+    def _route(self, path: str) -> tuple[tuple[str, ...], tuple[str, ...],
+                                         Callable[[str, dict[str, str], bytes], None]] | None:
+        if path == SE_PATH:
+            return API_VERSIONS, ("GET", "POST"), self._scheduled_events
+        if path == INSTANCE_PATH or path == COMPUTE_PATH or path.startswith(COMPUTE_PATH + "/"):
+            return INSTANCE_VERSIONS, ("GET",), self._instance
+        if path == VERSIONS_PATH:
+            return (), ("GET",), lambda *_: self._json(200, {"apiVersions": list(INSTANCE_VERSIONS)})
+        return None
+
+    def _scheduled_events(self, path: str, params: dict[str, str], body: bytes) -> None:
         emu, vm = self.server.emulator, self.server.vm
-        if method == "GET":
-            doc = emu.model.document(vm, version)
-            if emu.etag:
-                tag = f'"{vm}-{doc["DocumentIncarnation"]}-{emu.model.generation}"'
-                if self.headers.get("If-None-Match") == tag:
-                    return self._send(304, b"", extra={"ETag": tag})
-                return self._json(200, doc, {"ETag": tag})
-            return self._json(200, doc)
+        if self.command == "GET":
+            payload = json.dumps(emu.model.document(vm, params["api-version"]), separators=(",", ":")).encode()
+            if not emu.etag:
+                return self._send(200, payload)
+            tag = '"' + hashlib.sha256(payload).hexdigest()[:20] + '"'
+            wanted = [t.strip().removeprefix("W/") for t in (self.headers.get("If-None-Match") or "").split(",")]
+            if tag in wanted or "*" in wanted:
+                return self._send(304, b"", extra={"ETag": tag})
+            return self._send(200, payload, extra={"ETag": tag})
+        ids = start_requests(body)
+        if ids is None:
+            return self._json(400, ERR_BODY)
         try:
-            data = json.loads(body or b"null")
-            ids = [r["EventId"] for r in data["StartRequests"]]
-            if not ids or not all(isinstance(i, str) and i for i in ids):
-                raise ValueError
-        except (ValueError, KeyError, TypeError):
-            return self._json(400, {"error": "Bad request. The request body is malformed: expected "
-                                             '{"StartRequests": [{"EventId": "..."}]}'})
-        status, answer = emu.model.approve(vm, ids)
-        self._json(status, answer)
+            emu.model.approve(vm, ids)
+        except UnknownEventError as exc:
+            return self._json(400, {"error": f"Bad request. {exc}"})
+        self._send(200, b"")
 
-    def _instance(self, path: str, params: dict[str, str]) -> None:
-        vm = self.server.vm
-        compute = {"name": vm, "location": "westeurope", "vmId": self.server.vm_id, "vmSize": "Standard_D2s_v5",
-                   "osType": "Linux", "resourceGroupName": "maintd-emulator", "vmScaleSetName": "",
-                   "resourceId": f"/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/"
-                                 f"maintd-emulator/providers/Microsoft.Compute/virtualMachines/{vm}"}
-        if path == "/metadata/instance":
+    def _instance(self, path: str, params: dict[str, str], body: bytes) -> None:
+        compute = self.server.compute()
+        if path == INSTANCE_PATH:
             return self._json(200, {"compute": compute, "network": {"interface": []}})
         leaf = path[len(COMPUTE_PATH):].strip("/")
         if not leaf:
             return self._json(200, compute)
         if leaf not in compute:
-            return self._json(404, {"error": "Not found"})
+            return self._json(404, error_body(404))
         if params.get("format") != "text":
-            return self._json(400, {"error": "Bad request. Leaf nodes require format=text"})
-        self._send(200, str(compute[leaf]).encode(), "text/plain; charset=utf-8")
-
-    def _fault(self, path: str) -> bool:
-        """Act out an injected fault; True when it has answered (or dropped) the request."""
-        emu = self.server.emulator
-        fault = emu.take_fault(self.server.vm, path)
-        if fault is None:
-            return False
-        kind = fault.kind
-        if kind in ("latency", "first_call_delay"):
-            time.sleep(emu.model.real(fault.delay))
-            return False
-        if kind == "hang":
-            emu.hang_released.wait(600)
-            self.close_connection = True
-            return True
-        if kind == "status":
-            extra = {"Retry-After": fault.retry_after} if fault.retry_after else None
-            self._json(fault.status, {"error": STATUS_BODIES.get(fault.status, "Error")}, extra)
-            return True
-        if kind == "proxy_504":
-            self._send(504, PROXY_504, "text/html")
-            return True
-        if kind == "malformed":
-            self._send(200, b'{"DocumentIncarnation": 7, "Events": [{"EventId": "A1B2", "EventTy')
-            return True
-        if kind == "wrong_content_type":
-            self._send(200, b"<html><body>Welcome</body></html>", "text/html; charset=utf-8")
-            return True
-        self.close_connection = True
-        self._status = -1
-        if kind == "reset_mid_body":
-            head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
-                    b"Content-Length: 400\r\n\r\n" + b'{"DocumentIncarnation": 1, "Events": [')
-            self.wfile.write(head)
-            self.wfile.flush()
-        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        return True
+            return self._json(400, ERR_LEAF)
+        self._send(200, compute[leaf].encode(), "text/plain; charset=utf-8")
 
     # --- admin -------------------------------------------------------------------------------
 
-    def _admin(self, method: str, route: str, body: bytes) -> None:
-        emu = self.server.emulator
-        if self.client_address[0] not in ("127.0.0.1", "::1"):
-            return self._json(403, {"error": "the admin API answers loopback only"})
+    def _admin(self, url: SplitResult, body: bytes) -> None:
+        if not _is_loopback(self.client_address[0]):
+            return self._json(403, {"error": "the admin API answers loopback clients only"})
         try:
-            data = json.loads(body) if body else {}
-            self._json(*emu.admin(method, route.strip("/"), data, self.server.vm))
-        except (ValueError, KeyError, TypeError) as exc:
+            data = json.loads(body) if body.strip() else {}
+            if not isinstance(data, dict):
+                raise ValueError("the request body must be a JSON object")
+            self._json(*admin(self.server.emulator, self.server.vm, self.command, url.path[len("/admin/"):], data))
+        except KeyError as exc:
+            self._json(404, {"error": str(exc.args[0])})
+        except ValueError as exc:
             self._json(400, {"error": str(exc)})
 
 
-class VmServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    """The IMDS endpoint of one emulated VM."""
+def _kwargs(fn: Callable[..., Any], data: dict[str, Any]) -> dict[str, Any]:
+    allowed = [p for p in inspect.signature(fn).parameters if p != "self"]
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ValueError(f"{unknown[0]}: unknown parameter; allowed: {', '.join(allowed)}")
+    return data
+
+
+def admin(emu: "Emulator", vm: str, method: str, route: str, data: dict[str, Any]) -> tuple[int, Any]:
+    """The admin API, as (status, JSON answer); KeyError → 404, ValueError → 400."""
+    parts = route.strip("/").split("/")
+    if parts == ["events"] and method == "POST":
+        return 201, {"EventId": emu.add_event(**_kwargs(emu.add_event, data))}
+    if parts == ["events"] and method == "GET":
+        return 200, emu.document(vm)
+    if len(parts) == 3 and parts[0] == "events" and parts[2] in EVENT_ACTIONS and method == "POST":
+        getattr(emu, f"{parts[2]}_event")(parts[1])
+        return 200, emu.document(vm)
+    if parts == ["faults"] and method == "POST":
+        emu.add_fault(**_kwargs(emu.add_fault, data))
+        return 201, {"faults": emu.fault_count()}
+    if parts == ["faults"] and method == "DELETE":
+        emu.clear_faults()
+        return 200, {"faults": 0}
+    if parts == ["requests"] and method == "GET":
+        return 200, [asdict(r) for r in emu.requests(vm)]
+    if parts == ["approvals"] and method == "GET":
+        return 200, [asdict(a) for a in emu.approvals(vm)]
+    if parts == ["reset"] and method == "POST":
+        emu.reset_incarnation()
+        return 200, emu.document(vm)
+    return 404, {"error": f"no admin route {method} /admin/{route}"}
+
+
+class VmServer(http.server.ThreadingHTTPServer):
+    """The IMDS endpoint of one emulated VM (its own port, its own rate limit)."""
 
     daemon_threads = True
-    allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, host: str, port: int, vm: str, vm_id: str, emulator: "Emulator") -> None:
-        self.vm, self.vm_id, self.emulator = vm, vm_id, emulator
+    def __init__(self, host: str, port: int, vm: str, index: int, emulator: "Emulator") -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.vm, self.index, self.emulator = vm, index, emulator
+        self.vm_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"maintd-emulator:{vm}"))
+        rate = emulator.rate_limit
+        self.bucket = TokenBucket(rate, emulator.clock.monotonic()) if rate else None
+        self._conns: set[socket.socket] = set()
+        self._resets: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread: threading.Thread | None = None
         super().__init__((host, port), _Handler)
 
     @property
@@ -278,9 +377,77 @@ class VmServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         host, port = self.socket.getsockname()[:2]
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
+    def allow(self) -> bool:
+        """Take a token from this VM's bucket (always True without a rate limit)."""
+        return self.bucket is None or self.bucket.take(self.emulator.clock.monotonic())
 
-def recorded(vm: str, method: str, path: str, query: str, headers: dict[str, str], body: bytes, status: int,
-             wall: float, mono: float) -> dict[str, Any]:
-    """A recorded request as tests read it (JSON-friendly)."""
-    return {"vm": vm, "method": method, "path": path, "query": query, "headers": headers,
-            "body": body.decode("utf-8", "replace"), "status": status, "time": wall, "mono": mono}
+    def compute(self) -> dict[str, str]:
+        """`compute` metadata: every primitive a string, as IMDS sends it."""
+        group = "maintd-emulator"
+        return {"name": self.vm, "location": "westeurope", "vmId": self.vm_id, "vmSize": "Standard_D2s_v5",
+                "osType": "Linux", "zone": "", "vmScaleSetName": "", "platformFaultDomain": "0",
+                "platformUpdateDomain": str(self.index % 5), "resourceGroupName": group,
+                "subscriptionId": "00000000-0000-0000-0000-000000000000",
+                "resourceId": f"/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/{group}"
+                              f"/providers/Microsoft.Compute/virtualMachines/{self.vm}"}
+
+    # --- serving -----------------------------------------------------------------------------
+
+    def serve_in_thread(self) -> None:
+        """Accept connections on a daemon thread until `close()` (which wakes it at once)."""
+        self._thread = threading.Thread(target=self._serve, name=f"emulator-{self.vm}", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while not self._closing.is_set():
+                if any(key.fileobj is self for key, _ in selector.select()) and not self._closing.is_set():
+                    self.handle_request()
+
+    def close(self) -> None:
+        """Stop accepting, close the listening socket and every open connection."""
+        self._closing.set()
+        self._wake_w.send(b"x")
+        if self._thread is not None:
+            self._thread.join(5)
+        self.server_close()
+        self._wake_r.close()
+        self._wake_w.close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    # --- connections -------------------------------------------------------------------------
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            self._conns.add(request)
+        super().process_request(request, client_address)
+
+    def reset_on_close(self, request: socket.socket) -> None:
+        """Close this connection with a TCP reset instead of a FIN."""
+        with self._lock:
+            self._resets.add(request)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._lock:
+            self._conns.discard(request)
+            reset = request in self._resets
+            self._resets.discard(request)
+        if reset:
+            request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_request(request)
+        else:
+            super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away is normal here; anything else is a bug worth a traceback."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+

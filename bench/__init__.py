@@ -1,0 +1,1 @@
+"""maintd's benchmarks: `python -m bench [NAME ...] [--quick]` (see docs/PERFORMANCE.md)."""

@@ -1,0 +1,30 @@
+"""python -m bench [NAME ...] [--quick]: run the benchmarks, print and save their figures."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+from bench.common import write_summary
+
+ALL = ("parse_cost", "steady", "detection", "approval", "probe_load")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("names", nargs="*", choices=[*ALL, []], metavar="NAME", help=f"some of: {', '.join(ALL)}")
+    p.add_argument("--quick", action="store_true", help="reduced counts (a smoke test, not figures to quote)")
+    args = p.parse_args(argv)
+    for name in args.names or ALL:
+        print(f"== {name}", flush=True)
+        t0 = time.monotonic()
+        importlib.import_module(f"bench.{name}").run(quick=args.quick)
+        print(f"   ({time.monotonic() - t0:.0f}s)", flush=True)
+    print(f"summary: {write_summary()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""kill -9 at each step of an event's life, then restart: no handler twice, the drain kept, one POST."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.e2e.harness import wait_until
+
+pytestmark = pytest.mark.e2e
+
+RECORD_THEN_WAIT = ("import json, os, time\n"
+                    "open(os.environ['OUT'], 'a').write(os.environ['HOOK'] + '\\n')\n"
+                    "while not os.path.exists(os.environ['GO']): time.sleep(0.05)\n")
+
+
+def hook(name, out, go):
+    return {"name": name, "type": "exec", "phases": ["scheduled"], "command": [sys.executable, "-c", RECORD_THEN_WAIT],
+            "env": {"OUT": str(out), "GO": str(go), "HOOK": name}}
+
+
+def runs(out):
+    return out.read_text().split() if out.exists() else []
+
+
+@pytest.mark.parametrize("kill_during", ["first", "second"])
+def test_kill_9_during_each_hook_then_restart(start_emulator, start_agent, tmp_path, kill_during):
+    """The hook running at the kill is recorded failed (interrupted), the others run exactly once."""
+    out = tmp_path / "runs"
+    gates = {name: tmp_path / f"go-{name}" for name in ("first", "second", "third")}
+    emu = start_emulator(["vm-1"])
+    agent = start_agent(emu, "vm-1", {"handlers": [hook(n, out, g) for n, g in gates.items()]})
+    eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=600)
+    for name, go in gates.items():
+        wait_until(lambda: name in runs(out), 15, f"{name} to start")
+        if name == kill_during:
+            agent.kill()
+            for g in gates.values():
+                g.touch()
+            agent.start()
+            break
+        go.touch()
+    agent.wait_log("handler.interrupted", event_id=eid, handler=kill_during)
+    wait_until(lambda: "third" in runs(out), 15, "the remaining hooks to run")
+    polls = len(emu.requests("vm-1"))
+    wait_until(lambda: len(emu.requests("vm-1")) >= polls + 5, 10, "a few more polls")
+    assert sorted(runs(out)) == ["first", "second", "third"], "every hook ran exactly once"
+    assert not emu.approvals(), "on_failure: block — the interrupted hook leaves the VM not ready"
+
+
+def test_the_drain_survives_kill_9_and_lifts_when_the_event_is_gone(start_emulator, start_agent):
+    emu = start_emulator(["vm-1"])
+    agent = start_agent(emu, "vm-1", {
+        "probe": {"lb_timeout": "11s", "lb_interval": "5s", "drain_grace": "0s"},
+        "handlers": [{"name": "drain", "type": "drain", "phases": ["scheduled", "completed"]}]})
+    eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=600)
+    wait_until(lambda: agent.get("/probe").status_code == 503, 5, "the drain")
+    agent.kill()
+    agent.start()
+    assert agent.get("/probe").status_code == 503, "out of rotation from the first request after the restart"
+    emu.admin("POST", f"events/{eid}/start")
+    emu.admin("POST", f"events/{eid}/complete")
+    wait_until(lambda: agent.get("/probe").status_code == 200, 15, "back in rotation once the event is gone")
+
+
+def test_kill_9_between_the_approval_post_and_its_record_sends_one_post(start_emulator, start_agent):
+    """The POST is slow; maintd dies before recording the answer; after the restart no second POST."""
+    emu = start_emulator(["vm-1"])
+    agent = start_agent(emu, "vm-1")
+    emu.admin("POST", "faults", kind="latency", delay=3, method="POST", count=1)  # the approval POST hangs 3 s
+    eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=600)
+    state = agent.workdir / "state" / "state.json"
+    wait_until(lambda: state.exists() and '"sending"' in state.read_text(), 15, "the approval to be under way")
+    agent.kill()
+    agent.start()
+    agent.wait_log("approval.unconfirmed", event_id=eid)
+    agent.wait_log("event.status_changed", event_id=eid, status="Started", timeout=20)
+    polls = len(emu.requests("vm-1"))
+    wait_until(lambda: len(emu.requests("vm-1")) >= polls + 5, 10, "a few more polls")
+    assert len(emu.approvals("vm-1")) == 1
