@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -67,6 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                          hint="another process holds the port; change server.listen or stop it")
         return 1
     daemon.start()
+    gc.freeze()  # the objects made at start live as long as the process: keep them out of every collection
     daemon.notifier.ready(f"polling {cfg.imds.endpoint} as {daemon.vm_name or '(name unknown)'}")
     try:
         daemon.run()

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from dateutil import parser as dateparser
 
 KNOWN_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 KNOWN_STATUSES = ("Scheduled", "Started")
@@ -124,7 +123,7 @@ def _parse_time_text(text: str) -> datetime | None:
         parsed = None
     if parsed is None:
         try:
-            parsed = dateparser.isoparse(text)
+            parsed = datetime.fromisoformat(text)  # Python 3.11 reads ISO 8601 with Z and offsets
         except (ValueError, OverflowError):
             return None
     if parsed.tzinfo is None:

@@ -52,6 +52,8 @@ def test_soak_memory_fds_and_threads_stay_flat(start_emulator, start_agent):
         assert agent.proc.poll() is None, "maintd died during the soak"
     assert baseline is not None
     end = footprint(agent.proc.pid)
+    print(f"soak: {done} polls; RSS {baseline[0]:.1f} -> {end[0]:.1f} MB, fds {baseline[1]} -> {end[1]}, "
+          f"threads {baseline[2]} -> {end[2]}")
     assert end[0] - baseline[0] < 2.0, f"RSS grew from {baseline[0]:.1f} to {end[0]:.1f} MB"
     # The IMDS session may open a second keep-alive connection (an approval POST beside a poll): +1 is a
     # pool filling up, not a leak; a leak would grow with every one of the thousands of events.
