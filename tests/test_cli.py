@@ -1,0 +1,47 @@
+"""The maintd command as operators type it: exit codes and messages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.e2e.harness import CLEAN_ENV, free_port
+
+
+def maintd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, env=CLEAN_ENV,
+                          timeout=60)
+
+
+def test_version():
+    done = maintd("--version")
+    assert done.returncode == 0 and done.stdout.startswith("maintd ")
+
+
+def test_check_config_exit_codes_and_message(write_config):
+    good = write_config("imds: {poll_interval: 1s}\n")
+    assert maintd("check-config", str(good)).returncode == 0
+    bad = write_config("imds:\n  poll_intervall: 1s\n", "bad.yaml")
+    done = maintd("check-config", str(bad))
+    assert done.returncode == 1
+    assert "bad.yaml:2" in done.stderr and "poll_intervall" in done.stderr and "poll_interval" in done.stderr
+
+
+def test_run_refuses_a_bad_config_with_exit_78(write_config):
+    bad = write_config("handlers:\n  - {name: x, type: exce, phases: [scheduled]}\n")
+    done = maintd("run", "--config", str(bad))
+    assert done.returncode == 78 and "exec" in done.stderr, done.stderr
+
+
+def test_run_refuses_a_group_writable_config(write_config):
+    path = write_config("imds: {poll_interval: 1s}\n")
+    path.chmod(0o666)
+    done = maintd("run", "--config", str(path))
+    assert done.returncode == 78 and "chmod go-w" in done.stderr
+
+
+def test_client_commands_say_clearly_when_the_daemon_is_not_running(write_config):
+    cfg = write_config(f"server: {{listen: '127.0.0.1:{free_port()}'}}\n")
+    for command in ("status", "events", "health", "undrain"):
+        done = maintd(command, "--config", str(cfg))
+        assert done.returncode != 0 and "is it running?" in done.stderr, (command, done.stderr)
