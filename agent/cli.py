@@ -144,7 +144,8 @@ def _base_url(args: argparse.Namespace) -> str:
     return f"http://{host}:{port}"
 
 
-def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    """The daemon's JSON answer; a failure to reach it or a non-200 answer ends the command with status 1."""
     url = _base_url(args) + path
     headers = {}
     token = os.environ.get("MAINTD_TOKEN")
@@ -158,24 +159,24 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
         raise SystemExit(f"maintd: cannot reach the daemon at {url} ({type(exc).__name__}); is it running? "
                          "(systemctl status maintd; or pass --url)") from None
     try:
-        return response.status_code, response.json()
+        answer = response.json()
     except ValueError:
-        return response.status_code, response.text
+        answer = response.text
+    if response.status_code != 200:
+        message = answer.get("error") if isinstance(answer, dict) else answer
+        raise SystemExit(f"maintd: the daemon answered {response.status_code}: {message}")
+    return answer
 
 
-def _fail(status: int, body: Any) -> int:
-    message = body.get("error") if isinstance(body, dict) else body
-    print(f"maintd: the daemon answered {status}: {message}", file=sys.stderr)
-    return 1
+def _print_json(body: Any) -> int:
+    print(json.dumps(body, indent=2))
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status, body = _call(args, "GET", "/v1/status")
-    if status != 200:
-        return _fail(status, body)
+    body = _call(args, "GET", "/v1/status")
     if args.json:
-        print(json.dumps(body, indent=2))
-        return 0
+        return _print_json(body)
     for key, value in body.items():
         if isinstance(value, dict):
             value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
@@ -217,28 +218,21 @@ def cmd_events(args: argparse.Namespace) -> int:
                   f"{entry.get('t', '?')}  {entry.get('kind', '?'):28} {entry.get('event_id', '')}  "
                   + " ".join(f"{k}={v}" for k, v in entry.items() if k not in ("t", "kind", "event_id")))
         return 0
-    status, body = _call(args, "GET", f"/v1/events/{args.event_id}" if args.event_id else "/v1/events")
-    if status != 200:
-        return _fail(status, body)
+    body = _call(args, "GET", f"/v1/events/{args.event_id}" if args.event_id else "/v1/events")
     if args.json or args.event_id:
-        print(json.dumps(body, indent=2))
-    else:
-        print(_events_table(body) if body else "no events")
+        return _print_json(body)
+    print(_events_table(body) if body else "no events")
     return 0
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    status, body = _call(args, "POST", "/v1/drain", {"reason": args.reason})
-    if status != 200:
-        return _fail(status, body)
+    body = _call(args, "POST", "/v1/drain", {"reason": args.reason})
     print(f"out of rotation: {args.reason}" + (" (was already drained)" if body.get("already") else ""))
     return 0
 
 
 def cmd_undrain(args: argparse.Namespace) -> int:
-    status, body = _call(args, "POST", "/v1/undrain")
-    if status != 200:
-        return _fail(status, body)
+    body = _call(args, "POST", "/v1/undrain")
     remaining = body.get("remaining_drains") or {}
     print("manual drain lifted" if body.get("undrained") else "there was no manual drain")
     if remaining:
@@ -247,20 +241,13 @@ def cmd_undrain(args: argparse.Namespace) -> int:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
-    status, body = _call(args, "POST", f"/v1/events/{args.event_id}/approve")
-    if status != 200:
-        return _fail(status, body)
-    print(json.dumps(body, indent=2))
-    return 0
+    return _print_json(_call(args, "POST", f"/v1/events/{args.event_id}/approve"))
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    status, body = _call(args, "GET", "/v1/health")
-    if status != 200:
-        return _fail(status, body)
+    body = _call(args, "GET", "/v1/health")
     if args.json:
-        print(json.dumps(body, indent=2))
-        return 0
+        return _print_json(body)
     print(f"aggregated: {body.get('AggregatedHealthState')}")
     for ev in body.get("HealthEvents", []):
         print(f"  {ev.get('HealthState', '?'):8} {ev.get('SourceId')}/{ev.get('Property')}: {ev.get('Description', '')}")

@@ -94,3 +94,25 @@ def test_sighup_with_a_bad_config_keeps_the_old_one_and_sigterm_exits_0(start_em
     agent.wait_log("config.reloaded")
     assert agent.stop() == 0
     assert agent.events("daemon.stopped")
+
+
+def test_the_cli_talks_to_the_running_daemon(start_emulator, start_agent):
+    emu = start_emulator(["vm-1"])
+    agent = start_agent(emu, "vm-1")
+
+    def maintd(*args):
+        return subprocess.run([sys.executable, "-m", "agent", *args, "--url", agent.base], capture_output=True,
+                              text=True, env=CLEAN_ENV, timeout=30)
+
+    status = maintd("status")
+    assert status.returncode == 0 and "vm_name" in status.stdout and "vm-1" in status.stdout
+    drained = maintd("drain", "--reason", "kernel update")
+    assert drained.returncode == 0 and "kernel update" in drained.stdout
+    assert agent.get("/probe").status_code == 503
+    assert maintd("undrain").returncode == 0
+    assert agent.get("/probe").status_code == 200
+    eid = emu.add_event(event_type="Freeze", resources=["vm-1"], notice=600, duration_seconds=5)
+    wait_until(lambda: eid in maintd("events").stdout, 10, "the event in `maintd events`")
+    assert maintd("health").returncode == 0
+    missing = maintd("approve", "NO-SUCH-EVENT")
+    assert missing.returncode == 1 and "404" in missing.stderr
