@@ -14,15 +14,19 @@ ALL = ("parse_cost", "steady", "detection", "approval", "probe_load")
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("names", nargs="*", choices=[*ALL, []], metavar="NAME", help=f"some of: {', '.join(ALL)}")
-    p.add_argument("--quick", action="store_true", help="reduced counts (a smoke test, not figures to quote)")
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"some of: {', '.join(ALL)} (default: all)")
+    p.add_argument("--quick", action="store_true",
+                   help="reduced counts, written to bench/results/quick/ (a smoke test, not figures to quote)")
     args = p.parse_args(argv)
+    unknown = [n for n in args.names if n not in ALL]
+    if unknown:
+        p.error(f"no benchmark {', '.join(unknown)}; choose from {', '.join(ALL)}")
     for name in args.names or ALL:
         print(f"== {name}", flush=True)
         t0 = time.monotonic()
         importlib.import_module(f"bench.{name}").run(quick=args.quick)
         print(f"   ({time.monotonic() - t0:.0f}s)", flush=True)
-    print(f"summary: {write_summary()}")
+    print(f"summary: {write_summary(args.quick)}")
     return 0
 
 

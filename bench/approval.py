@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.common import summary, write
 from tests.e2e.harness import Agent, Emulator, free_port, wait_until
@@ -24,7 +25,7 @@ HOOK = ("import os, time\n"
         " 'w').write(repr(time.time()))\n")
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False) -> dict[str, Any]:
     count = 8 if quick else 40
     rng = random.Random(3)
     emu = Emulator(VMS, "--started-duration", "0.3")
@@ -70,4 +71,4 @@ def run(quick: bool = False) -> dict:
         ("last VM ready -> POST received p50 / p99", f"{s['p50']} / {s['p99']} ms (n={s['n']})", "p99 < 500 ms",
          s["p99"] < 500),
         ("POSTs per event", f"{posts / count:.2f}", "exactly 1", posts == count),
-    ])
+    ], quick)

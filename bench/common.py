@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+"""Where the figures go; a `--quick` run writes to RESULTS / "quick" so it never overwrites them."""
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -47,34 +48,43 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def machine() -> dict[str, Any]:
+    """What the figures were measured on, with the load at the end (the machine is shared)."""
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.processor())
     return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
-            "kernel": platform.release(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            "kernel": platform.release(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
-def write(name: str, figures: dict[str, Any], checks: list[tuple[str, str, str, bool]]) -> dict[str, Any]:
-    """Save bench/results/<name>.json; `checks` are (figure, measured, target, met)."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": name, "machine": machine(), "figures": figures,
+def out_dir(quick: bool) -> Path:
+    """bench/results, or bench/results/quick for smoke runs (their figures are not to be quoted)."""
+    return RESULTS / "quick" if quick else RESULTS
+
+
+def write(name: str, figures: dict[str, Any], checks: list[tuple[str, str, str, bool]],
+          quick: bool = False) -> dict[str, Any]:
+    """Save <out_dir>/<name>.json; `checks` are (figure, measured, target, met)."""
+    out = out_dir(quick)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": name, "quick": quick, "machine": machine(), "figures": figures,
            "checks": [{"figure": f, "measured": m, "target": t, "met": ok} for f, m, t, ok in checks]}
-    (RESULTS / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     for f, m, t, ok in checks:
         print(f"  {'PASS' if ok else 'MISS'}  {f}: {m} (target {t})", flush=True)
     return doc
 
 
-def write_summary() -> Path:
-    """bench/results/summary.md from every result file."""
+def write_summary(quick: bool = False) -> Path:
+    """<out_dir>/summary.md from every result file there."""
     rows = ["| benchmark | figure | measured | target | met |", "| --- | --- | --- | --- | --- |"]
     machine_line = ""
-    for path in sorted(RESULTS.glob("*.json")):
+    for path in sorted(out_dir(quick).glob("*.json")):
         doc = json.loads(path.read_text())
         m = doc["machine"]
         machine_line = f"{m['cpu']}, {m['cores']} cores, Python {m['python']}, {m['date']}"
         for c in doc["checks"]:
             rows.append(f"| {doc['benchmark']} | {c['figure']} | {c['measured']} | {c['target']} | "
                         f"{'yes' if c['met'] else '**no**'} |")
-    out = RESULTS / "summary.md"
+    out = out_dir(quick) / "summary.md"
     out.write_text(f"Machine: {machine_line}\n\n" + "\n".join(rows) + "\n")
     return out

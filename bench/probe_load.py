@@ -12,15 +12,16 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+from typing import Any
 
-from bench.common import summary, write
+from bench.common import percentile, summary, write
 from tests.e2e.harness import CLEAN_ENV, Agent, Emulator
 
 LOAD = textwrap.dedent("""
     import http.client, json, sys, threading, time
     host, port, rate, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
     workers = 8
-    lat, errors = [], [0]
+    lat, late, errors = [], [], [0]
     lock = threading.Lock()
     start = time.monotonic() + 0.5
     def worker(k):
@@ -33,12 +34,14 @@ LOAD = textwrap.dedent("""
             wait = due - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
             try:
                 conn.request("GET", "/probe")
                 conn.getresponse().read()
-                with lock:
-                    lat.append(time.perf_counter() - t0)
+                t1 = time.monotonic()
+                with lock:  # from sending, and from when it was due (a late send counts: open loop)
+                    lat.append(t1 - t0)
+                    late.append(t1 - due)
             except Exception:
                 errors[0] += 1
                 conn = http.client.HTTPConnection(host, port, timeout=5)
@@ -46,11 +49,11 @@ LOAD = textwrap.dedent("""
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(workers)]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    print(json.dumps({"latencies": lat, "errors": errors[0], "seconds": seconds}))
+    print(json.dumps({"latencies": lat, "from_due": late, "errors": errors[0], "seconds": seconds}))
 """)
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False) -> dict[str, Any]:
     seconds, rate = (8.0 if quick else 30.0), 500.0
     emu = Emulator(["vm-1"])
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,15 +68,18 @@ def run(quick: bool = False) -> dict:
         finally:
             agent.stop()
             emu.stop()
-    times = [r["time"] for r in polls]
+    times = [r["monotonic"] for r in polls]
     gaps = [b - a for a, b in zip(times, times[1:])]
-    s = summary(result["latencies"])
+    s, due = summary(result["latencies"]), summary(result["from_due"])
     achieved = len(result["latencies"]) / seconds
     largest = max(gaps) if gaps else float("nan")
     return write("probe_load", {"rate_target": rate, "rate_achieved": round(achieved, 1), "errors": result["errors"],
-                                "probe_latency_ms": s, "polls": len(polls), "largest_poll_gap_s": round(largest, 3)}, [
+                                "probe_latency_ms": s, "probe_latency_from_schedule_ms": due, "polls": len(polls),
+                                "poll_gap_s": {"p50": round(percentile(gaps, 50), 3), "max": round(largest, 3)}}, [
         ("probe requests/s achieved (errors)", f"{achieved:.0f} ({result['errors']})", "500 (0)",
          achieved >= 450 and result["errors"] == 0),
-        ("probe latency p50 / p99 under load", f"{s['p50']} / {s['p99']} ms", "reported", True),
-        ("largest gap between two polls under load", f"{largest:.3f} s", "<= 1.5 s", largest <= 1.5),
-    ])
+        ("probe latency p50 / p99 under load (p99 from the scheduled send)",
+         f"{s['p50']} / {s['p99']} ms ({due['p99']} ms)", "reported", True),
+        ("largest gap between two polls under load", f"{largest:.3f} s ({len(polls)} polls)", "<= 1.5 s",
+         largest <= 1.5),
+    ], quick)
