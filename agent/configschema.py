@@ -81,15 +81,15 @@ def duration(min_s: float = 0.0, max_s: float | None = None) -> Parser:
                 "", f"{value!r} is not a duration; write e.g. 500ms, 1s, 5m, 2h, PT1M or a number of seconds"
             ) from None
         if seconds < min_s:
-            raise ConfigValueError("", f"{value!r} is too short; the minimum is {_fmt_s(min_s)}")
+            raise ConfigValueError("", f"{value!r} is too short; the minimum is {fmt_duration(min_s)}")
         if max_s is not None and seconds > max_s:
-            raise ConfigValueError("", f"{value!r} is too long; the maximum is {_fmt_s(max_s)}")
+            raise ConfigValueError("", f"{value!r} is too long; the maximum is {fmt_duration(max_s)}")
         return seconds
 
     return parse
 
 
-def _fmt_s(seconds: float) -> str:
+def fmt_duration(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1000:g}ms"
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -297,7 +297,7 @@ def _default_text(value: Any, parse: Parser) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and "duration" in getattr(parse, "__qualname__", ""):
-        return _fmt_s(value)
+        return fmt_duration(value)
     if isinstance(value, (tuple, list)):
         return "[" + ", ".join(str(v) for v in value) + "]"
     if isinstance(value, dict):

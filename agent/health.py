@@ -11,6 +11,7 @@ clock whenever the store is read. Pure: no I/O; safe to share between threads.
 from __future__ import annotations
 
 import enum
+import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -125,14 +126,25 @@ def _text_field(body: dict[str, Any], key: str, required: bool) -> str:
     return value
 
 
+_DECIMAL = re.compile(r"[0-9]{1,19}")
+"""Decimal text of a whole number in int64 range (str.isdigit also accepts '²' and 5000 digits)."""
+
+
+def _decimal(value: Any) -> int | None:
+    """The number that text of plain ASCII digits spells, or None for anything else."""
+    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+        return int(value)
+    return None
+
+
 def _ttl_field(value: Any) -> float | None:
     key = "TimeToLiveInMilliSeconds"
     if value is None:
         return None
     if isinstance(value, bool):
         raise ValueError(f"{key}: expected milliseconds or an ISO 8601 duration such as PT30S, got {value!r}")
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
+    if (number := _decimal(value)) is not None:
+        value = number
     if isinstance(value, (int, float)):
         seconds = value / 1000 if abs(value) < 1e300 else float("inf")
     elif isinstance(value, str) and value.strip().upper().startswith("P"):
@@ -150,9 +162,9 @@ def _ttl_field(value: Any) -> float | None:
 def _sequence_field(value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if (number := _decimal(value)) is not None:
+        return number
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
         return value
     raise ValueError(f"SequenceNumber: expected a whole number >= 0 (or its decimal text), got {value!r}")
 

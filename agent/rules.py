@@ -1,17 +1,32 @@
 """Health rules on local metrics, in the shape of Azure autoscale's metricTrigger.
 
-A rule samples a metric (`cpu_percent`, `memory_percent`, `disk_percent` of a `path`, `load1`, or
-a `command` printing a number) several times per `time_grain`; the samples of each grain are
-combined by `statistic` (average/min/max/sum), the grains inside `time_window` by
-`time_aggregation` (average/min/max/sum/last/count), and the result is compared with `threshold`
-by `operator`. While the comparison holds — and for `cooldown` after it last held, so the probe
-does not flap — the rule reports `state` (Warning or Error) into the health store as SourceId
-`rules`, Property = the rule's name; otherwise Ok. Until a first whole grain exists the report
-is Ok ("collecting"). A metric that cannot be sampled three times in a row reports Warning.
+A rule samples its `metric` (`cpu_percent`, `memory_percent`, `disk_percent` of a `path`, `load1`,
+or a `command` printing one number) six times per `time_grain` (at most once a second, on a grid
+aligned to the rule's start so every grain gets the same number of samples). The samples of each
+grain are combined by `statistic` (average/min/max/sum) into one value per grain; when a grain
+completes, the grains inside `time_window` are combined by `time_aggregation`
+(average/min/max/sum/last/count) and the result is compared with `threshold` by `operator`. The
+window is evaluated once per grain, so a report changes at most once a grain (plus when a
+cooldown ends).
 
-The evaluation (`combine`, `compare`, `RuleState.evaluate`) is pure; `SystemSampler` reads /proc
-and runs commands; `RuleEngine` runs sampling on its own thread so a slow command never delays
-the poll loop.
+Until a whole `time_window` has passed since the rule started, the rule reports Ok "collecting":
+a partial window would make `sum` and `count` mean something else than they will later, and a
+short burst at boot (when maintd starts) would take the VM out of rotation. While the comparison
+holds, and for `cooldown` after it last held (so the probe does not flap when the value hovers
+around the threshold), the rule reports `state` (Warning or Error) into the health store as
+SourceId `rules`, Property = the rule's name; otherwise Ok. `count` counts the grains of the
+window that have a sample; an empty window has no `average`/`min`/`max`/`sum`/`last` (never true).
+Three failed samples in a row report Warning "cannot sample" (or keep the triggered state if it is
+worse) instead of a silent Ok.
+
+`cpu_percent` is the busy share of all CPUs between two /proc/stat readings (since boot at a rule's
+first reading), `memory_percent` 1 - MemAvailable/MemTotal, `disk_percent` used/(used+available)
+as `df` shows it. A `command` runs without a shell in its own session, with maintd's environment
+minus systemd's variables, for at most min(time_grain, 10 s); then its process group is killed.
+
+Pure evaluation (`aggregate`, `compare`, `RuleState`, `evaluate`, `describe`) is separated from the
+I/O edge: `SystemSampler` reads /proc and statvfs and runs commands, and `RuleEngine` samples and
+reports on its own thread so a slow command never delays the poll loop.
 """
 
 from __future__ import annotations
@@ -19,18 +34,22 @@ from __future__ import annotations
 import math
 import operator as op
 import os
+import signal
 import subprocess
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from agent import logs
 from agent.clock import Clock
-from agent.configschema import choice, duration, list_of, named_list, number, opt, optional, parse_section, text
+from agent.configschema import choice, fmt_duration, duration, list_of, named_list, number, opt, optional, parse_section, text
 from agent.errors import ConfigValueError
 from agent.health import HealthState, HealthStore
 from agent.metrics import Metrics
+from agent.systemd import HOOK_ENV_STRIP
 
 SOURCE_ID = "rules"
 METRICS = ("cpu_percent", "memory_percent", "disk_percent", "load1", "command")
@@ -39,9 +58,14 @@ AGGREGATIONS = ("average", "min", "max", "sum", "last", "count")
 OPERATORS: dict[str, Callable[[float, float], bool]] = {">": op.gt, ">=": op.ge, "<": op.lt, "<=": op.le,
                                                         "==": op.eq, "!=": op.ne}
 SAMPLES_PER_GRAIN = 6
+"""Samples per grain (fewer for grains under 6 s: never more than one a second)."""
+MAX_WINDOW_GRAINS = 1440
+"""Grains one window may span (a day of 1m grains; autoscale allows 12h): bounds memory and work."""
 FAILURES_BEFORE_WARNING = 3
 COMMAND_TIMEOUT = 10.0
+"""Longest a metric command may run (less when the grain is shorter)."""
 STEP_INTERVAL = 1.0
+"""Longest the engine's thread waits between steps: cooldowns end within a second."""
 
 
 @dataclass(frozen=True)
@@ -62,18 +86,42 @@ class RuleSpec:
     description: str = opt(text(allow_empty=True), "", "shown in the health report")
 
     def validate(self) -> None:
+        """Refuse keys that do not go with the metric, and windows shorter than a grain."""
         if self.metric == "command" and not self.command:
-            raise ConfigValueError("command", "metric: command needs command: [program, args...]")
+            raise ConfigValueError("command", "metric: command needs command: [program, args...] "
+                                              "(a program printing one number)")
         if self.command and self.metric != "command":
-            raise ConfigValueError("command", "command is only for metric: command")
+            raise ConfigValueError("command", f"command is only read with metric: command (this rule has "
+                                              f"metric: {self.metric}); remove command or set metric: command")
         if self.path and self.metric != "disk_percent":
-            raise ConfigValueError("path", "path is only for metric: disk_percent")
+            raise ConfigValueError("path", f"path is only read with metric: disk_percent (this rule has "
+                                           f"metric: {self.metric}); remove path")
         if self.time_window < self.time_grain:
-            raise ConfigValueError("time_window", f"must be at least time_grain ({self.time_grain:g}s)")
+            raise ConfigValueError("time_window", f"{fmt_duration(self.time_window)} is shorter than time_grain "
+                                                  f"({fmt_duration(self.time_grain)}); make it at least one grain")
+        if self.time_window / self.time_grain > MAX_WINDOW_GRAINS:
+            raise ConfigValueError("time_window", f"spans {self.time_window / self.time_grain:.0f} grains of "
+                                                  f"{fmt_duration(self.time_grain)}; at most {MAX_WINDOW_GRAINS}: "
+                                                  "use a longer time_grain or a shorter time_window")
+
+    @property
+    def label(self) -> str:
+        """What the rule measures, as its report says it (`disk_percent /var`, `command queue-depth`)."""
+        if self.metric == "disk_percent":
+            return f"disk_percent {self.path or '/'}"
+        if self.metric == "command" and self.command:
+            return f"command {os.path.basename(self.command[0])}"
+        return self.metric
 
     @property
     def sample_every(self) -> float:
-        return max(1.0, self.time_grain / SAMPLES_PER_GRAIN)
+        """Seconds between samples: a whole fraction of the grain, never under one second."""
+        return self.time_grain / max(1, min(SAMPLES_PER_GRAIN, int(self.time_grain)))
+
+    @property
+    def window_grains(self) -> int:
+        """Whole grains in the window (a window that is not a multiple of the grain is rounded down)."""
+        return int(self.time_window // self.time_grain)
 
 
 def parse_rules(value: Any) -> tuple[RuleSpec, ...]:
@@ -81,14 +129,15 @@ def parse_rules(value: Any) -> tuple[RuleSpec, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise ConfigValueError("", "health_rules is a list of rules (- name: ..., metric: ..., operator: ...)")
+        raise ConfigValueError("", "health_rules is a list of rules (- name: ..., metric: ..., operator: ..., "
+                                   "threshold: ...)")
     return named_list(value, lambda item: parse_section(RuleSpec, item), "rule")
 
 
 # --- pure evaluation -------------------------------------------------------------------------
 
-def combine(values: list[float], how: str) -> float:
-    """Combine values by a statistic or time aggregation (average, min, max, sum, last, count)."""
+def aggregate(values: list[float], how: str) -> float:
+    """Combine values by a statistic or time aggregation; NaN when there is nothing to combine (count: 0)."""
     if how == "count":
         return float(len(values))
     if not values:
@@ -107,126 +156,197 @@ def combine(values: list[float], how: str) -> float:
 
 
 def compare(operator: str, value: float, threshold: float) -> bool:
-    """`value operator threshold`; NaN (no data) is never true."""
+    """`value operator threshold`; NaN (no data) is never true, not even for `!=`."""
     return not math.isnan(value) and OPERATORS[operator](value, threshold)
 
 
 @dataclass
 class RuleState:
-    """Samples and trigger bookkeeping of one rule; times are monotonic seconds."""
+    """One rule's grains and trigger bookkeeping. Times are monotonic seconds, `*_wall` UTC datetimes."""
 
     spec: RuleSpec
     started: float
-    samples: deque[tuple[float, float]] = field(default_factory=deque)
-    last_sample: float = -math.inf
+    grains: deque[tuple[int, float]] = field(default_factory=deque)
+    """Completed grains as (index since start, value by statistic), oldest first."""
+    current: int = 0
+    pending: list[float] = field(default_factory=list)
+    """Samples of grain `current`, still being filled."""
+    slot: int = -1
+    """The last sampling slot taken (slot k starts at started + k * sample_every)."""
+    evaluated: int = -1
+    value: float | None = None
+    holds: bool = False
     last_true: float | None = None
+    last_true_wall: datetime | None = None
+    triggered_wall: datetime | None = None
     failures: int = 0
     failure: str = ""
+    failing_since: datetime | None = None
+
+    def grain_index(self, at: float) -> int:
+        return math.floor((at - self.started) / self.spec.time_grain)
+
+    def slot_index(self, at: float) -> int:
+        return math.floor((at - self.started) / self.spec.sample_every)
 
     def add(self, at: float, value: float) -> None:
-        self.samples.append((at, value))
-        self.failures, self.failure = 0, ""
-        horizon = at - self.spec.time_window - self.spec.time_grain
-        while self.samples and self.samples[0][0] < horizon:
-            self.samples.popleft()
+        """Record a sample taken at `at`."""
+        index = self.grain_index(at)
+        self.close(index)
+        self.current = index
+        self.pending.append(value)
 
-    def grains(self, now: float) -> list[float]:
-        """One value per whole grain inside the window, oldest first."""
-        g = self.spec.time_grain
-        current = math.floor((now - self.started) / g)
-        first = current - math.floor(self.spec.time_window / g)
-        buckets: dict[int, list[float]] = {}
-        for at, value in self.samples:
-            index = math.floor((at - self.started) / g)
-            if first <= index < current:
-                buckets.setdefault(index, []).append(value)
-        return [combine(buckets[i], self.spec.statistic) for i in sorted(buckets)]
-
-    def evaluate(self, now: float) -> tuple[HealthState, float | None, bool]:
-        """(state to report, window value or None while collecting, whether the condition holds now)."""
-        grains = self.grains(now)
-        if not grains:
-            return HealthState.OK, None, False
-        value = combine(grains, self.spec.time_aggregation)
-        holds = compare(self.spec.operator, value, self.spec.threshold)
-        if holds:
-            self.last_true = now
-        cooling = self.last_true is not None and now - self.last_true < self.spec.cooldown
-        triggered = holds or cooling
-        return (HealthState.parse(self.spec.state) if triggered else HealthState.OK), value, holds
+    def close(self, index: int) -> None:
+        """Complete the pending grain if `index` is past it, and drop grains that left the window."""
+        if self.pending and self.current < index:
+            self.grains.append((self.current, aggregate(self.pending, self.spec.statistic)))
+            self.pending = []
+        while self.grains and self.grains[0][0] < index - self.spec.window_grains:
+            self.grains.popleft()
 
 
-def describe(spec: RuleSpec, value: float | None, holds: bool, state: HealthState, cooldown_left: float) -> str:
-    """The health report's Description, readable on its own."""
-    what = f"{spec.metric}" + (f" {spec.path}" if spec.path else "")
-    if value is None:
-        return f"{what}: collecting (first {spec.time_grain:g}s grain not complete)"
-    text_ = f"{what} {spec.time_aggregation} over {spec.time_window:g}s = {value:.4g} " \
-            f"{'' if holds else 'not '}{spec.operator} {spec.threshold:g}"
-    if state != HealthState.OK and not holds:
-        text_ += f" (cooldown: {cooldown_left:.0f}s left)"
-    return f"{text_}: {spec.description}" if spec.description else text_
+def evaluate(state: RuleState, now: float, wall: datetime) -> tuple[bool, float | None]:
+    """(triggered, window value) at monotonic `now` (`wall`: the same instant in UTC).
+
+    The window is evaluated when a grain completes; in between the last result stands. The value is
+    None while collecting (less than one whole window since the rule started), NaN for an empty window.
+    """
+    spec = state.spec
+    index = state.grain_index(now)
+    if index != state.evaluated:
+        state.evaluated = index
+        state.close(index)
+        if index < spec.window_grains:
+            state.value, state.holds = None, False
+        else:
+            state.value = aggregate([v for i, v in state.grains if i >= index - spec.window_grains],
+                                    spec.time_aggregation)
+            state.holds = compare(spec.operator, state.value, spec.threshold)
+            if state.holds:
+                state.last_true, state.last_true_wall = now, wall
+    triggered = state.holds or (state.last_true is not None and now - state.last_true < spec.cooldown)
+    if not triggered:
+        state.triggered_wall = None
+    elif state.triggered_wall is None:
+        state.triggered_wall = wall
+    return triggered, state.value
+
+
+def _hms(at: datetime) -> str:
+    return at.astimezone(timezone.utc).strftime("%H:%M:%SZ")
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}" if abs(value) < 10_000 else f"{value:.0f}"
+
+
+def describe(state: RuleState, triggered: bool) -> str:
+    """The report's Description, readable on its own (it changes at most once a grain)."""
+    spec = state.spec
+    if state.value is None:
+        text_ = (f"{spec.label}: collecting ({max(0, state.evaluated)} of {spec.window_grains} grains of "
+                 f"{fmt_duration(spec.time_grain)} so far)")
+    elif math.isnan(state.value):
+        text_ = f"{spec.label} {spec.time_aggregation} over {fmt_duration(spec.time_window)}: no samples in the window"
+    else:
+        comparison = f"{spec.operator} {_number(spec.threshold)}"
+        text_ = (f"{spec.label} {spec.time_aggregation} over {fmt_duration(spec.time_window)} = "
+                 f"{_number(state.value)} " + (comparison if state.holds else f"(not {comparison})"))
+    if triggered and state.triggered_wall is not None and state.last_true_wall is not None:
+        until = state.last_true_wall + timedelta(seconds=spec.cooldown)
+        cooldown = f", cooldown until {_hms(until)}" if spec.cooldown else ""
+        text_ += f" (triggered {_hms(state.triggered_wall)}{cooldown})"
+    return f"{spec.description}: {text_}" if spec.description else text_
 
 
 # --- sampling --------------------------------------------------------------------------------
 
 class Sampler(Protocol):
-    def sample(self, spec: RuleSpec) -> float: ...
+    def sample(self, spec: RuleSpec) -> float:
+        """One reading of the rule's metric; any exception counts as a failed sample."""
+        ...
 
 
 class SystemSampler:
-    """Reads the built-in metrics from /proc and statvfs, and runs metric commands."""
+    """Reads the built-in metrics from /proc and statvfs, and runs metric commands (one thread only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.proc = proc
         self._cpu: dict[str, tuple[int, int]] = {}
 
     def sample(self, spec: RuleSpec) -> float:
         if spec.metric == "cpu_percent":
             return self._cpu_percent(spec.name)
         if spec.metric == "memory_percent":
-            info = {}
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    key, _, rest = line.partition(":")
-                    info[key] = int(rest.split()[0])
-            return 100.0 * (1 - info["MemAvailable"] / info["MemTotal"])
+            return self._memory_percent()
         if spec.metric == "disk_percent":
-            st = os.statvfs(spec.path or "/")
-            total = st.f_blocks * st.f_frsize
-            available = st.f_bavail * st.f_frsize
-            used = total - st.f_bfree * st.f_frsize
-            return 100.0 * used / (used + available) if used + available else 0.0
+            return _disk_percent(spec.path or "/")
         if spec.metric == "load1":
-            return os.getloadavg()[0]
-        return self._command(spec)
+            return float((self.proc / "loadavg").read_text().split()[0])
+        return _command(spec)
 
     def _cpu_percent(self, key: str) -> float:
-        """Busy share of all CPUs since this rule's previous reading (0 at the first)."""
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        idle, total = fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields[:8])
-        previous = self._cpu.get(key)
+        """Busy share of all CPUs since this rule's previous reading (since boot at the first)."""
+        fields = [int(x) for x in (self.proc / "stat").read_text().split("\n", 1)[0].split()[1:9]]
+        idle, total = fields[3] + fields[4], sum(fields)  # idle + iowait; guest time is inside user already
+        before_idle, before_total = self._cpu.get(key, (0, 0))
         self._cpu[key] = (idle, total)
-        if previous is None or total <= previous[1]:
-            return 0.0
-        return 100.0 * (1 - (idle - previous[0]) / (total - previous[1]))
+        if total <= before_total:
+            raise ValueError(f"{self.proc / 'stat'}: CPU counters did not advance")
+        return 100.0 * (1 - (idle - before_idle) / (total - before_total))
 
-    @staticmethod
-    def _command(spec: RuleSpec) -> float:
-        assert spec.command is not None
+    def _memory_percent(self) -> float:
+        """Share of memory not available to new work: 1 - MemAvailable / MemTotal, as `free` reads it."""
+        info = {}
+        for line in (self.proc / "meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            info[key] = rest.split()[0] if rest.split() else ""
+        if "MemAvailable" not in info or "MemTotal" not in info:
+            raise ValueError(f"{self.proc / 'meminfo'} has no MemAvailable/MemTotal (kernel older than 3.14?)")
+        return 100.0 * (1 - int(info["MemAvailable"]) / int(info["MemTotal"]))
+
+
+def _disk_percent(path: str) -> float:
+    """Used share of the filesystem as `df` shows it: used / (used + available to unprivileged users)."""
+    st = os.statvfs(path)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    available = st.f_bavail * st.f_frsize
+    return 100.0 * used / (used + available) if used + available else 0.0
+
+
+def _command(spec: RuleSpec) -> float:
+    """Run the rule's command without a shell, in its own session; its output is one number."""
+    assert spec.command is not None
+    program = spec.command[0]
+    limit = min(spec.time_grain, COMMAND_TIMEOUT)
+    env = {k: v for k, v in os.environ.items() if k not in HOOK_ENV_STRIP}
+    try:
+        proc = subprocess.Popen(list(spec.command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, start_new_session=True, close_fds=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot run {program}: {exc}") from None
+    with proc:
         try:
-            done = subprocess.run(list(spec.command), capture_output=True, text=True,
-                                  timeout=min(spec.time_grain, COMMAND_TIMEOUT), stdin=subprocess.DEVNULL)
+            out, err = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
-            raise ValueError(f"command timed out after {min(spec.time_grain, COMMAND_TIMEOUT):g}s") from None
-        except OSError as exc:
-            raise ValueError(f"command cannot run: {exc}") from None
-        if done.returncode != 0:
-            raise ValueError(f"command exited {done.returncode}: {done.stderr.strip()[:200]}")
-        try:
-            return float(done.stdout.strip())
-        except ValueError:
-            raise ValueError(f"command printed {done.stdout.strip()[:80]!r}, not a number") from None
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the whole tree, not only the leader
+            except ProcessLookupError:
+                pass
+            try:
+                proc.communicate(timeout=1.0)
+            except subprocess.TimeoutExpired:  # a descendant left the group and holds the pipe
+                pass
+            raise ValueError(f"{program} timed out after {fmt_duration(limit)} "
+                             "(its process group was killed)") from None
+    printed = out.decode("utf-8", "replace").strip()
+    if proc.returncode != 0:
+        status = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited {proc.returncode}"
+        raise ValueError(f"{program} {status}: {err.decode('utf-8', 'replace').strip()[-200:]}")
+    try:
+        return float(printed)
+    except ValueError:
+        raise ValueError(f"{program} printed {printed[:80]!r}, not a number") from None
 
 
 # --- the engine ------------------------------------------------------------------------------
@@ -242,62 +362,79 @@ class RuleEngine:
         self.sampler = sampler or SystemSampler()
         self.log = logs.get("rules")
         self.states: dict[str, RuleState] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wanted = False
-        self._lock = threading.Lock()
         self.update(specs)
 
     def update(self, specs: tuple[RuleSpec, ...]) -> None:
-        """Apply a (re)loaded rule list: unchanged rules keep their samples; removed rules lose their report."""
+        """Apply a (re)loaded rule list: unchanged rules keep their data; removed rules lose their report."""
         now = self.clock.monotonic()
         with self._lock:
             old = self.states
             self.states = {s.name: old[s.name] if s.name in old and old[s.name].spec == s else RuleState(s, now)
                            for s in specs}
-            for name in set(old) - set(self.states):
+            for name in old.keys() - self.states.keys():
                 self.health.remove(SOURCE_ID, name)
         if self._wanted:
             self.start()
 
-    def step(self) -> None:
-        """Take the samples that are due and refresh every rule's report."""
-        now = self.clock.monotonic()
+    def step(self) -> float:
+        """Take the samples that are due, refresh every report; returns seconds until the next sample is due."""
         with self._lock:
             states = list(self.states.values())
+        wait = STEP_INTERVAL
         for st in states:
-            if now - st.last_sample >= st.spec.sample_every:
-                st.last_sample = now
-                self._sample(st, now)
-            self._report(st, now)
+            now = self.clock.monotonic()
+            slot = st.slot_index(now)
+            if slot != st.slot:
+                st.slot = slot
+                self._sample(st, now)  # outside the lock: a command may take seconds
+            with self._lock:
+                if self.states.get(st.spec.name) is st:  # not removed by a reload meanwhile
+                    self._report(st, self.clock.monotonic())
+            wait = min(wait, st.started + (slot + 1) * st.spec.sample_every - self.clock.monotonic())
+        return max(0.01, wait)
 
     def _sample(self, st: RuleState, now: float) -> None:
+        spec = st.spec
         try:
-            st.add(now, float(self.sampler.sample(st.spec)))
-        except (OSError, ValueError, KeyError, IndexError, ZeroDivisionError) as exc:
+            value = float(self.sampler.sample(spec))
+            if not math.isfinite(value):
+                raise ValueError(f"{value} is not a finite number")
+        except Exception as exc:  # any sampler failure is a failed sample, never a dead rule thread
             st.failures += 1
-            st.failure = str(exc)
+            st.failure = str(exc) or type(exc).__name__
             self.metrics.rule_sample_failures.inc()
             if st.failures == 1:
-                self.log.warning("rule.sample_failed", rule=st.spec.name, metric=st.spec.metric, error=str(exc))
+                st.failing_since = self.clock.now()
+                self.log.warning("rule.sample_failed", rule=spec.name, metric=spec.metric, error=st.failure)
+            return
+        if st.failures:
+            self.log.info("rule.sample_recovered", rule=spec.name, metric=spec.metric, failures=st.failures)
+            st.failures, st.failure, st.failing_since = 0, "", None
+        st.add(now, value)
 
     def _report(self, st: RuleState, now: float) -> None:
         spec = st.spec
-        if st.failures >= FAILURES_BEFORE_WARNING:
-            self.health.set(SOURCE_ID, spec.name, HealthState.WARNING,
-                            f"cannot sample {spec.metric} ({st.failures} failures in a row): {st.failure}")
-            return
-        previous = next((e.report.state for e in self.health.snapshot()
-                         if e.report.source_id == SOURCE_ID and e.report.property == spec.name), HealthState.OK)
-        state, value, holds = st.evaluate(now)
-        left = spec.cooldown - (now - st.last_true) if st.last_true is not None else 0.0
-        self.health.set(SOURCE_ID, spec.name, state, describe(spec, value, holds, state, max(0.0, left)))
-        if state != previous:
-            event = "rule.triggered" if state != HealthState.OK else "rule.cleared"
-            self.log.warning(event, rule=spec.name, state=state.label, value=value, threshold=spec.threshold)
+        was_triggered = st.triggered_wall is not None
+        triggered, value = evaluate(st, now, self.clock.now())
+        state = HealthState.parse(spec.state) if triggered else HealthState.OK
+        description = describe(st, triggered)
+        if st.failures >= FAILURES_BEFORE_WARNING and st.failing_since is not None:
+            state = max(state, HealthState.WARNING)
+            description = (f"cannot sample {spec.label} since {_hms(st.failing_since)}: {st.failure}"
+                           + (f"; last evaluation: {description}" if triggered else ""))
+        self.health.set(SOURCE_ID, spec.name, state, description)
+        if triggered and not was_triggered:
+            self.log.warning("rule.triggered", rule=spec.name, state=spec.state, value=value,
+                             operator=spec.operator, threshold=spec.threshold)
+        elif was_triggered and not triggered:
+            self.log.info("rule.cleared", rule=spec.name, value=value, threshold=spec.threshold)
 
     def start(self) -> None:
-        """Run `step` about once a second on a daemon thread (from the first rule on)."""
+        """Run `step` on a daemon thread (from the first rule on; a reload adding rules starts it)."""
         self._wanted = True
         if self._thread is not None or not self.states:
             return
@@ -305,15 +442,16 @@ class RuleEngine:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        wait = 0.0
+        while not self.clock.wait(self._stop, wait):
             try:
-                self.step()
-            except Exception as exc:  # a rule must never take the daemon down
+                wait = self.step()
+            except Exception as exc:  # a bug in a rule must not end every rule
                 self.log.error("rule.internal_error", error=repr(exc), exc_info=True)
-            self._stop.wait(STEP_INTERVAL)  # real time: the clock may be a test's, which a wait would advance
+                wait = STEP_INTERVAL
 
     def stop(self) -> None:
+        """Stop the thread (a metric command still running is left to its timeout)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(5)
-
+            self._thread.join(2.0)
