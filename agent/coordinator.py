@@ -1,9 +1,10 @@
 """Exactly one VM approves an event, and only once every affected VM is ready.
 
 Rank = position of this VM in the event's Resources; rank 0 leads. Peers are asked
-`GET {peer}/v1/events/{EventId}` on a bounded pool of worker threads, each at most once per poll
-interval and never twice at a time; `ready` is final for an event, so a ready peer is not asked
-again. A VM of rank r approves in the leader's place only when every lower-ranked peer has been
+`GET {peer}/v1/events/{EventId}` at most once per poll interval and never twice at a time; `ready`
+is final for an event, so a ready peer is not asked again. Requests to one peer go one after
+another in that peer's lane (`agent.lanes`), so the threads asking follow the number of peers, not
+events × peers. A VM of rank r approves in the leader's place only when every lower-ranked peer has been
 unreachable for `takeover_after`. The POST is recorded before (`sending`) and after (`sent` or
 `failed`) in the state store: a restart never re-sends a `sent` approval, and a `sending` one
 (crash between POST and record) is sent again only if the event is still Scheduled after
@@ -15,6 +16,7 @@ poll, so no approval is ever sent on stale data.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -27,6 +29,7 @@ from agent.clock import Clock
 from agent.errors import ImdsError
 from agent.gates import NO_GATES, GateChecker, Gates, Held
 from agent.imds import is_transient
+from agent.lanes import Lanes
 from agent.metrics import EVENT_TYPES, Metrics
 from agent.retry import retrying as retrying_on
 from agent.policy import Decision, Profile, decide
@@ -90,8 +93,7 @@ class Coordinator:
         self._lock = threading.Lock()
         self._events: dict[str, EventCoordination] = {}
         self._futures: set[concurrent.futures.Future[None]] = set()
-        self._peer_pool = concurrent.futures.ThreadPoolExecutor(max_workers=settings.max_concurrency,
-                                                                thread_name_prefix="peer")
+        self._peer_lanes = Lanes(settings.max_concurrency, "peer")
         self._approver = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="approve")
         self.session = requests.Session()
         self.session.trust_env = False
@@ -168,7 +170,7 @@ class Coordinator:
             except requests.RequestException as exc:  # only a hint: the leader asks anyway
                 self.log.debug("peer.hint_failed", event_id=event_id, leader=leader, error=type(exc).__name__)
 
-        self._track(self._peer_pool.submit(post))
+        self._peer_lanes.submit(leader.casefold(), post)
 
     def _refresh(self, event_id: str, names: list[str], state: EventCoordination) -> None:
         now = self.clock.monotonic()
@@ -178,7 +180,7 @@ class Coordinator:
                 if peer.ready or peer.in_flight or now - peer.last_asked < self.poll_interval:
                     continue
                 peer.in_flight, peer.last_asked = True, now
-            self._track(self._peer_pool.submit(self._ask, event_id, name, peer))
+            self._peer_lanes.submit(name.casefold(), functools.partial(self._ask, event_id, name, peer))
 
     def _track(self, future: "concurrent.futures.Future[None]") -> None:
         with self._lock:
@@ -190,7 +192,9 @@ class Coordinator:
             self._futures.discard(future)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Block until no peer request or approval is under way (tests, benchmarks)."""
+        """Block until no peer request or approval is under way (tests, benchmarks); `timeout` per kind."""
+        if not self._peer_lanes.wait_idle(timeout):
+            return False
         with self._lock:
             pending = set(self._futures)
         done, not_done = concurrent.futures.wait(pending, timeout=timeout)
@@ -363,5 +367,5 @@ class Coordinator:
     def stop(self) -> None:
         """Cut retries short and stop the worker pools."""
         self.cancel.set()
-        self._peer_pool.shutdown(wait=False, cancel_futures=True)
+        self._peer_lanes.shutdown()
         self._approver.shutdown(wait=False, cancel_futures=True)

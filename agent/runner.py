@@ -11,8 +11,6 @@ time left before NotBefore minus `DEADLINE_MARGIN`; one that cannot start in tim
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import threading
 from datetime import datetime
 from typing import Any, Callable
@@ -21,6 +19,7 @@ from agent import logs
 from agent.errors import StateError
 from agent.events import Event
 from agent.handlers.base import FAILED, OK, SKIPPED, TIMED_OUT, Context, Handler, Result
+from agent.lanes import Lanes
 from agent.tracker import Tracked, Transition
 
 DEADLINE_MARGIN = 5.0
@@ -65,10 +64,7 @@ class Runner:
         self.on_result = on_result
         self.log = logs.get("runner")
         self.cancel = threading.Event()
-        self._lock = threading.Lock()
-        self._queues: dict[str, collections.deque[tuple[str, Event, bool, str | None]]] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="handler")
-        self._idle = threading.Condition(self._lock)
+        self._lanes = Lanes(max_workers, "handler")
         for h in handlers:
             self.metrics.init_handler(h.spec.name, h.spec.phases)
 
@@ -102,27 +98,14 @@ class Runner:
         self.log.error("handler.interrupted", event_id=event_id, handler=name, action="recorded failed, not re-run")
 
     def _enqueue(self, event_id: str, job: tuple[str, Event, bool, str | None]) -> None:
-        with self._lock:
-            queue = self._queues.get(event_id)
-            if queue is not None:
-                queue.append(job)
-                return
-            self._queues[event_id] = collections.deque([job])
-        self._pool.submit(self._work, event_id)
+        self._lanes.submit(event_id, lambda: self._run_phase_logged(*job))
 
-    def _work(self, event_id: str) -> None:
-        while True:
-            with self._lock:
-                queue = self._queues[event_id]
-                if not queue:
-                    del self._queues[event_id]
-                    self._idle.notify_all()
-                    return
-                phase, event, names_self, outcome = queue.popleft()
-            try:
-                self._run_phase(phase, event, names_self, outcome)
-            except Exception as exc:  # never lose the worker: log and go on with the next job
-                self.log.error("runner.internal_error", event_id=event_id, phase=phase, error=repr(exc), exc_info=True)
+    def _run_phase_logged(self, phase: str, event: Event, names_self: bool, outcome: str | None) -> None:
+        try:
+            self._run_phase(phase, event, names_self, outcome)
+        except Exception as exc:  # never lose the lane: log and go on with the event's next phase
+            self.log.error("runner.internal_error", event_id=event.event_id, phase=phase, error=repr(exc),
+                           exc_info=True)
 
     # --- running --------------------------------------------------------------------------
 
@@ -246,12 +229,11 @@ class Runner:
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no event has queued or running work (tests, shutdown)."""
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._queues, timeout)
+        return self._lanes.wait_idle(timeout)
 
     def stop(self, grace: float) -> None:
         """Let running handlers finish for up to `grace` seconds, then cut them short."""
         if not self.wait_idle(grace):
-            self.log.warning("runner.cancelling", running=sorted(self._queues))
+            self.log.warning("runner.cancelling", running=sorted(map(str, self._lanes.busy())))
         self.cancel.set()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._lanes.shutdown()

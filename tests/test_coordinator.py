@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 
 import pytest
@@ -199,3 +200,40 @@ def test_a_non_leader_tells_the_leader_when_it_becomes_ready(tmp_path, clock, pe
     assert coord.wait_idle(5)
     call = next(c for c in peers.calls if c.request.method == "POST")
     assert json.loads(call.request.body) == {"vm": "vm2"}
+
+
+def test_many_events_ask_a_peer_one_request_at_a_time_and_peers_in_parallel(tmp_path, clock, peers):
+    """Twenty events naming the same two peers: each peer gets one request at a time, no more
+    threads ask than there are peers (not events x peers), and a slow peer does not delay the other."""
+    coord, sent, _ = setup(tmp_path, clock)
+    threads: dict[str, set[str]] = {"vm2": set(), "vm3": set()}
+    active = {"vm2": 0, "vm3": 0}
+    most = {"vm2": 0, "vm3": 0}
+    vm3_asked = threading.Event()
+    lock = threading.Lock()
+
+    def handler(name):
+        def reply(request):
+            with lock:
+                threads[name].add(threading.current_thread().name)
+                active[name] += 1
+                most[name] = max(most[name], active[name])
+            if name == "vm3":
+                vm3_asked.set()
+            else:
+                assert vm3_asked.wait(5), "vm3 was not asked while vm2 was busy"
+            with lock:
+                active[name] -= 1
+            return 200, {}, json.dumps({"ready": True})
+        return reply
+
+    events = {}
+    for i in range(20):
+        events.update(tracked(clock, ["vm1", "vm2", "vm3"], eid=f"E{i}"))
+        for name in ("vm2", "vm3"):
+            peers.add_callback("GET", f"{peer(name)}/v1/events/E{i}", callback=handler(name))
+    step(coord, events, "vm1")
+    assert most == {"vm2": 1, "vm3": 1}
+    assert len(threads["vm2"] | threads["vm3"]) <= 2, "more asking threads than peers"
+    step(coord, events, "vm1")
+    assert sorted(eid for batch in sent for eid in batch) == sorted(events)

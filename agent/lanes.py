@@ -1,0 +1,74 @@
+"""Serial lanes on a bounded thread pool: jobs with the same key run one after another, in order.
+
+A `concurrent.futures` pool starts a new thread whenever a job arrives while every thread it has is
+busy, up to its maximum, and never lets one go. Submitting every job straight to it makes the
+number of threads follow the largest burst of jobs ever seen, not the work that can really go in
+parallel. A lane takes one pool worker for as long as its key has queued work, so the threads
+follow the number of keys busy at once: the runner keys by event (an event's phases run in order,
+events in parallel), the coordinator by peer (one request at a time to each peer, on its keep-alive
+connection, however many events are asking it).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+from typing import Callable, Hashable
+
+from agent import logs
+
+
+class Lanes:
+    """Per-key FIFO queues drained on at most `max_workers` threads; thread-safe."""
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self.name = name
+        self.log = logs.get(name)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._queues: dict[Hashable, collections.deque[Callable[[], None]]] = {}
+
+    def submit(self, key: Hashable, job: Callable[[], None]) -> None:
+        """Run `job` after every job already queued for `key` (at once if the lane is free)."""
+        with self._lock:
+            queue = self._queues.get(key)
+            if queue is not None:
+                queue.append(job)
+                return
+            self._queues[key] = collections.deque([job])
+        try:
+            self._pool.submit(self._drain, key)
+        except RuntimeError:  # shut down: the job is dropped, as a stopping daemon drops queued work
+            with self._lock:
+                del self._queues[key]
+                self._idle.notify_all()
+
+    def _drain(self, key: Hashable) -> None:
+        while True:
+            with self._lock:
+                queue = self._queues[key]
+                if not queue:
+                    del self._queues[key]
+                    self._idle.notify_all()
+                    return
+                job = queue.popleft()
+            try:
+                job()
+            except Exception as exc:  # a job should handle its own errors; the lane must outlive one that did not
+                self.log.error("lane.internal_error", lane=self.name, key=str(key), error=repr(exc), exc_info=True)
+
+    def busy(self) -> list[Hashable]:
+        """Keys with queued or running work."""
+        with self._lock:
+            return list(self._queues)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no lane has queued or running work; False if `timeout` passed first."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._queues, timeout)
+
+    def shutdown(self) -> None:
+        """Take no more work; jobs not yet started are dropped, a running one is left to finish."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,52 @@
+"""Serial lanes: order within a key, parallelism across keys, threads bounded by busy keys."""
+
+from __future__ import annotations
+
+import threading
+
+from agent.lanes import Lanes
+
+
+def test_a_burst_for_one_key_runs_in_order_on_one_thread():
+    """Fifty jobs queued at once for one key run in submission order, all on the same worker."""
+    lanes = Lanes(8, "t")
+    gate = threading.Event()
+    seen: list[tuple[int, str]] = []
+    lanes.submit("peer", gate.wait)
+    for i in range(50):
+        lanes.submit("peer", lambda i=i: seen.append((i, threading.current_thread().name)))
+    gate.set()
+    assert lanes.wait_idle(5)
+    assert [i for i, _ in seen] == list(range(50))
+    assert len({name for _, name in seen}) == 1
+    lanes.shutdown()
+
+
+def test_different_keys_run_in_parallel():
+    """A job stuck in one lane does not hold up another key's jobs."""
+    lanes = Lanes(4, "t")
+    release, other_ran = threading.Event(), threading.Event()
+    lanes.submit("slow", lambda: release.wait(5))
+    lanes.submit("fast", other_ran.set)
+    assert other_ran.wait(5), "the second key waited for the first"
+    release.set()
+    assert lanes.wait_idle(5) and lanes.busy() == []
+    lanes.shutdown()
+
+
+def test_a_failing_job_does_not_stop_its_lane():
+    """An exception is logged and the key's next job still runs."""
+    lanes = Lanes(2, "t")
+    ran = threading.Event()
+    lanes.submit("k", lambda: 1 / 0)
+    lanes.submit("k", ran.set)
+    assert ran.wait(5)
+    lanes.shutdown()
+
+
+def test_work_submitted_after_shutdown_is_dropped_quietly():
+    """A stopping daemon drops new work without an exception, and nothing stays busy."""
+    lanes = Lanes(2, "t")
+    lanes.shutdown()
+    lanes.submit("k", lambda: None)
+    assert lanes.wait_idle(1) and lanes.busy() == []
