@@ -15,7 +15,6 @@ Tolerance rules (documented in the README):
 from __future__ import annotations
 
 import email.utils
-import functools
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -101,6 +100,8 @@ class Document:
     incarnation: int | None
     events: tuple[Event, ...]
     skipped: tuple[Skipped, ...] = field(default=())
+    parsed: dict[tuple[Any, ...], Event] = field(default_factory=dict, compare=False, repr=False)
+    """Each event by the field values it was parsed from, for the next document's parse to reuse."""
 
     def by_id(self) -> dict[str, Event]:
         """Events keyed by EventId (the last one wins if IMDS ever repeats an id)."""
@@ -111,12 +112,7 @@ def parse_not_before(raw: Any) -> datetime | None:
     """RFC 1123 first, then ISO 8601; "" or anything unparsable is None (no deadline)."""
     if not isinstance(raw, str) or not raw.strip():
         return None
-    return _parse_time_text(raw.strip())
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_time_text(text: str) -> datetime | None:
-    """Cached: the same NotBefore text comes back every poll for as long as the event is scheduled."""
+    text = raw.strip()
     try:
         parsed = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):
@@ -171,28 +167,22 @@ FIELDS = ("EventId", "EventType", "EventStatus", "Resources", "ResourceType", "N
 _ABSENT = object()
 
 
-def parse_event(item: Any) -> Event:
-    """One event from its JSON object; raises ValueError naming the field that makes it unusable.
+def _key(item: dict[str, Any]) -> tuple[Any, ...]:
+    """An event's field values, as a key that is equal exactly when the event's JSON is (true == 1 in
+    Python, but DurationInSeconds true is no duration: whether it is a bool is part of the key)."""
+    values = tuple(tuple(v) if isinstance(v, list) else v for v in (item.get(f, _ABSENT) for f in FIELDS))
+    return values + (isinstance(item.get("DurationInSeconds"), bool),)
 
-    Parsed events are cached by their field values: at 1 Hz the same events come back every poll,
-    and a 1000-event document is then parsed in a few milliseconds.
-    """
+
+def parse_event(item: Any) -> Event:
+    """One event from its JSON object; raises ValueError naming the field that makes it unusable."""
     if not isinstance(item, dict):
         raise ValueError("event is not an object")
-    key = tuple(tuple(v) if isinstance(v, list) else v for v in (item.get(f, _ABSENT) for f in FIELDS))
-    try:
-        return _parse_cached(key)
-    except TypeError:  # an unhashable value (an object where text belongs): parse without the cache
-        return _parse_fields(key)
-
-
-@functools.lru_cache(maxsize=8192)
-def _parse_cached(key: tuple[Any, ...]) -> Event:
-    return _parse_fields(key)
+    return _parse_fields(_key(item))
 
 
 def _parse_fields(key: tuple[Any, ...]) -> Event:
-    item = {f: v for f, v in zip(FIELDS, key) if v is not _ABSENT}
+    item = {f: v for f, v in zip(FIELDS, key) if v is not _ABSENT}  # zip stops before the bool marker
     resources = item.get("Resources", ())
     if not isinstance(resources, tuple):
         raise ValueError("Resources is not a list")
@@ -211,20 +201,35 @@ def _parse_fields(key: tuple[Any, ...]) -> Event:
     )
 
 
-def parse_document(data: Any) -> Document:
-    """A Document from decoded JSON; skips bad events, raises DocumentError if the whole is unusable."""
+def parse_document(data: Any, previous: Document | None = None) -> Document:
+    """A Document from decoded JSON; skips bad events, raises DocumentError if the whole is unusable.
+
+    An event whose fields are all as they were in `previous` is that document's Event, not parsed
+    again: at 1 Hz nearly every event comes back unchanged, so a 1000-event document in which one
+    event changed costs little more than its JSON. Only the previous document's events are reused,
+    so what is kept never outgrows one document.
+    """
     if not isinstance(data, dict):
         raise DocumentError("document is not a JSON object")
     raw_events = data.get("Events")
     if not isinstance(raw_events, list):
         raise DocumentError("document has no Events list")
+    known = previous.parsed if previous is not None else {}
     events: list[Event] = []
+    parsed: dict[tuple[Any, ...], Event] = {}
     skipped: list[Skipped] = []
     for i, item in enumerate(raw_events):
         try:
-            events.append(parse_event(item))
+            if not isinstance(item, dict):
+                raise ValueError("event is not an object")
+            key = _key(item)
+            try:
+                event = known.get(key) or _parse_fields(key)
+                parsed[key] = event
+            except TypeError:  # an unhashable value (an object where text belongs): nothing to reuse
+                event = _parse_fields(key)
+            events.append(event)
         except ValueError as exc:
             eid = item.get("EventId") if isinstance(item, dict) else None
             skipped.append(Skipped(i, str(exc), eid.strip() if isinstance(eid, str) and eid.strip() else None))
-    return Document(_incarnation(data.get("DocumentIncarnation")), tuple(events), tuple(skipped))
-
+    return Document(_incarnation(data.get("DocumentIncarnation")), tuple(events), tuple(skipped), parsed)

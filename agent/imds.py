@@ -31,7 +31,7 @@ MIN_REQUEST_GAP = 0.25
 
 @dataclass(frozen=True)
 class PollResult:
-    """A successful poll: a new document, or `unchanged` after a 304 (ETag matched)."""
+    """A successful poll: a new document, or `unchanged` (a 304, or the same bytes as the last document)."""
 
     document: Document | None
     unchanged: bool
@@ -94,6 +94,8 @@ class ImdsClient:
         self.session.proxies = {"http": None, "https": None}  # type: ignore[dict-item]
         self.session.headers.update({"Metadata": "true", "User-Agent": "maintd"})
         self._etag: str | None = None
+        self._last: tuple[bytes, Document] | None = None
+        """The last document and the body it came from: the same bytes again are `unchanged`."""
         self._answered = False
         self._lock = threading.Lock()
         self._last_request = float("-inf")
@@ -150,13 +152,16 @@ class ImdsClient:
         if "json" not in content_type.lower():
             raise ImdsUnavailable(f"IMDS answered {response.status_code} with Content-Type {content_type!r}, "
                                   "not JSON (is a proxy in the path?)", response.status_code, response.text[:200])
+        if self._last is not None and response.content == self._last[0]:  # nearly every poll at 1 Hz
+            return PollResult(None, True, duration)
         try:
-            document = parse_document(response.json())
+            document = parse_document(response.json(), self._last[1] if self._last else None)
         except (ValueError, DocumentError) as exc:
             self.metrics.documents_malformed.inc()
             raise ImdsUnavailable(f"malformed Scheduled Events document: {exc}", response.status_code,
                                   response.text[:200]) from exc
         self._etag = response.headers.get("ETag") or None
+        self._last = (response.content, document)
         return PollResult(document, False, duration)
 
     def approve(self, event_ids: list[str]) -> None:

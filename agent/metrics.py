@@ -48,7 +48,8 @@ class Metrics:
                                       ["event_type"], buckets=(0, 30, 60, 120, 300, 600, 900, 1800, 3600, 86400, 604800),
                                       registry=r)
         self.events_malformed = Counter("maintd_events_malformed_total",
-                                        "Events skipped because a required field was missing or malformed", registry=r)
+                                        "Events skipped because a required field was missing or malformed (once per document that carries them)",
+                                        registry=r)
         self.documents_malformed = Counter("maintd_documents_malformed_total",
                                            "Documents refused as a whole (not JSON, no Events list)", registry=r)
         self.transitions = Counter("maintd_event_transitions_total", "Event transitions seen",

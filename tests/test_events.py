@@ -144,3 +144,33 @@ def test_any_json_parses_or_raises_document_error_only(data):
     for e in doc.events:
         assert e.event_id and e.event_type and e.status
         assert e.not_before is None or e.not_before.tzinfo is not None
+
+
+def _ev(eid: str, **fields):
+    return {"EventId": eid, "EventType": "Reboot", "EventStatus": "Scheduled", "Resources": ["vm1"],
+            "NotBefore": "Mon, 19 Sep 2016 18:29:47 GMT", **fields}
+
+
+def test_unchanged_events_are_reused_from_the_previous_document_and_changed_ones_parsed_again():
+    """At 1 Hz most events come back as they were: those are the previous document's Events; an event
+    whose status changed is parsed anew and shows the new status."""
+    first = parse_document({"Events": [_ev("a"), _ev("b")]})
+    second = parse_document({"Events": [_ev("a"), _ev("b", EventStatus="Started", NotBefore="")]}, first)
+    assert second.events[0] is first.events[0]
+    assert second.events[1].status == "Started" and second.events[1].not_before is None
+    assert parse_document({"Events": [_ev("a"), _ev("b")]}) == first, "reuse never changes what a document says"
+
+
+def test_what_is_kept_for_reuse_never_outgrows_one_document():
+    """Only the previous document's events are kept: after many events came and went, the parser holds
+    just the ones in the current document."""
+    doc = None
+    for i in range(200):
+        doc = parse_document({"Events": [_ev(f"e{i}"), _ev(f"e{i + 1}")]}, doc)
+    assert len(doc.parsed) == 2
+
+
+def test_a_boolean_duration_is_not_mistaken_for_a_number_by_reuse():
+    """true == 1 in Python; DurationInSeconds true is still no duration (-1), even right after a 1."""
+    one = parse_document({"Events": [_ev("a", DurationInSeconds=1)]})
+    assert parse_document({"Events": [_ev("a", DurationInSeconds=True)]}, one).events[0].duration_seconds == -1

@@ -131,6 +131,19 @@ def test_etag_is_sent_back_and_304_means_unchanged(imds, client):
     assert second.unchanged and second.document is None
 
 
+def test_the_same_bytes_as_the_last_document_mean_unchanged(imds, client):
+    """Without an ETag (real IMDS), a byte-identical answer is 'unchanged': nothing to parse or diff;
+    any change in the body, even one event's status, gives the new document."""
+    _get(imds)
+    _get(imds)
+    changed = {**DOC, "DocumentIncarnation": DOC["DocumentIncarnation"] + 1}
+    _get(imds, json=changed)
+    first, second, third = client.get_document(), client.get_document(), client.get_document()
+    assert first.document is not None and not first.unchanged
+    assert second.unchanged and second.document is None
+    assert third.document is not None and third.document.incarnation == changed["DocumentIncarnation"]
+
+
 def test_approve_posts_start_requests(imds, client):
     """Approval POSTs exactly {"StartRequests": [{"EventId": ...}]} with the Metadata header."""
     imds.post(SE, json={}, match=[matchers.json_params_matcher({"StartRequests": [{"EventId": "ABC"}]}),
