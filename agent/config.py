@@ -142,7 +142,7 @@ class CoordinationConfig:
     takeover_after: float = opt(duration(1, 86400), 60.0,
                                 "a VM approves in the leader's place once every lower-ranked peer is unreachable this long")
     request_timeout: float = opt(duration(0.05, 30), 2.0, "timeout of one peer readiness request")
-    max_concurrency: int = opt(integer(1, 256), 16, "peer requests in flight at once")
+    max_concurrency: int = opt(integer(1, 256), 16, "peers asked at once (requests to one peer go one after another)")
     approval_retry_for: float = opt(duration(1, 3600), 60.0, "how long one approval POST is retried with backoff")
 
 
