@@ -45,6 +45,8 @@ from agent.tracker import Tracked, Transition, diff
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 STOP_DRAIN = "stop"
 HANDLER_STOP_GRACE = 10.0
+PRUNE_EVERY = 60.0
+"""Longest gap between two checks for finished events past `state.retention`."""
 """Seconds running handlers get to finish when maintd stops, before they are cut short."""
 
 
@@ -109,6 +111,7 @@ class Daemon:
         self.last_tick = clock.monotonic()
         self.started_at = clock.monotonic()
         self.polls = 0
+        self._pruned_at = float("-inf")
         self.stop_requested = threading.Event()
         self._second_stop = threading.Event()
         self.reload_requested = threading.Event()
@@ -205,6 +208,7 @@ class Daemon:
             self._coordinate_soon.clear()
             if self.last_success is not None and now - self.last_success <= 2 * self.config.imds.poll_interval:
                 self._coordinate()
+        self._prune_state(now)
         self._check_state()
         self._update_imds_health()
         self.update_rotation_metrics()
@@ -386,6 +390,19 @@ class Daemon:
         self.metrics.state_write_failures.inc()
         self.log.error("state.write_failed", error=str(exc), hint="free space or make the state dir writable; "
                        "changes are kept in memory and written when the disk accepts them")
+
+    def _prune_state(self, now: float) -> None:
+        """Drop finished events older than `state.retention`, checked every min(60 s, retention / 4)."""
+        if now - self._pruned_at < min(PRUNE_EVERY, self.config.state.retention / 4):
+            return
+        self._pruned_at = now
+        try:
+            gone = self.store.prune(self.clock.now())
+        except StateError as exc:  # pruned in memory; the write is retried like any other
+            self._state_failed(exc)
+            return
+        if gone:
+            self.log.info("state.pruned", events=len(gone), retention_seconds=self.config.state.retention)
 
     def _check_state(self) -> None:
         """Retry a pending write; report the disk's state whichever thread's write failed or recovered."""

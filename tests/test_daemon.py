@@ -136,3 +136,24 @@ def test_a_malformed_document_is_counted_and_the_loop_goes_on(daemon, clock, imd
     run_for(daemon, clock, 3)
     assert daemon.metrics.events_malformed._value.get() >= 1
     assert "E1" in daemon.tracked
+
+
+def test_finished_events_leave_memory_and_the_state_file_after_the_retention(tmp_path, clock, imds):
+    """state.retention is kept: a finished event stays for `retention` (history, `maintd events --history`),
+    then leaves memory and state.json within a quarter of the retention; a present event is never dropped."""
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}, retention: 2m}}\n")
+    d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+    d.start()
+    try:
+        imds.get(SE, json=doc(reboot("gone"), reboot("stays")), headers={"Content-Type": "application/json"})
+        run_for(d, clock, 2)
+        imds.replace(responses.GET, SE, json=doc(reboot("stays"), incarnation=2),
+                     headers={"Content-Type": "application/json"})
+        run_for(d, clock, 110)
+        assert "gone" in (tmp_path / "state.json").read_text(), "kept while within the retention"
+        run_for(d, clock, 2 * 60 / 4 + 15)
+        state = (tmp_path / "state.json").read_text()
+        assert "gone" not in state and "stays" in state
+        assert d.store.result("gone", "approval") is None
+    finally:
+        d.shutdown()
