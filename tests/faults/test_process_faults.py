@@ -72,6 +72,9 @@ def test_kill_9_between_the_approval_post_and_its_record_sends_one_post(start_em
     eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=600)
     state = agent.workdir / "state" / "state.json"
     wait_until(lambda: state.exists() and '"sending"' in state.read_text(), 15, "the approval to be under way")
+    # Kill only once IMDS has the POST (it then hangs 3 s): killed earlier, no POST was ever sent, and the
+    # restarted agent rightly sends one after its 10 s wait, which would be a different case.
+    wait_until(lambda: any(r["method"] == "POST" for r in emu.requests("vm-1")), 3, "the POST to reach IMDS")
     agent.kill()
     agent.start()
     agent.wait_log("approval.unconfirmed", event_id=eid)
