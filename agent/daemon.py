@@ -45,9 +45,9 @@ from agent.tracker import Tracked, Transition, diff
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 STOP_DRAIN = "stop"
 HANDLER_STOP_GRACE = 10.0
+"""Seconds running handlers get to finish when maintd stops, before they are cut short."""
 PRUNE_EVERY = 60.0
 """Longest gap between two checks for finished events past `state.retention`."""
-"""Seconds running handlers get to finish when maintd stops, before they are cut short."""
 
 
 def read_boot_id(path: str = BOOT_ID_PATH) -> str:

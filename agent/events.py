@@ -167,17 +167,17 @@ FIELDS = ("EventId", "EventType", "EventStatus", "Resources", "ResourceType", "N
 _ABSENT = object()
 
 
-def _key(item: dict[str, Any]) -> tuple[Any, ...]:
+def _key(item: Any) -> tuple[Any, ...]:
     """An event's field values, as a key that is equal exactly when the event's JSON is (true == 1 in
     Python, but DurationInSeconds true is no duration: whether it is a bool is part of the key)."""
+    if not isinstance(item, dict):
+        raise ValueError("event is not an object")
     values = tuple(tuple(v) if isinstance(v, list) else v for v in (item.get(f, _ABSENT) for f in FIELDS))
     return values + (isinstance(item.get("DurationInSeconds"), bool),)
 
 
 def parse_event(item: Any) -> Event:
     """One event from its JSON object; raises ValueError naming the field that makes it unusable."""
-    if not isinstance(item, dict):
-        raise ValueError("event is not an object")
     return _parse_fields(_key(item))
 
 
@@ -220,8 +220,6 @@ def parse_document(data: Any, previous: Document | None = None) -> Document:
     skipped: list[Skipped] = []
     for i, item in enumerate(raw_events):
         try:
-            if not isinstance(item, dict):
-                raise ValueError("event is not an object")
             key = _key(item)
             try:
                 event = known.get(key) or _parse_fields(key)

@@ -45,7 +45,8 @@ from typing import Any, Callable, Protocol
 
 from agent import logs
 from agent.clock import Clock
-from agent.configschema import choice, fmt_duration, duration, list_of, named_list, number, opt, optional, parse_section, text
+from agent.configschema import (choice, duration, fmt_duration, list_of, named_list, number, opt, optional,
+                                 parse_section, text)
 from agent.errors import ConfigValueError
 from agent.health import HealthState, HealthStore
 from agent.metrics import Metrics
