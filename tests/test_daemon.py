@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 
 import pytest
@@ -155,5 +157,34 @@ def test_finished_events_leave_memory_and_the_state_file_after_the_retention(tmp
         state = (tmp_path / "state.json").read_text()
         assert "gone" not in state and "stays" in state
         assert d.store.result("gone", "approval") is None
+    finally:
+        d.shutdown()
+
+
+def test_a_prune_on_a_full_disk_is_reported_and_written_once_space_returns(tmp_path, clock, imds, monkeypatch):
+    """Pruning while the disk is full: the loop goes on, the failed write is counted and shown as
+    state/write Error, and the pruned state reaches state.json once space returns."""
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}, retention: 1m}}\n")
+    d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+    d.start()
+    try:
+        imds.get(SE, json=doc(reboot("gone")), headers={"Content-Type": "application/json"})
+        run_for(d, clock, 2)
+        imds.replace(responses.GET, SE, json=doc(incarnation=2), headers={"Content-Type": "application/json"})
+        run_for(d, clock, 2)
+        real_replace = os.replace
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "replace", full)
+        run_for(d, clock, 60 + 60 / 4 + 2)
+        assert d.store.result("gone", "approval") is None and d.polls > 70, "pruned in memory; the loop went on"
+        assert d.metrics.state_write_failures._value.get() >= 1
+        assert any(e.report.property == "write" and e.state == HealthState.ERROR for e in d.health.snapshot())
+        assert "gone" in (tmp_path / "state.json").read_text(), "the disk refused the pruned state"
+        monkeypatch.setattr(os, "replace", real_replace)
+        run_for(d, clock, 2)
+        assert "gone" not in (tmp_path / "state.json").read_text()
     finally:
         d.shutdown()
