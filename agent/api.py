@@ -1,76 +1,126 @@
-"""The server's backend: JSON views of the daemon's parts and the mutating operations.
+"""The server's backend: JSON views of the agent's parts and the operator's operations.
 
-Everything here runs on HTTP server threads; it only reads what the loop and the workers wrote
-(state store, health store, tracker snapshot) or records an operator's wish (drain, manual
-approval) for the loop to act on.
+Everything here runs on HTTP server threads. It reads what the loop publishes (an immutable
+`LoopView`, replaced each tick) and the thread-safe parts it is given (state store, health store,
+rotation, runner, coordinator), and records an operator's wish (drain, manual approval) for the
+loop to act on. It never sees the loop itself.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable
 
-from agent import __version__
-from agent.health import parse_report
-from agent.rotation import MANUAL
+from agent import __version__, logs
+from agent.clock import Clock
+from agent.config import Config
+from agent.coordinator import Coordinator
+from agent.health import HealthStore, parse_report
+from agent.metrics import Metrics
+from agent.policy import DEFAULT_PROFILE, Profile
+from agent.rotation import MANUAL, Rotation
+from agent.runner import Runner
 from agent.server import ApiError, token_ok
+from agent.state import Store
+from agent.tracker import Tracked
 
-if TYPE_CHECKING:
-    from agent.daemon import Daemon
 
-
-def _iso(dt: Any) -> str | None:
+def _iso(dt: datetime | None) -> str | None:
     return dt.isoformat().replace("+00:00", "Z") if dt is not None else None
 
 
-class LocalApi:
-    """Implements `server.Backend` over a Daemon."""
+@dataclass(frozen=True)
+class LoopView:
+    """What the loop knows that the API shows: published by the loop, never changed in place."""
 
-    def __init__(self, daemon: "Daemon") -> None:
-        self.d = daemon
+    config: Config
+    vm_name: str | None = None
+    tracked: dict[str, Tracked] = field(default_factory=dict)
+    incarnation: int | None = None
+    failures: int = 0
+    polls: int = 0
+    last_success: float | None = None
+    last_tick: float = 0.0
+    profile: Profile = DEFAULT_PROFILE
+    profile_next_change: datetime | None = None
+
+    def stuck_for(self, now: float) -> float:
+        """Seconds the loop is past the time it should have ticked again (0 when alive)."""
+        c = self.config.imds
+        allowance = max(c.poll_interval, c.max_backoff) + c.first_timeout + 5.0
+        return max(0.0, now - self.last_tick - allowance)
+
+
+class LocalApi:
+    """Implements `server.Backend` over the parts it reads."""
+
+    def __init__(self, view: Callable[[], LoopView], *, store: Store, health: HealthStore, rotation: Rotation,
+                 runner: Runner, coordinator: Coordinator, metrics: Metrics, clock: Clock,
+                 peer_token: Callable[[], str | None]) -> None:
+        self.view = view
+        self.store = store
+        self.health_store = health
+        self.rotation = rotation
+        self.runner = runner
+        self.coordinator = coordinator
+        self.metrics = metrics
+        self.clock = clock
+        self.peer_token = peer_token
+        self.log = logs.get("api")
 
     def probe(self) -> tuple[bool, str]:
-        v = self.d.rotation.verdict()
+        v = self.rotation.verdict()
         return v.in_rotation, v.reason
 
     def alive(self) -> tuple[bool, str]:
-        stuck = self.d.stuck_for()
+        stuck = self.view().stuck_for(self.clock.monotonic())
         if stuck > 0:
             return False, f"the poll loop has not ticked for {stuck:.0f}s longer than it should"
         return True, "the poll loop is ticking"
 
     def metrics_text(self) -> bytes:
-        return self.d.metrics.render()
+        return self.metrics.render()
 
     def status(self) -> dict[str, Any]:
-        d = self.d
-        v = d.rotation.verdict()
-        since = d.clock.monotonic() - d.last_success if d.last_success is not None else None
+        lv = self.view()
+        v = self.rotation.verdict()
+        since = self.clock.monotonic() - lv.last_success if lv.last_success is not None else None
+        warning_as_error = lv.config.health.consider_warning_as_error
+        nxt = lv.profile_next_change
         return {
             "version": __version__,
-            "vm_name": d.vm_name,
-            "dry_run": d.config.dry_run,
+            "vm_name": lv.vm_name,
+            "dry_run": lv.config.dry_run,
             "in_rotation": v.in_rotation,
             "rotation_reason": v.reason,
-            "drains": d.rotation.drains(),
-            "health": d.health.aggregate(d.config.health.consider_warning_as_error).name.title(),
-            "imds": {"endpoint": d.config.imds.endpoint, "last_success_seconds_ago": round(since, 3) if since is not None else None,
-                     "consecutive_failures": d.failures, "polls": d.polls,
-                     "document_incarnation": d.document.incarnation if d.document else None},
-            "events": len(d.tracked),
-            "events_naming_this_vm": sum(1 for t in d.tracked.values() if t.names_self),
-            "state": {"dir": str(d.store.dir), "unsaved_changes": d.store.dirty, "write_error": d.store.write_error},
-            **d.extra_status(),
+            "drains": self.rotation.drains(),
+            "health": self.health_store.aggregate(warning_as_error).name.title(),
+            "imds": {"endpoint": lv.config.imds.endpoint,
+                     "last_success_seconds_ago": round(since, 3) if since is not None else None,
+                     "consecutive_failures": lv.failures, "polls": lv.polls,
+                     "document_incarnation": lv.incarnation},
+            "events": len(lv.tracked),
+            "events_naming_this_vm": sum(1 for t in lv.tracked.values() if t.names_self),
+            "state": {"dir": str(self.store.dir), "unsaved_changes": self.store.dirty,
+                      "write_error": self.store.write_error},
+            "profile": lv.profile.name, "profile_approval": lv.profile.approval,
+            "profile_next_change": _iso(nxt),
         }
 
+    def _ready(self, tracked: Tracked | None) -> bool:
+        """Whether this VM has finished preparing for the event (every scheduled handler settled)."""
+        return tracked is not None and tracked.event.status == "Scheduled" and self.runner.is_ready(tracked)
+
     def event(self, event_id: str) -> dict[str, Any] | None:
-        d = self.d
-        tracked = d.tracked.get(event_id)
-        record = d.store.event_record(event_id)
+        lv = self.view()
+        tracked = lv.tracked.get(event_id)
+        record = self.store.event_record(event_id)
         if tracked is None and record is None:
             return None
         if tracked is not None:
             event = tracked.event.to_json()
-            rank = tracked.event.rank(d.vm_name or "")
+            rank = tracked.event.rank(lv.vm_name or "")
             names_self, first_seen, present = tracked.names_self, _iso(tracked.first_seen), True
         else:
             assert record is not None
@@ -78,59 +128,62 @@ class LocalApi:
             rank = None
         return {
             **event,
-            "vm_name": d.vm_name,
+            "vm_name": lv.vm_name,
             "present": present,
             "names_self": names_self,
             "rank": rank,
             "first_seen": first_seen,
-            "ready": d.is_ready(event_id),
-            "results": d.store.results(event_id),
+            "ready": self._ready(tracked),
+            "results": self.store.results(event_id),
             "history": (record or {}).get("history", []),
             "outcome": (record or {}).get("outcome"),
-            **d.extra_event_view(event_id),
+            **self.coordinator.view(event_id),
         }
 
     def events(self) -> list[dict[str, Any]]:
-        return [v for v in (self.event(eid) for eid in list(self.d.tracked)) if v is not None]
+        return [v for v in (self.event(eid) for eid in list(self.view().tracked)) if v is not None]
 
     def health(self) -> dict[str, Any]:
-        return self.d.health.to_json(self.d.config.health.consider_warning_as_error)
+        return self.health_store.to_json(self.view().config.health.consider_warning_as_error)
 
     def drain(self, reason: str) -> dict[str, Any]:
-        created = self.d.rotation.drain(MANUAL, reason, self.d.clock.now())
-        self.d.log.warning("rotation.drained", key=MANUAL, reason=reason, new=created)
-        self.d.store.journal("rotation.drained", key=MANUAL, reason=reason)
+        created = self.rotation.drain(MANUAL, reason, self.clock.now())
+        self.log.warning("rotation.drained", key=MANUAL, reason=reason, new=created)
+        self.store.journal("rotation.drained", key=MANUAL, reason=reason)
         return {"drained": True, "already": not created, "reason": reason}
 
     def undrain(self) -> dict[str, Any]:
-        removed = self.d.rotation.undrain(MANUAL)
-        self.d.log.info("rotation.undrained", key=MANUAL, was_drained=removed)
-        self.d.store.journal("rotation.undrained", key=MANUAL)
-        remaining = self.d.rotation.drains()
-        return {"undrained": removed, "remaining_drains": remaining}
+        removed = self.rotation.undrain(MANUAL)
+        self.log.info("rotation.undrained", key=MANUAL, was_drained=removed)
+        self.store.journal("rotation.undrained", key=MANUAL)
+        return {"undrained": removed, "remaining_drains": self.rotation.drains()}
 
     def approve(self, event_id: str) -> dict[str, Any]:
-        tracked = self.d.tracked.get(event_id)
+        """Record an operator's approval (`maintd approve`); the coordinator sends it."""
+        tracked = self.view().tracked.get(event_id)
         if tracked is None:
             raise ApiError(404, f"no current event {event_id}")
         if tracked.event.status != "Scheduled":
             raise ApiError(409, f"event {event_id} is {tracked.event.status}; only Scheduled events can be approved")
-        return self.d.manual_approve(event_id)
+        self.store.record(event_id, "manual_approval", {"at": self.clock.now().isoformat(), "by": "api"},
+                          journal="approval.manual")
+        self.log.info("approval.manual", event_id=event_id)
+        return {"event_id": event_id, "manual_approval": "recorded"}
 
     def peer_ready(self, event_id: str, body: Any) -> dict[str, Any]:
         vm = body.get("vm") if isinstance(body, dict) else None
         if not isinstance(vm, str) or not vm:
             raise ApiError(400, 'body must be {"vm": "name of the peer that became ready"}')
-        return {"event_id": event_id, "asked_again": self.d.coordinator.hint(event_id, vm)}
+        return {"event_id": event_id, "asked_again": self.coordinator.hint(event_id, vm)}
 
     def report_health(self, body: Any) -> dict[str, Any]:
         try:
             report = parse_report(body)
-            self.d.health.report(report)
+            self.health_store.report(report)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
         return {"accepted": True, "SourceId": report.source_id, "Property": report.property}
 
     def peer_authorized(self, authorization: str | None) -> bool:
-        token = self.d.peer_token()
+        token = self.peer_token()
         return token is None or token_ok(authorization, token)

@@ -80,31 +80,32 @@ def cmd_run(args: argparse.Namespace) -> int:
 def run_once(daemon: Any) -> int:
     """Poll once, print what maintd sees and would do, change nothing on disk, exit."""
     from agent.errors import ImdsError
-    from agent.tracker import diff
+    from agent.runner import phase_for
 
     daemon.store.load()
-    previous = daemon.store.tracked()
     if daemon.vm_name is None:
-        daemon._resolve_identity(attempts=3)
+        daemon.resolve_identity(attempts=3)
     if daemon.vm_name is None:
         print("maintd: cannot learn this VM's name from IMDS; set identity.name", file=sys.stderr)
         return 1
     try:
-        result = daemon.imds.get_document()
+        doc, transitions = daemon.dry_poll()
     except ImdsError as exc:
         print(f"maintd: poll failed: {exc} {exc.body[:200]}", file=sys.stderr)
         return 1
-    doc = result.document
-    if doc is None:
-        print("maintd: IMDS answered 304 Not Modified to a first request", file=sys.stderr)
-        return 1
-    _, transitions = diff(previous, doc, vm_name=daemon.vm_name, boot_id=daemon.boot_id, now=daemon.clock.now())
+
+    def would(tr: Any) -> dict[str, Any]:
+        phase = phase_for(tr)
+        handlers = [h.spec.name for h in daemon.runner.selected(phase, tr.event, tr.names_self)] if phase else []
+        return {"transition": tr.kind, "event_id": tr.event.event_id, "event_type": tr.event.event_type,
+                "names_self": tr.names_self, "outcome": tr.outcome, "phase": phase, "handlers": handlers}
+
     out = {
         "vm_name": daemon.vm_name,
         "document_incarnation": doc.incarnation,
         "events": [{**e.to_json(), "names_self": e.names(daemon.vm_name)} for e in doc.events],
         "skipped": [dataclasses.asdict(s) for s in doc.skipped],
-        "would": [daemon.describe_plan(t) for t in transitions],
+        "would": [would(t) for t in transitions],
         "dry_run": daemon.config.dry_run,
     }
     print(json.dumps(out, indent=2, default=str))
