@@ -28,9 +28,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agent.emulator.faults import ANSWER_KINDS, Fault, make_fault
-from agent.emulator.model import Approval, Listener, Model, ModelClock
+from agent.emulator.model import Approval, Listener, Model, ModelClock, RecordedRequest
 from agent.emulator.scenario import Scenario, Step
-from agent.emulator.server import RecordedRequest, VmServer
+from agent.emulator.server import VmServer
 
 __all__ = ["Approval", "Emulator", "RecordedRequest", "Scenario"]
 

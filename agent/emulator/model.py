@@ -299,3 +299,19 @@ class Model:
         """Accepted StartRequests POSTs, oldest first (from `vm` only, if given)."""
         with self.lock:
             return [a for a in self._approvals if vm is None or a.vm == vm]
+
+
+@dataclass
+class RecordedRequest:
+    """A request one VM's IMDS received; `status` is None while unanswered or when it was dropped."""
+
+    vm: str
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: str
+    status: int | None
+    time: float
+    """Wall clock, seconds since the epoch."""
+    monotonic: float

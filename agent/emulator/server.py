@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import http.server
-import inspect
 import ipaddress
 import json
 import select
@@ -21,15 +20,12 @@ import struct
 import sys
 import threading
 import uuid
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from agent.emulator.faults import CAPTIVE_PAGE, DELAY_KINDS, MALFORMED, PROXY_504, Fault, error_body
-from agent.emulator.model import API_VERSIONS, NEWEST_VERSIONS, UnknownEventError
-
-if TYPE_CHECKING:
-    from agent.emulator import Emulator
+from agent.emulator.admin import Host, admin
+from agent.emulator.model import API_VERSIONS, NEWEST_VERSIONS, RecordedRequest, UnknownEventError
 
 SE_PATH = "/metadata/scheduledevents"
 INSTANCE_PATH = "/metadata/instance"
@@ -52,23 +48,6 @@ ERR_LEAF = {"error": "Bad request. Leaf nodes require format=text"}
 MAX_BODY = 64 * 1024
 HANG_POLL = 0.02
 """Seconds between checks of a hanging request (fault cleared or expired, client gone, emulator stopping)."""
-EVENT_ACTIONS = ("start", "complete", "cancel")
-
-
-@dataclass
-class RecordedRequest:
-    """A request one VM's IMDS received; `status` is None while unanswered or when it was dropped."""
-
-    vm: str
-    method: str
-    path: str
-    query: str
-    headers: dict[str, str]
-    body: str
-    status: int | None
-    time: float
-    """Wall clock, seconds since the epoch."""
-    monotonic: float
 
 
 class TokenBucket:
@@ -318,47 +297,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._json(400, {"error": str(exc)})
 
 
-def _kwargs(fn: Callable[..., Any], data: dict[str, Any]) -> dict[str, Any]:
-    allowed = [p for p in inspect.signature(fn).parameters if p != "self"]
-    unknown = sorted(set(data) - set(allowed))
-    if unknown:
-        raise ValueError(f"{unknown[0]}: unknown parameter; allowed: {', '.join(allowed)}")
-    return data
-
-
-def admin(emu: "Emulator", vm: str, method: str, route: str, data: dict[str, Any]) -> tuple[int, Any]:
-    """The admin API, as (status, JSON answer); KeyError → 404, ValueError → 400."""
-    parts = route.strip("/").split("/")
-    if parts == ["events"] and method == "POST":
-        return 201, {"EventId": emu.add_event(**_kwargs(emu.add_event, data))}
-    if parts == ["events"] and method == "GET":
-        return 200, emu.document(vm)
-    if len(parts) == 3 and parts[0] == "events" and parts[2] in EVENT_ACTIONS and method == "POST":
-        getattr(emu, f"{parts[2]}_event")(parts[1])
-        return 200, emu.document(vm)
-    if parts == ["faults"] and method == "POST":
-        emu.add_fault(**_kwargs(emu.add_fault, data))
-        return 201, {"faults": emu.fault_count()}
-    if parts == ["faults"] and method == "DELETE":
-        emu.clear_faults()
-        return 200, {"faults": 0}
-    if parts == ["requests"] and method == "GET":
-        return 200, [asdict(r) for r in emu.requests(vm)]
-    if parts == ["approvals"] and method == "GET":
-        return 200, [asdict(a) for a in emu.approvals(vm)]
-    if parts == ["reset"] and method == "POST":
-        emu.reset_incarnation()
-        return 200, emu.document(vm)
-    return 404, {"error": f"no admin route {method} /admin/{route}"}
-
-
 class VmServer(http.server.ThreadingHTTPServer):
     """The IMDS endpoint of one emulated VM (its own port, its own rate limit)."""
 
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, host: str, port: int, vm: str, index: int, emulator: "Emulator") -> None:
+    def __init__(self, host: str, port: int, vm: str, index: int, emulator: Host) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.vm, self.index, self.emulator = vm, index, emulator
         self.vm_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"maintd-emulator:{vm}"))
