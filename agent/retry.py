@@ -18,20 +18,30 @@ from agent.clock import Clock
 def retrying(clock: Clock, *, retry_if: Callable[[BaseException], bool], attempts: int | None = None,
              within: float | None = None, cancel: threading.Event | None = None, initial: float = 0.5,
              maximum: float = 5.0) -> tenacity.Retrying:
-    """A Retrying that gives up after `attempts` tries or `within` seconds of `clock`, or when `cancel` is set."""
+    """A Retrying that gives up after `attempts` tries, when `cancel` is set, or rather than start an
+    attempt after `within` seconds of `clock` (it does not sleep past the deadline to try once more)."""
     start = clock.monotonic()
     stop_event = cancel or threading.Event()
+    backoff = tenacity.wait_exponential(multiplier=initial, max=maximum) + tenacity.wait_random(0, initial)
+    planned: dict[int, float] = {}
+
+    def pause(state: Any) -> float:
+        """The wait after this attempt, drawn once (tenacity asks stop and wait in either order)."""
+        if state.attempt_number not in planned:
+            planned.clear()
+            planned[state.attempt_number] = backoff(state)
+        return planned[state.attempt_number]
 
     def stop(state: Any) -> bool:
         if stop_event.is_set():
             return True
         if attempts is not None and state.attempt_number >= attempts:
             return True
-        return within is not None and clock.monotonic() - start >= within
+        return within is not None and clock.monotonic() + pause(state) - start >= within
 
     return tenacity.Retrying(
         stop=stop,
-        wait=tenacity.wait_exponential(multiplier=initial, max=maximum) + tenacity.wait_random(0, initial),
+        wait=pause,
         retry=tenacity.retry_if_exception(retry_if),
         sleep=lambda seconds: clock.wait(stop_event, seconds) and None,
         reraise=True,

@@ -1,0 +1,46 @@
+"""Retries on the injected clock: they stop at the deadline instead of sleeping past it."""
+
+import pytest
+
+from agent.retry import retrying
+
+
+class Flaky(Exception):
+    pass
+
+
+def always_failing(clock, log):
+    def call():
+        log.append(clock.monotonic())
+        raise Flaky()
+    return call
+
+
+def test_no_attempt_starts_after_the_deadline(clock):
+    tries: list[float] = []
+    r = retrying(clock, retry_if=lambda e: isinstance(e, Flaky), within=10.0, initial=1.0, maximum=4.0)
+    start = clock.monotonic()
+    with pytest.raises(Flaky):
+        r(always_failing(clock, tries))
+    assert len(tries) >= 3
+    assert all(t - start < 10.0 for t in tries)
+    assert clock.monotonic() - start < 10.0, "gave up without sleeping past the deadline"
+
+
+def test_attempts_bound_the_tries(clock):
+    tries: list[float] = []
+    with pytest.raises(Flaky):
+        retrying(clock, retry_if=lambda e: isinstance(e, Flaky), attempts=3)(always_failing(clock, tries))
+    assert len(tries) == 3
+
+
+def test_a_success_after_failures_is_returned(clock):
+    answers = iter([Flaky(), Flaky(), "ok"])
+
+    def call():
+        a = next(answers)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    assert retrying(clock, retry_if=lambda e: isinstance(e, Flaky), within=60.0)(call) == "ok"
