@@ -47,6 +47,19 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def wakeups(pid: int) -> int:
+    """Voluntary context switches of every thread of `pid` so far: each is one sleep that ended."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except FileNotFoundError:  # the thread ended while we read
+            pass
+    return total
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on, with the load at the end (the machine is shared)."""
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
