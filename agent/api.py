@@ -96,26 +96,26 @@ class LocalApi:
     def health(self) -> dict[str, Any]:
         return self.d.health.to_json(self.d.config.health.consider_warning_as_error)
 
-    def drain(self, reason: str) -> dict[str, Any]:
+    def drain(self, reason: str, by: str) -> dict[str, Any]:
         created = self.d.rotation.drain(MANUAL, reason, self.d.clock.now())
-        self.d.log.warning("rotation.drained", key=MANUAL, reason=reason, new=created)
-        self.d.store.journal("rotation.drained", key=MANUAL, reason=reason)
+        self.d.log.warning("rotation.drained", key=MANUAL, reason=reason, new=created, by=by)
+        self.d.store.journal("rotation.drained", key=MANUAL, reason=reason, by=by)
         return {"drained": True, "already": not created, "reason": reason}
 
-    def undrain(self) -> dict[str, Any]:
+    def undrain(self, by: str) -> dict[str, Any]:
         removed = self.d.rotation.undrain(MANUAL)
-        self.d.log.info("rotation.undrained", key=MANUAL, was_drained=removed)
-        self.d.store.journal("rotation.undrained", key=MANUAL)
+        self.d.log.info("rotation.undrained", key=MANUAL, was_drained=removed, by=by)
+        self.d.store.journal("rotation.undrained", key=MANUAL, by=by)
         remaining = self.d.rotation.drains()
         return {"undrained": removed, "remaining_drains": remaining}
 
-    def approve(self, event_id: str) -> dict[str, Any]:
+    def approve(self, event_id: str, by: str) -> dict[str, Any]:
         tracked = self.d.tracked.get(event_id)
         if tracked is None:
             raise ApiError(404, f"no current event {event_id}")
         if tracked.event.status != "Scheduled":
             raise ApiError(409, f"event {event_id} is {tracked.event.status}; only Scheduled events can be approved")
-        return self.d.manual_approve(event_id)
+        return self.d.manual_approve(event_id, by)
 
     def peer_ready(self, event_id: str, body: Any) -> dict[str, Any]:
         vm = body.get("vm") if isinstance(body, dict) else None

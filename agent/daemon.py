@@ -475,11 +475,11 @@ class Daemon:
         """Coordination fields for /v1/events/{id}."""
         return self.coordinator.view(event_id)
 
-    def manual_approve(self, event_id: str) -> dict[str, Any]:
-        """Record an operator's approval (`maintd approve`); the coordinator sends it."""
-        self.store.record(event_id, "manual_approval", {"at": self.clock.now().isoformat(), "by": "api"},
+    def manual_approve(self, event_id: str, by: str = "api") -> dict[str, Any]:
+        """Record an operator's approval (`maintd approve`); the coordinator sends it. `by`: the caller (server)."""
+        self.store.record(event_id, "manual_approval", {"at": self.clock.now().isoformat(), "by": by},
                           journal="approval.manual")
-        self.log.info("approval.manual", event_id=event_id)
+        self.log.info("approval.manual", event_id=event_id, by=by)
         return {"event_id": event_id, "manual_approval": "recorded"}
 
     def peer_token(self) -> str | None:
@@ -500,9 +500,12 @@ class Daemon:
         from agent.api import LocalApi
 
         c = self.config.server
-        self.server = ApiServer(None if sock is not None else c.listen, LocalApi(self), self.metrics,
+        self.server = ApiServer(c.listen, LocalApi(self), self.metrics,  # server: listen always (logs an override)
                                 probe_path=self.config.probe.path, token_reader=self.server_token,
-                                max_body_bytes=c.max_body_bytes, read_timeout=c.read_timeout, sock=sock)
+                                max_body_bytes=c.max_body_bytes, read_timeout=c.read_timeout, sock=sock,
+                                per_client=c.max_connections_per_client, max_connections=c.max_connections,
+                                require_token_on_loopback=c.require_token_on_loopback,
+                                unix_socket=c.unix_socket, unix_socket_group=c.unix_socket_group)
         self.server.serve_in_background()
         self.log.info("server.listening", url=self.server.url, socket_activated=sock is not None)
         probe = self.config.probe
