@@ -81,6 +81,8 @@ def head_end(buf: bytes | bytearray) -> int:
 def parse_head(head: bytes, max_body: int) -> Request:
     """The request in `head` (ending with the blank line); raises HttpError for anything malformed."""
     lines = head[:-4].split(b"\r\n")
+    if len(lines[0]) > MAX_LINE:
+        raise HttpError(414, f"request line longer than {MAX_LINE} bytes", close=True)
     if len(lines) - 1 > MAX_HEADERS:
         raise HttpError(431, f"more than {MAX_HEADERS} header lines", close=True)
     parts = lines[0].split(b" ")
