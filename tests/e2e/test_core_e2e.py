@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from agent.state import JOURNAL_FILE
 from tests.e2e.harness import CLEAN_ENV, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -109,6 +110,8 @@ def test_the_cli_talks_to_the_running_daemon(start_emulator, start_agent):
     drained = maintd("drain", "--reason", "kernel update")
     assert drained.returncode == 0 and "kernel update" in drained.stdout
     assert agent.get("/probe").status_code == 503
+    journal = [json.loads(line) for line in (agent.workdir / "state" / JOURNAL_FILE).read_text().splitlines()]
+    assert [e["by"] for e in journal if e["kind"] == "rotation.drained"] == ["127.0.0.1"]  # who drained
     assert maintd("undrain").returncode == 0
     assert agent.get("/probe").status_code == 200
     eid = emu.add_event(event_type="Freeze", resources=["vm-1"], notice=600, duration_seconds=5)
