@@ -21,6 +21,7 @@ import itertools
 import os
 import selectors
 import socket
+import stat
 import struct
 import threading
 import time
@@ -385,8 +386,12 @@ def listen_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
 
 
 def listen_unix(path: str, gid: int | None, backlog: int = 64) -> socket.socket:
-    """A listening unix socket at `path`, mode 0660 (owner root, group `gid`), replacing a stale one."""
+    """A listening unix socket at `path`, mode 0660 (owner root, group `gid`), replacing a stale socket
+    (never another kind of file: a path pointed at /etc/passwd is refused, not unlinked)."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise FileExistsError(f"{path} exists and is not a socket")
         os.unlink(path)
     except FileNotFoundError:
         pass

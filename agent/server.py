@@ -16,6 +16,7 @@ The probe, /healthz and /metrics answer everyone. Errors are JSON: {"error": ...
 
 from __future__ import annotations
 
+import functools
 import grp
 import hmac
 import os
@@ -24,7 +25,7 @@ import re
 import resource
 import socket
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 from urllib.parse import unquote, urlsplit
 
 from agent import jsonsafe, logs
@@ -112,8 +113,7 @@ class Access:
     unix_socket_group: str | None = None
 
 
-@dataclass(frozen=True)
-class Caller:
+class Caller(NamedTuple):
     """One request's caller as the rules see it."""
 
     operator_read: bool
@@ -144,11 +144,15 @@ class Route:
 
 @dataclass
 class Call:
-    """A request being answered: the request, its caller, and path parameters."""
+    """A request being answered: the request, path parameter, and (looked up when a handler asks) its caller."""
 
     request: Request
-    caller: Caller
+    access: Access
     arg: str = ""
+
+    @functools.cached_property
+    def caller(self) -> Caller:
+        return identify(self.request, self.access)
 
 
 class Router:
@@ -206,8 +210,7 @@ class Router:
             if method not in found.methods:
                 raise HttpError(405, f"{method} is not allowed here; use {', '.join(found.methods)}",
                                 {"Allow": ", ".join(found.methods)})
-            status, body = found.handler(Call(request, identify(request, self.access) if not found.cheap else
-                                              Caller(False, False, request.client), arg))
+            status, body = found.handler(Call(request, self.access, arg))
         except HttpError as exc:
             return self._error(name, exc, head_only, request.keep_alive), exc.close or not request.keep_alive
         except Exception as exc:  # a bug must cost one request, not the server
