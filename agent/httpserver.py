@@ -28,11 +28,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 import errno
 import ipaddress
-from typing import Protocol
+from typing import Callable, Protocol
 
 from agent import logs
 from agent.httpwire import HttpError, Request, head_end, parse_head
 
+DROP_LOG_EVERY = 60.0
+"""Seconds between two `http.connection_dropped` log lines of one reason (the metric counts each)."""
 LINGER = 1.0
 """Seconds a closing connection keeps reading (and dropping) what the client still sends, so the
 kernel does not reset the connection before the client has read the answer."""
@@ -87,8 +89,10 @@ class EventLoopServer:
     """Serves `app` on `listeners` from one thread; `start()` and `close()`."""
 
     def __init__(self, listeners: list[socket.socket], app: App, *, request_timeout: float, max_body: int,
-                 per_client: int, max_connections: int, workers: int = 4) -> None:
+                 per_client: int, max_connections: int, workers: int = 4,
+                 on_drop: Callable[[str], None] = lambda reason: None) -> None:
         self.app = app
+        self.on_drop = on_drop
         self.request_timeout = request_timeout
         self.max_body = max_body
         self.per_client = per_client
@@ -111,6 +115,7 @@ class EventLoopServer:
         self._done: collections.deque[tuple[_Conn, bytes, bool]] = collections.deque()
         self._queued = 0
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="http-worker")
+        self._drops: dict[str, tuple[float, int]] = {}
         self._stop = False
         self._paused = False
         self._thread: threading.Thread | None = None
@@ -176,6 +181,7 @@ class EventLoopServer:
             if conn.deadline != deadline or conn.sock.fileno() < 0 or conn.state == _BUSY:
                 continue
             if conn.state == _READ and (conn.buf or conn.request is not None):
+                self._dropped("request_timeout", conn.client)
                 self._send(conn, self.app.refuse(HttpError(408, "the request did not arrive in time", close=True)), True)
             else:
                 self._close(conn)  # idle keep-alive, a client that does not read its answer, or done lingering
@@ -204,6 +210,7 @@ class EventLoopServer:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(sock, client, creds, time.monotonic())
             if not conn.local and self._per_client[client] >= self.per_client:
+                self._dropped("per_client", client)
                 sock.close()
                 continue
             if len(self._conns) >= self.max_connections and not self._evict():
@@ -219,8 +226,22 @@ class EventLoopServer:
         waiting = [c for c in self._conns.values() if c.state == _READ and not c.local]
         if not waiting:
             return False
-        self._close(min(waiting, key=lambda c: c.accepted))
+        oldest = min(waiting, key=lambda c: c.accepted)
+        self._dropped("evicted", oldest.client)
+        self._close(oldest)
         return True
+
+    def _dropped(self, reason: str, client: str) -> None:
+        """Count a protective close; log the first of a reason, then at most once per DROP_LOG_EVERY."""
+        self.on_drop(reason)
+        now = time.monotonic()
+        last, since = self._drops.get(reason, (float("-inf"), 0))
+        if now - last < DROP_LOG_EVERY:
+            self._drops[reason] = (last, since + 1)
+            return
+        self._drops[reason] = (now, 0)
+        self.log.warning("http.connection_dropped", reason=reason, client=client, more_since_last_line=since,
+                         open_connections=len(self._conns))
 
     def _close(self, conn: _Conn) -> None:
         if conn.sock.fileno() < 0:

@@ -342,7 +342,8 @@ class ApiServer:
         access = Access(token_reader, require_token_on_loopback, unix_socket_group)
         self.router = Router(backend, metrics, access, probe_path, max_body_bytes)
         self.loop = EventLoopServer(listeners, self.router, request_timeout=read_timeout, max_body=max_body_bytes,
-                                    per_client=per_client, max_connections=_fd_budget(max_connections))
+                                    per_client=per_client, max_connections=_fd_budget(max_connections),
+                                    on_drop=lambda reason: metrics.http_dropped.labels(reason).inc())
 
     @property
     def url(self) -> str:

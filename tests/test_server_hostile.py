@@ -101,9 +101,15 @@ def test_probe_is_answered_within_100ms_while_1000_slow_connections_trickle(serv
             s.close()
 
 
-def test_a_trickling_request_is_closed_at_the_whole_request_deadline(servers):
+def dropped(srv: ApiServer, reason: str) -> float:
+    """maintd_http_connections_dropped_total{reason} as exported."""
+    line = f'maintd_http_connections_dropped_total{{reason="{reason}"}} '
+    return float(next(x for x in srv.metrics.render().decode().splitlines() if x.startswith(line)).split()[-1])
+
+
+def test_a_trickling_request_is_closed_at_the_whole_request_deadline(servers, logs):
     """One byte every 100 ms keeps no connection past server.read_timeout (0.5 s): it gets a 408 and is closed."""
-    _, _, port = servers()
+    srv, _, port = servers()
     s = connect(port)
     start_ = time.monotonic()
     answer = b""
@@ -122,6 +128,8 @@ def test_a_trickling_request_is_closed_at_the_whole_request_deadline(servers):
     s.close()
     assert answer.startswith(b"HTTP/1.1 408") and b"Connection: close" in answer
     assert elapsed < 1.5
+    assert dropped(srv, "request_timeout") == 1
+    assert [e["reason"] for e in logs if e["event"] == "http.connection_dropped"] == ["request_timeout"]
 
 
 def test_a_client_address_holds_at_most_its_share_of_connections(servers):
@@ -130,6 +138,7 @@ def test_a_client_address_holds_at_most_its_share_of_connections(servers):
     held = [connect(port) for _ in range(4)]
     extra = connect(port)
     assert closed_by_server(extra, 1.0) == b""
+    assert dropped(srv, "per_client") == 1
     assert all(closed_by_server(s, 0.05) is None for s in held)
     local = [connect(port, "127.0.0.1") for _ in range(8)]
     assert all(closed_by_server(s, 0.05) is None for s in local)
@@ -148,6 +157,7 @@ def test_when_full_a_new_connection_replaces_the_oldest_idle_one(servers):
         lb.sendall(b"GET /probe HTTP/1.1\r\nHost: x\r\n\r\n")
         assert lb.recv(4096).startswith(b"HTTP/1.1 200")
     assert closed_by_server(idle[0], 1.0) == b""
+    assert dropped(srv, "evicted") == 1
     for s in idle:
         s.close()
 
@@ -197,6 +207,13 @@ def test_chunked_bodies_are_411_and_huge_request_lines_414(servers):
     _, _, port = servers()
     assert raw(port, b"POST /v1/drain HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n").startswith(b"HTTP/1.1 411")
     assert raw(port, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 414")
+
+
+def test_an_http_1_0_probe_without_host_is_answered_and_closed(servers):
+    """A bare `GET /probe HTTP/1.0` (some load balancers) gets its 200 and the connection is closed."""
+    _, _, port = servers()
+    answer = raw(port, b"GET /probe HTTP/1.0\r\n\r\n", "127.0.0.2")
+    assert answer.startswith(b"HTTP/1.1 200") and b"Connection: close" in answer and answer.endswith(b"OK\n")
 
 
 def test_pipelined_keep_alive_requests_are_answered_in_order(servers):
