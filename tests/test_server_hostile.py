@@ -348,3 +348,21 @@ def test_socket_activation_overriding_server_listen_is_logged(logs):
         srv.close()
     [entry] = [e for e in logs if e["event"] == "server.listen_overridden"]
     assert (entry["listen"], entry["socket"]) == ("0.0.0.0:8088", address)
+
+
+@pytest.mark.parametrize("reports", [
+    [{"SourceId": "app", "Property": "db", "HealthState": "Error", "Description": "x"}],
+    [{"SourceId": "app", "Property": "db", "HealthState": "Warning", "Description": "x"}],
+    [{"SourceId": "maintd", "Property": "maintenance/E1", "HealthState": "Error", "Description": "x"}],
+    [{"SourceId": "app", "Property": "db", "HealthState": "Ok", "IsExpired": True, "Description": "x"}],
+    [{"SourceId": "app", "Property": "db", "HealthState": "Ok"}],
+])
+def test_the_peer_health_view_gives_the_fleet_gate_the_same_verdict(reports):
+    """A peer's fleet gate reads the readiness-only /v1/health and decides as it would on the full one."""
+    from agent.gates import peer_state
+    from agent.server import peer_health_view
+
+    full = {"AggregatedHealthState": "Ok", "HealthEvents": reports}
+    for warning_as_error in (False, True):
+        assert peer_state(peer_health_view(full), "E1", warning_as_error) == peer_state(full, "E1", warning_as_error)
+    assert "Description" not in str(peer_health_view(full))
