@@ -106,8 +106,8 @@ class ServerConfig:
                                           "mutating endpoints need the server.token_file token from 127.0.0.1 and ::1 too "
                                           "(any local user can reach loopback; maintd's CLI reads the token file itself)")
     unix_socket: str | None = opt(optional(text(r"^/", "an absolute path")), None,
-                                  "also serve on this unix socket (mode 0660): callers are known by uid, root and "
-                                  "server.unix_socket_group may read and act; the CLI prefers it")
+                                  "also serve on this unix socket, such as /run/maintd/maintd.sock (mode 0660): callers are "
+                                  "known by uid, root and server.unix_socket_group may read and act; the CLI prefers it")
     unix_socket_group: str | None = opt(optional(text(r"^[a-z_][a-z0-9_-]*\$?$", "a group name")), None,
                                         "group whose members may use server.unix_socket besides root")
 
