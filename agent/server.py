@@ -140,6 +140,8 @@ class Route:
     methods: tuple[str, ...]
     handler: Callable[["Call"], tuple[int, Any]]
     cheap: bool = False
+    content_type: str = "application/json"
+    """Of a handler's bytes; anything else it returns is sent as JSON."""
 
 
 @dataclass
@@ -165,22 +167,26 @@ class Router:
         self.max_body = max_body
         self.log = logs.get("server")
         b = backend
+        get, post = ("GET",), ("POST",)
         self.exact: dict[str, Route] = {
-            probe_path: Route("probe", ("GET",), self._probe, cheap=True),
-            "/healthz": Route("healthz", ("GET",), self._healthz, cheap=True),
-            "/metrics": Route("metrics", ("GET",), lambda c: (200, b.metrics_text())),
-            "/v1/status": Route("status", ("GET",), lambda c: self._operator(c, b.status)),
-            "/v1/events": Route("events", ("GET",), lambda c: self._operator(c, b.events)),
-            "/v1/health": Route("health", ("GET",), self._health),
-            "/v1/drain": Route("drain", ("POST",), lambda c: self._mutate(c, lambda: b.drain(_reason(self._json(c)), c.caller.by))),
-            "/v1/undrain": Route("undrain", ("POST",), lambda c: self._mutate(c, lambda: b.undrain(c.caller.by))),
-            "/v1/health/reports": Route("health_reports", ("POST",), lambda c: self._mutate(c, lambda: b.report_health(self._json(c)))),
+            probe_path: Route("probe", get, self._probe, cheap=True, content_type="text/plain; charset=utf-8"),
+            "/healthz": Route("healthz", get, self._healthz, cheap=True),
+            "/metrics": Route("metrics", get, lambda c: (200, b.metrics_text()),
+                              content_type="text/plain; version=0.0.4; charset=utf-8"),
+            "/v1/status": Route("status", get, lambda c: self._operator(c, b.status)),
+            "/v1/events": Route("events", get, lambda c: self._operator(c, b.events)),
+            "/v1/health": Route("health", get, self._health),
+            "/v1/drain": Route("drain", post, lambda c: self._mutate(c, lambda: b.drain(_reason(self._json(c)),
+                                                                                       c.caller.by))),
+            "/v1/undrain": Route("undrain", post, lambda c: self._mutate(c, lambda: b.undrain(c.caller.by))),
+            "/v1/health/reports": Route("health_reports", post,
+                                        lambda c: self._mutate(c, lambda: b.report_health(self._json(c)))),
         }
         self.patterns: list[tuple[re.Pattern[str], Route]] = [
             (re.compile(r"^/v1/events/([^/]+)/approve$"),
-             Route("events_approve", ("POST",), lambda c: self._mutate(c, lambda: b.approve(c.arg, c.caller.by)))),
-            (re.compile(r"^/v1/events/([^/]+)/peer-ready$"), Route("events_peer_ready", ("POST",), self._peer_ready)),
-            (re.compile(r"^/v1/events/([^/]+)$"), Route("event", ("GET",), self._event)),
+             Route("events_approve", post, lambda c: self._mutate(c, lambda: b.approve(c.arg, c.caller.by)))),
+            (re.compile(r"^/v1/events/([^/]+)/peer-ready$"), Route("events_peer_ready", post, self._peer_ready)),
+            (re.compile(r"^/v1/events/([^/]+)$"), Route("event", get, self._event)),
         ]
 
     def route(self, path: str) -> tuple[Route | None, str]:
@@ -220,8 +226,7 @@ class Router:
         self.metrics.http_requests.labels(name, str(status)).inc()
         close = not request.keep_alive
         if isinstance(body, bytes):
-            content_type = "text/plain; version=0.0.4; charset=utf-8" if name == "metrics" else "text/plain; charset=utf-8"
-            return response(status, body, content_type, head_only=head_only, close=close), close
+            return response(status, body, found.content_type, head_only=head_only, close=close), close
         return response(status, json_body(body), "application/json", head_only=head_only, close=close), close
 
     def refuse(self, error: HttpError) -> bytes:
@@ -248,7 +253,8 @@ class Router:
             return True
         if call.request.uid is None and self.backend.peer_authorized(call.request.header("authorization")):
             return False
-        raise HttpError(401, "this endpoint needs the bearer token in coordination.token_file", {"WWW-Authenticate": "Bearer"})
+        raise HttpError(401, "this endpoint needs the bearer token in coordination.token_file",
+                        {"WWW-Authenticate": "Bearer"})
 
     def _operator(self, call: Call, fn: Callable[[], Any]) -> tuple[int, Any]:
         if not self._peer_or_operator(call):
