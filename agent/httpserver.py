@@ -149,18 +149,28 @@ class EventLoopServer:
         try:
             while not self._stop:
                 for key, mask in self._sel.select(self._timeout()):
-                    key.data(key.fileobj, mask)
+                    try:
+                        key.data(key.fileobj, mask)
+                    except Exception as exc:  # a bug costs one connection, never the server
+                        self._failed(key.fileobj, exc)
                     if self._stop:
                         break
                 self._expire(time.monotonic())
-        except Exception as exc:  # a bug in the loop must be loud; the daemon's /healthz stays honest
-            self.log.error("http.loop_failed", error=repr(exc), exc_info=True)
         finally:
             for conn in list(self._conns.values()):
                 self._close(conn)
             for sock in (*self._listeners, self._wake_r, self._wake_w):
                 sock.close()
             self._sel.close()
+
+    def _failed(self, sock: socket.socket, exc: Exception) -> None:
+        self.log.error("http.internal_error", error=repr(exc), exc_info=True)
+        conn = self._conns.get(sock.fileno())
+        if conn is not None:
+            try:
+                self._close(conn)
+            except (OSError, KeyError, ValueError):
+                pass
 
     def _timeout(self) -> float | None:
         """Seconds until the next deadline, None (block) when no connection has one."""
@@ -180,11 +190,15 @@ class EventLoopServer:
             deadline, _, conn = heapq.heappop(self._deadlines)
             if conn.deadline != deadline or conn.sock.fileno() < 0 or conn.state == _BUSY:
                 continue
-            if conn.state == _READ and (conn.buf or conn.request is not None):
-                self._dropped("request_timeout", conn.client)
-                self._send(conn, self.app.refuse(HttpError(408, "the request did not arrive in time", close=True)), True)
-            else:
-                self._close(conn)  # idle keep-alive, a client that does not read its answer, or done lingering
+            try:
+                if conn.state == _READ and (conn.buf or conn.request is not None):
+                    self._dropped("request_timeout", conn.client)
+                    self._send(conn, self.app.refuse(HttpError(408, "the request did not arrive in time", close=True)),
+                               True)
+                else:
+                    self._close(conn)  # idle keep-alive, a client that does not read its answer, or done lingering
+            except Exception as exc:
+                self._failed(conn.sock, exc)
 
     # --- connections ---------------------------------------------------------------------
 

@@ -366,3 +366,13 @@ def test_the_peer_health_view_gives_the_fleet_gate_the_same_verdict(reports):
     for warning_as_error in (False, True):
         assert peer_state(peer_health_view(full), "E1", warning_as_error) == peer_state(full, "E1", warning_as_error)
     assert "Description" not in str(peer_health_view(full))
+
+
+def test_a_bug_on_the_loop_costs_one_connection_not_the_server(servers, logs):
+    """An exception while the loop handles a connection is logged (http.internal_error); the probe keeps answering."""
+    srv, _, port = servers()
+    real = srv.router.cheap
+    srv.router.cheap = lambda request: 1 / 0 if request.target == "/boom" else real(request)
+    assert raw(port, b"GET /boom HTTP/1.1\r\n\r\n") == b""
+    assert probe_seconds(port) < 1
+    assert any(e["event"] == "http.internal_error" for e in logs)
