@@ -146,28 +146,28 @@ class LocalApi:
     def health(self) -> dict[str, Any]:
         return self.health_store.to_json(self.view().config.health.consider_warning_as_error)
 
-    def drain(self, reason: str) -> dict[str, Any]:
+    def drain(self, reason: str, by: str) -> dict[str, Any]:
         created = self.rotation.drain(MANUAL, reason, self.clock.now())
-        self.log.warning("rotation.drained", key=MANUAL, reason=reason, new=created)
-        self.store.journal("rotation.drained", key=MANUAL, reason=reason)
+        self.log.warning("rotation.drained", key=MANUAL, reason=reason, new=created, by=by)
+        self.store.journal("rotation.drained", key=MANUAL, reason=reason, by=by)
         return {"drained": True, "already": not created, "reason": reason}
 
-    def undrain(self) -> dict[str, Any]:
+    def undrain(self, by: str) -> dict[str, Any]:
         removed = self.rotation.undrain(MANUAL)
-        self.log.info("rotation.undrained", key=MANUAL, was_drained=removed)
-        self.store.journal("rotation.undrained", key=MANUAL)
+        self.log.info("rotation.undrained", key=MANUAL, was_drained=removed, by=by)
+        self.store.journal("rotation.undrained", key=MANUAL, by=by)
         return {"undrained": removed, "remaining_drains": self.rotation.drains()}
 
-    def approve(self, event_id: str) -> dict[str, Any]:
-        """Record an operator's approval (`maintd approve`); the coordinator sends it."""
+    def approve(self, event_id: str, by: str) -> dict[str, Any]:
+        """Record an operator's approval (`maintd approve`); the coordinator sends it. `by`: the caller."""
         tracked = self.view().tracked.get(event_id)
         if tracked is None:
             raise ApiError(404, f"no current event {event_id}")
         if tracked.event.status != "Scheduled":
             raise ApiError(409, f"event {event_id} is {tracked.event.status}; only Scheduled events can be approved")
-        self.store.record(event_id, "manual_approval", {"at": self.clock.now().isoformat(), "by": "api"},
+        self.store.record(event_id, "manual_approval", {"at": self.clock.now().isoformat(), "by": by},
                           journal="approval.manual")
-        self.log.info("approval.manual", event_id=event_id)
+        self.log.info("approval.manual", event_id=event_id, by=by)
         return {"event_id": event_id, "manual_approval": "recorded"}
 
     def peer_ready(self, event_id: str, body: Any) -> dict[str, Any]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import http.client
 import json
 import os
+import socket
 import sys
 from typing import Any, Sequence
 
@@ -131,41 +133,90 @@ def _summary(cfg: config_mod.Config) -> str:
 
 # --- talking to a running daemon ------------------------------------------------------------
 
-def _base_url(args: argparse.Namespace) -> str:
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """Where and how the CLI reaches the daemon."""
+
+    url: str
+    unix_socket: str | None = None
+    token: str | None = None
+
+
+def _target(args: argparse.Namespace) -> _Target:
+    """--url as given; else from the config: its unix socket when this user may use it, else loopback TCP.
+
+    The token is $MAINTD_TOKEN, else the contents of server.token_file when this user can read it
+    (root can), so `server.require_token_on_loopback` does not lock root's CLI out.
+    """
+    env_token = os.environ.get("MAINTD_TOKEN") or None
     if args.url:
-        return args.url.rstrip("/")
-    listen = "127.0.0.1:8088"
+        return _Target(args.url.rstrip("/"), token=env_token)
     try:
-        listen = config_mod.load(_config_path(args), check_perms=False).server.listen
+        server = config_mod.load(_config_path(args), check_perms=False).server
     except ConfigError:
-        pass
-    host, _, port = listen.rpartition(":")
+        server = config_mod.ServerConfig(listen="127.0.0.1:8088")
+    host, _, port = server.listen.rpartition(":")
     if host in ("0.0.0.0", "", "[::]", "::"):
         host = "127.0.0.1"
-    return f"http://{host}:{port}"
+    unix = server.unix_socket if server.unix_socket and os.access(server.unix_socket, os.W_OK) else None
+    token = env_token
+    if token is None and server.token_file and not unix:
+        try:
+            token = open(server.token_file, encoding="utf-8").read().strip() or None
+        except OSError:
+            pass
+    return _Target(f"http://{host}:{port}", unix, token)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """http.client over a unix socket (the daemon's `server.unix_socket`)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.unix_path)
+
+
+def _send(target: _Target, method: str, path: str, body: Any) -> tuple[int, str]:
+    """(status, text) of one request to the daemon; raises OSError or RequestException when it is unreachable."""
+    headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
+    if target.unix_socket:
+        conn = _UnixConnection(target.unix_socket, timeout=10)
+        try:
+            data = json.dumps(body).encode() if body is not None else None
+            if data is not None:
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
+            answer = conn.getresponse()
+            return answer.status, answer.read().decode("utf-8", "replace")
+        finally:
+            conn.close()
+    session = requests.Session()
+    session.trust_env = False
+    response = session.request(method, target.url + path, json=body, headers=headers, timeout=10)
+    return response.status_code, response.text
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
     """The daemon's JSON answer; a failure to reach it or a non-200 answer ends the command with status 1."""
-    url = _base_url(args) + path
-    headers = {}
-    token = os.environ.get("MAINTD_TOKEN")
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    session = requests.Session()
-    session.trust_env = False
+    target = _target(args)
     try:
-        response = session.request(method, url, json=body, headers=headers, timeout=10)
-    except requests.RequestException as exc:
-        raise SystemExit(f"maintd: cannot reach the daemon at {url} ({type(exc).__name__}); is it running? "
+        status, text = _send(target, method, path, body)
+    except (requests.RequestException, OSError) as exc:
+        where = target.unix_socket or target.url + path
+        raise SystemExit(f"maintd: cannot reach the daemon at {where} ({type(exc).__name__}); is it running? "
                          "(systemctl status maintd; or pass --url)") from None
     try:
-        answer = response.json()
+        answer = json.loads(text)
     except ValueError:
-        answer = response.text
-    if response.status_code != 200:
+        answer = text
+    if status != 200:
         message = answer.get("error") if isinstance(answer, dict) else answer
-        raise SystemExit(f"maintd: the daemon answered {response.status_code}: {message}")
+        raise SystemExit(f"maintd: the daemon answered {status}: {message}")
     return answer
 
 

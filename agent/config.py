@@ -95,7 +95,21 @@ class ServerConfig:
     token_file: str | None = opt(optional(text(r"^/", "an absolute path")), None,
                                  "file holding the bearer token that lets non-loopback clients call mutating endpoints")
     max_body_bytes: int = opt(integer(1024, 16 * 1024 * 1024), 64 * 1024, "largest request body accepted (413 beyond)")
-    read_timeout: float = opt(duration(0.1, 300), 5.0, "a client that sends nothing for this long is disconnected")
+    read_timeout: float = opt(duration(0.1, 300), 5.0,
+                              "a request (head and body) must arrive whole within this long, however it trickles; "
+                              "an idle keep-alive connection is closed after it")
+    max_connections_per_client: int = opt(integer(1, 65536), 32,
+                                          "open connections one client address may hold (this host is exempt); more are closed")
+    max_connections: int = opt(integer(16, 1_000_000), 4096,
+                               "open connections in all; a new one then replaces the oldest idle one from another address")
+    require_token_on_loopback: bool = opt(boolean, False,
+                                          "mutating endpoints need the server.token_file token from 127.0.0.1 and ::1 too "
+                                          "(any local user can reach loopback; maintd's CLI reads the token file itself)")
+    unix_socket: str | None = opt(optional(text(r"^/", "an absolute path")), None,
+                                  "also serve on this unix socket, such as /run/maintd/maintd.sock (mode 0660): callers are "
+                                  "known by uid, root and server.unix_socket_group may read and act; the CLI prefers it")
+    unix_socket_group: str | None = opt(optional(text(r"^[a-z_][a-z0-9_-]*\$?$", "a group name")), None,
+                                        "group whose members may use server.unix_socket besides root")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,6 +85,11 @@ class Metrics:
                                             "Health rule samples that failed", registry=r)
         self.http_requests = Counter("maintd_http_requests_total", "Requests to maintd's HTTP server",
                                      ["route", "code"], registry=r)
+        self.http_dropped = Counter("maintd_http_connections_dropped_total",
+                                    "Connections the HTTP server closed to stay available (per_client: over "
+                                    "server.max_connections_per_client; evicted: room made when full; "
+                                    "request_timeout: no whole request within server.read_timeout)",
+                                    ["reason"], registry=r)
         self._initialise()
 
     def _initialise(self) -> None:
@@ -98,6 +103,8 @@ class Metrics:
             self.leader.labels(event_type).set(0)
         for outcome in ("ok", "failed"):
             self.config_reloads.labels(outcome)
+        for reason in ("per_client", "evicted", "request_timeout"):
+            self.http_dropped.labels(reason)
         self.in_rotation.set(1)
 
     def init_handler(self, name: str, phases: tuple[str, ...]) -> None:

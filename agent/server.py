@@ -1,45 +1,53 @@
-"""maintd's one threaded HTTP server: the LB probe, /healthz, /metrics and the /v1 JSON API.
+"""maintd's HTTP server: the LB probe, /healthz, /metrics and the /v1 JSON API, and who may see and do what.
 
-Never blocks the poll loop (own threads). Bounded: request body (`server.max_body_bytes`, 413
-beyond), headers (the stdlib's 64 KiB line and 100-header limits, 431 beyond), read timeout (a slow
-client is disconnected after `server.read_timeout`), and at most `MAX_CONNECTIONS` connections at
-once (more are closed at once). Mutating endpoints answer only loopback clients or a request with
-the bearer token from `server.token_file`. Errors are JSON: {"error": ..., "status": ...}.
+The event loop (`agent.httpserver`) holds the connections; this module routes a request and
+decides who the caller is:
+
+- **operator**: this host over TCP (exactly 127.0.0.1 or ::1), a permitted uid on the unix socket
+  (`server.unix_socket`: root and members of `server.unix_socket_group`), or a bearer token from
+  `server.token_file`. Reads everything. Mutates, except that `server.require_token_on_loopback`
+  makes TCP loopback callers show the token too (any local user can reach 127.0.0.1).
+- **peer**: anyone else who passes `coordination.token_file` (or anyone, when it is not set). Gets
+  readiness only: an event's id, status, rank and `ready`, and health states without descriptions
+  — what the coordinator and the fleet gate read — never hook output.
+
+The probe, /healthz and /metrics answer everyone. Errors are JSON: {"error": ..., "status": ...}.
 """
 
 from __future__ import annotations
 
+import functools
+import grp
 import hmac
-import http.server
-import ipaddress
-import json
+import os
+import pwd
 import re
+import resource
 import socket
-import socketserver
-import threading
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Protocol
 from urllib.parse import unquote, urlsplit
 
-from agent import logs
+from agent import jsonsafe, logs
+from agent.httpserver import EventLoopServer, is_loopback, listen_tcp, listen_unix
+from agent.httpwire import HttpError, Request, error_body, json_body, response
 from agent.metrics import Metrics
 
-MAX_CONNECTIONS = 128
-_EVENT_ROUTE = re.compile(r"^/v1/events/([^/]+)$")
-_APPROVE_ROUTE = re.compile(r"^/v1/events/([^/]+)/approve$")
-_READY_ROUTE = re.compile(r"^/v1/events/([^/]+)/peer-ready$")
+__all__ = ["ApiError", "ApiServer", "Backend", "is_loopback", "parse_listen", "token_ok"]
 
+ApiError = HttpError
+"""An error answer: HTTP status and message (the backend raises it too)."""
 
-class ApiError(Exception):
-    """An error answer: HTTP status and message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+PEER_EVENT_FIELDS = ("EventId", "EventType", "EventStatus", "NotBefore", "vm_name", "present", "names_self", "rank",
+                     "ready")
+"""What a peer sees of an event: enough to rank and wait, nothing an operator wrote or a hook printed."""
+PEER_HEALTH_FIELDS = ("SourceId", "Property", "HealthState", "IsExpired")
+_FD_RESERVE = 64
+"""File descriptors kept for everything but connections (state files, hooks, IMDS, peers)."""
 
 
 class Backend(Protocol):
-    """What the server reads and asks of the daemon."""
+    """What the server reads and asks of the daemon; `by` says who asked, for the audit journal."""
 
     def probe(self) -> tuple[bool, str]: ...
     def alive(self) -> tuple[bool, str]: ...
@@ -48,30 +56,12 @@ class Backend(Protocol):
     def events(self) -> list[dict[str, Any]]: ...
     def event(self, event_id: str) -> dict[str, Any] | None: ...
     def health(self) -> dict[str, Any]: ...
-    def drain(self, reason: str) -> dict[str, Any]: ...
-    def undrain(self) -> dict[str, Any]: ...
-    def approve(self, event_id: str) -> dict[str, Any]: ...
+    def drain(self, reason: str, by: str) -> dict[str, Any]: ...
+    def undrain(self, by: str) -> dict[str, Any]: ...
+    def approve(self, event_id: str, by: str) -> dict[str, Any]: ...
     def peer_ready(self, event_id: str, body: Any) -> dict[str, Any]: ...
     def report_health(self, body: Any) -> dict[str, Any]: ...
     def peer_authorized(self, authorization: str | None) -> bool: ...
-
-
-_LOCAL = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a client is this host itself: exactly 127.0.0.1 or ::1 (also IPv4-mapped).
-
-    Other 127.0.0.0/8 sources are not trusted: they are how container port forwarders and
-    network namespaces reach the host, i.e. someone else.
-    """
-    try:
-        addr = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
-        addr = addr.ipv4_mapped
-    return addr in _LOCAL
 
 
 def token_ok(authorization: str | None, token: str | None) -> bool:
@@ -88,255 +78,278 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: "ApiServer"
-    protocol_version = "HTTP/1.1"
-    server_version = "maintd"
-    sys_version = ""
+def peer_event_view(view: dict[str, Any]) -> dict[str, Any]:
+    """The readiness-only view of an event that a peer gets."""
+    return {k: view[k] for k in PEER_EVENT_FIELDS if k in view}
 
-    def setup(self) -> None:
-        self.timeout = self.server.read_timeout
-        super().setup()
-        if self.connection.family in (socket.AF_INET, socket.AF_INET6):
-            # headers and body leave in separate writes: without this, delayed ACKs add 40 ms per answer
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        """Quiet: requests are counted in metrics, errors logged by the server."""
+def peer_health_view(health: dict[str, Any]) -> dict[str, Any]:
+    """Health as a peer's fleet gate needs it: states per (SourceId, Property), no descriptions."""
+    reports = health.get("HealthEvents")
+    return {"AggregatedHealthState": health.get("AggregatedHealthState"),
+            "HealthEvents": [{k: r.get(k) for k in PEER_HEALTH_FIELDS} for r in reports if isinstance(r, dict)]
+            if isinstance(reports, list) else []}
 
-    def _send(self, status: int, body: bytes, content_type: str, route: str, extra: dict[str, str] | None = None) -> None:
-        self.server.metrics.http_requests.labels(route, str(status)).inc()  # counted before the client can look
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        for k, v in (extra or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
 
-    def _json(self, status: int, obj: Any, route: str, extra: dict[str, str] | None = None) -> None:
-        self._send(status, (json.dumps(obj, default=str, indent=None) + "\n").encode(), "application/json", route, extra)
-
-    def _error(self, status: int, message: str, route: str, extra: dict[str, str] | None = None) -> None:
-        unread_body = not self._body_read and (self.headers.get("Content-Length") or "0").strip() not in ("", "0")
-        if unread_body and status not in (411, 413) and self._discard_body():
-            unread_body = False
-        if unread_body or status in (400, 408, 411, 413, 500):
-            self.close_connection = True  # an unread body would be taken for the next request
-            extra = {**(extra or {}), "Connection": "close"}  # so the client does not reuse the connection
-        self._json(status, {"error": message, "status": status}, route, extra)
-
-    def _discard_body(self) -> bool:
-        """Read and drop a refused request's body (closing on unread data would reset the connection
-        before the client reads the answer); False when it is too large or malformed to read."""
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            return False
-        if not 0 <= length <= self.server.max_body_bytes:
-            return False
-        try:
-            self.rfile.read(length)
-        except OSError:
-            return False
-        self._body_read = True
+def uid_in_group(uid: int, gid: int, group: str | None) -> bool:
+    """Whether a unix-socket caller may act: root, or a member of `group` (primary or supplementary)."""
+    if uid == 0:
         return True
+    if not group:
+        return False
+    try:
+        entry = grp.getgrnam(group)
+        return gid == entry.gr_gid or pwd.getpwuid(uid).pw_name in entry.gr_mem
+    except KeyError:
+        return False
 
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """The stdlib's own errors (bad request line, headers too large) as JSON too."""
-        self.close_connection = True
-        if self.request_version == "HTTP/0.9":
-            self.request_version = "HTTP/1.0"  # an unparsable request line still gets a status line and headers
-        try:
-            self._json(code, {"error": message or http.HTTPStatus(code).phrase, "status": code}, "invalid",
-                       {"Connection": "close"})
-        except OSError:
-            pass
 
-    def _body(self, route: str) -> Any:
-        self._body_read = True
-        length_text = self.headers.get("Content-Length")
-        if self.headers.get("Transfer-Encoding"):
-            raise ApiError(411, "send the body with a Content-Length, not chunked")
-        if not length_text:
-            return None
+@dataclass(frozen=True)
+class Access:
+    """Who may do what (from `server.*`)."""
+
+    token_reader: Callable[[], str | None] = lambda: None
+    require_token_on_loopback: bool = False
+    unix_socket_group: str | None = None
+
+
+class Caller(NamedTuple):
+    """One request's caller as the rules see it."""
+
+    operator_read: bool
+    may_mutate: bool
+    by: str
+
+
+def identify(request: Request, access: Access) -> Caller:
+    """Who is calling: what they may read and change, and how the audit journal names them."""
+    if request.uid is not None:
+        allowed = uid_in_group(request.uid, request.gid or -1, access.unix_socket_group)
+        return Caller(allowed, allowed, f"uid {request.uid} (unix socket)")
+    token = token_ok(request.header("authorization"), access.token_reader())
+    loopback = is_loopback(request.client)
+    by = f"{request.client} (token)" if token else request.client
+    return Caller(loopback or token, token or (loopback and not access.require_token_on_loopback), by)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One endpoint: a bounded name for metrics, its methods, and its handler."""
+
+    name: str
+    methods: tuple[str, ...]
+    handler: Callable[["Call"], tuple[int, Any]]
+    cheap: bool = False
+    content_type: str = "application/json"
+    """Of a handler's bytes; anything else it returns is sent as JSON."""
+
+
+@dataclass
+class Call:
+    """A request being answered: the request, path parameter, and (looked up when a handler asks) its caller."""
+
+    request: Request
+    access: Access
+    arg: str = ""
+
+    @functools.cached_property
+    def caller(self) -> Caller:
+        return identify(self.request, self.access)
+
+
+class Router:
+    """The route table, built once; `answer()` turns a request into bytes and never raises."""
+
+    def __init__(self, backend: Backend, metrics: Metrics, access: Access, probe_path: str, max_body: int) -> None:
+        self.backend = backend
+        self.metrics = metrics
+        self.access = access
+        self.max_body = max_body
+        self.log = logs.get("server")
+        b = backend
+        get, post = ("GET",), ("POST",)
+        self.exact: dict[str, Route] = {
+            probe_path: Route("probe", get, self._probe, cheap=True, content_type="text/plain; charset=utf-8"),
+            "/healthz": Route("healthz", get, self._healthz, cheap=True),
+            "/metrics": Route("metrics", get, lambda c: (200, b.metrics_text()),
+                              content_type="text/plain; version=0.0.4; charset=utf-8"),
+            "/v1/status": Route("status", get, lambda c: self._operator(c, b.status)),
+            "/v1/events": Route("events", get, lambda c: self._operator(c, b.events)),
+            "/v1/health": Route("health", get, self._health),
+            "/v1/drain": Route("drain", post, lambda c: self._mutate(c, lambda: b.drain(_reason(self._json(c)),
+                                                                                       c.caller.by))),
+            "/v1/undrain": Route("undrain", post, lambda c: self._mutate(c, lambda: b.undrain(c.caller.by))),
+            "/v1/health/reports": Route("health_reports", post,
+                                        lambda c: self._mutate(c, lambda: b.report_health(self._json(c)))),
+        }
+        self.patterns: list[tuple[re.Pattern[str], Route]] = [
+            (re.compile(r"^/v1/events/([^/]+)/approve$"),
+             Route("events_approve", post, lambda c: self._mutate(c, lambda: b.approve(c.arg, c.caller.by)))),
+            (re.compile(r"^/v1/events/([^/]+)/peer-ready$"), Route("events_peer_ready", post, self._peer_ready)),
+            (re.compile(r"^/v1/events/([^/]+)$"), Route("event", get, self._event)),
+        ]
+
+    def route(self, path: str) -> tuple[Route | None, str]:
+        """The route of `path` and its parameter (None when there is no such endpoint)."""
+        found = self.exact.get(path)
+        if found is not None:
+            return found, ""
+        for pattern, candidate in self.patterns:
+            match = pattern.match(path)
+            if match:
+                return candidate, unquote(match.group(1))
+        return None, ""
+
+    def cheap(self, request: Request) -> bool:
+        found, _ = self.route(urlsplit(request.target).path)
+        return found is not None and found.cheap
+
+    def answer(self, request: Request) -> tuple[bytes, bool]:
+        head_only = request.method == "HEAD"
+        method = "GET" if head_only else request.method
+        path = urlsplit(request.target).path
+        found, arg = self.route(path)
+        name = found.name if found else "unknown"
         try:
-            length = int(length_text)
-        except ValueError:
-            raise ApiError(400, "Content-Length is not a number") from None
-        if length < 0:
-            raise ApiError(400, "Content-Length is negative")
-        if length > self.server.max_body_bytes:
-            self._body_read = False
-            raise ApiError(413, f"body of {length} bytes exceeds the limit of {self.server.max_body_bytes}")
-        raw = self.rfile.read(length)
-        if len(raw) < length:
-            raise ApiError(400, "body shorter than Content-Length")
+            if found is None:
+                raise HttpError(404, f"no such endpoint: {path}")
+            if method not in found.methods:
+                raise HttpError(405, f"{method} is not allowed here; use {', '.join(found.methods)}",
+                                {"Allow": ", ".join(found.methods)})
+            status, body = found.handler(Call(request, self.access, arg))
+        except HttpError as exc:
+            return self._error(name, exc, head_only, request.keep_alive), exc.close or not request.keep_alive
+        except Exception as exc:  # a bug must cost one request, not the server
+            self.log.error("http.internal_error", path=path, error=repr(exc), exc_info=True)
+            error = HttpError(500, "internal error; see maintd's log (http.internal_error)")
+            return self._error(name, error, head_only, request.keep_alive), not request.keep_alive
+        self.metrics.http_requests.labels(name, str(status)).inc()
+        close = not request.keep_alive
+        if isinstance(body, bytes):
+            return response(status, body, found.content_type, head_only=head_only, close=close), close
+        return response(status, json_body(body), "application/json", head_only=head_only, close=close), close
+
+    def refuse(self, error: HttpError) -> bytes:
+        return self._error("invalid", error, False, False)
+
+    def _error(self, route: str, error: HttpError, head_only: bool, keep_alive: bool) -> bytes:
+        self.metrics.http_requests.labels(route, str(error.status)).inc()
+        return response(error.status, error_body(error.status, error.message), "application/json", head_only=head_only,
+                        close=error.close or not keep_alive, headers=error.headers)
+
+    # --- handlers ------------------------------------------------------------------------
+
+    def _probe(self, _: Call) -> tuple[int, Any]:
+        ok, reason = self.backend.probe()
+        return (200 if ok else 503), (reason + "\n").encode()
+
+    def _healthz(self, _: Call) -> tuple[int, Any]:
+        ok, detail = self.backend.alive()
+        return (200 if ok else 503), {"status": "ok" if ok else "stuck", "detail": detail}
+
+    def _peer_or_operator(self, call: Call) -> bool:
+        """True for an operator, False for an authorized peer; 401 for anyone else."""
+        if call.caller.operator_read:
+            return True
+        if call.request.uid is None and self.backend.peer_authorized(call.request.header("authorization")):
+            return False
+        raise HttpError(401, "this endpoint needs the bearer token in coordination.token_file",
+                        {"WWW-Authenticate": "Bearer"})
+
+    def _operator(self, call: Call, fn: Callable[[], Any]) -> tuple[int, Any]:
+        if not self._peer_or_operator(call):
+            raise HttpError(403, "operator data: ask from this host or with the bearer token in server.token_file")
+        return 200, fn()
+
+    def _event(self, call: Call) -> tuple[int, Any]:
+        operator = self._peer_or_operator(call)
+        view = self.backend.event(call.arg)
+        if view is None:
+            raise HttpError(404, f"no event {call.arg} is known here")
+        return 200, view if operator else peer_event_view(view)
+
+    def _health(self, call: Call) -> tuple[int, Any]:
+        operator = self._peer_or_operator(call)
+        health = self.backend.health()
+        return 200, health if operator else peer_health_view(health)
+
+    def _peer_ready(self, call: Call) -> tuple[int, Any]:
+        """A peer's hint that it became ready: peer auth suffices, since the leader only re-asks it."""
+        self._peer_or_operator(call)
+        return 202, self.backend.peer_ready(call.arg, self._json(call))
+
+    def _mutate(self, call: Call, fn: Callable[[], Any]) -> tuple[int, Any]:
+        caller = call.caller
+        if not caller.may_mutate:
+            if call.request.uid is not None:
+                raise HttpError(403, f"uid {call.request.uid} is neither root nor in server.unix_socket_group")
+            if call.request.header("authorization"):
+                raise HttpError(403, "the bearer token is not the one in server.token_file")
+            where = "clients with" if self.access.require_token_on_loopback else "loopback clients or"
+            raise HttpError(401, f"mutating endpoints answer only {where} a bearer token (server.token_file)",
+                            {"WWW-Authenticate": "Bearer"})
+        return 200, fn()
+
+    def _json(self, call: Call) -> Any:
+        raw = call.request.body
         if not raw.strip():
             return None
         try:
-            return json.loads(raw)
-        except ValueError:
-            raise ApiError(400, "body is not valid JSON") from None
-
-    def _authorize_mutation(self) -> None:
-        if is_loopback(self.client_address[0]):
-            return
-        if token_ok(self.headers.get("Authorization"), self.server.token_reader()):
-            return
-        if self.headers.get("Authorization"):
-            raise ApiError(403, "the bearer token is not the one in server.token_file")
-        raise ApiError(401, "mutating endpoints answer only loopback clients or a bearer token (server.token_file)")
-
-    def _authorize_read(self) -> None:
-        if is_loopback(self.client_address[0]) or self.server.backend.peer_authorized(self.headers.get("Authorization")):
-            return
-        raise ApiError(401, "this endpoint needs the bearer token in coordination.token_file")
-
-    def do_HEAD(self) -> None:
-        self.do_GET()
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._dispatch("PATCH")
-
-    def _dispatch(self, method: str) -> None:
-        self._body_read = False
-        path = urlsplit(self.path).path
-        route = "unknown"
-        try:
-            route, handler, allowed = self._route(path)
-            if method == "HEAD":
-                method = "GET"
-            if method not in allowed:
-                raise ApiError(405, f"{method} is not allowed here; use {', '.join(allowed)}")
-            handler(method)
-        except ApiError as exc:
-            extra = {"Allow": ", ".join(self._route(path)[2])} if exc.status == 405 else None
-            if exc.status == 401:
-                extra = {"WWW-Authenticate": "Bearer"}
-            self._error(exc.status, exc.message, route, extra)
-        except (BrokenPipeError, ConnectionResetError, socket.timeout):
-            self.close_connection = True
-        except Exception as exc:  # a bug must cost one request, not the server
-            self.server.log.error("http.internal_error", path=path, error=repr(exc), exc_info=True)
-            self._error(500, "internal error; see maintd's log (http.internal_error)", route)
-
-    def _route(self, path: str) -> tuple[str, Callable[[str], None], tuple[str, ...]]:
-        b = self.server.backend
-        if path == self.server.probe_path:
-            return "probe", self._probe, ("GET",)
-        simple: dict[str, tuple[Callable[[str], None], tuple[str, ...]]] = {
-            "/healthz": (self._healthz, ("GET",)),
-            "/metrics": (self._metrics, ("GET",)),
-            "/v1/status": (lambda m: self._read(b.status), ("GET",)),
-            "/v1/events": (lambda m: self._read(b.events), ("GET",)),
-            "/v1/health": (lambda m: self._read(b.health), ("GET",)),
-            "/v1/drain": (lambda m: self._mutate(lambda body: b.drain(_reason(body))), ("POST",)),
-            "/v1/undrain": (lambda m: self._mutate(lambda body: b.undrain()), ("POST",)),
-            "/v1/health/reports": (lambda m: self._mutate(b.report_health), ("POST",)),
-        }
-        if path in simple:
-            handler, allowed = simple[path]
-            return path.removeprefix("/v1/").replace("/", "_") if path.startswith("/v1/") else path.strip("/"), \
-                handler, allowed
-        match = _APPROVE_ROUTE.match(path)
-        if match:
-            event_id = unquote(match.group(1))
-            return "events_approve", lambda m: self._mutate(lambda body: b.approve(event_id)), ("POST",)
-        match = _READY_ROUTE.match(path)
-        if match:
-            event_id = unquote(match.group(1))
-            return "events_peer_ready", lambda m: self._peer_ready(event_id), ("POST",)
-        match = _EVENT_ROUTE.match(path)
-        if match:
-            event_id = unquote(match.group(1))
-            return "event", lambda m: self._event(event_id), ("GET",)
-        raise ApiError(404, f"no such endpoint: {path}")
-
-    def _probe(self, _: str) -> None:
-        ok, reason = self.server.backend.probe()
-        self._send(200 if ok else 503, (reason + "\n").encode(), "text/plain; charset=utf-8", "probe")
-
-    def _healthz(self, _: str) -> None:
-        ok, detail = self.server.backend.alive()
-        self._json(200 if ok else 503, {"status": "ok" if ok else "stuck", "detail": detail}, "healthz")
-
-    def _metrics(self, _: str) -> None:
-        self._send(200, self.server.backend.metrics_text(), "text/plain; version=0.0.4; charset=utf-8", "metrics")
-
-    def _read(self, fn: Callable[[], Any]) -> None:
-        self._authorize_read()
-        self._json(200, fn(), "v1")
-
-    def _event(self, event_id: str) -> None:
-        self._authorize_read()
-        view = self.server.backend.event(event_id)
-        if view is None:
-            raise ApiError(404, f"no event {event_id} is known here")
-        self._json(200, view, "event")
-
-    def _peer_ready(self, event_id: str) -> None:
-        """A peer's hint that it became ready: peer auth suffices, since the leader only re-asks it."""
-        self._authorize_read()
-        self._json(202, self.server.backend.peer_ready(event_id, self._body("v1")), "v1")
-
-    def _mutate(self, fn: Callable[[Any], dict[str, Any]]) -> None:
-        self._authorize_mutation()
-        body = self._body("v1")
-        self._json(200, fn(body), "v1")
+            return jsonsafe.loads(raw, max_bytes=self.max_body)
+        except ValueError as exc:
+            raise HttpError(400, f"body is not valid JSON ({exc})") from None
 
 
 def _reason(body: Any) -> str:
     if body is None:
         return "manual drain"
     if not isinstance(body, dict) or not isinstance(body.get("reason", ""), str):
-        raise ApiError(400, 'body must be {"reason": "text"}')
+        raise HttpError(400, 'body must be {"reason": "text"}')
     return body.get("reason") or "manual drain"
 
 
-class ApiServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    """The threaded server; `serve_in_background()` starts it, `close()` stops it."""
+def _fd_budget(wanted: int) -> int:
+    """Connections this process can hold: raise the soft RLIMIT_NOFILE towards the hard one if needed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + _FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < need:
+        soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        except (ValueError, OSError):
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return max(16, min(wanted, soft - _FD_RESERVE)) if soft != resource.RLIM_INFINITY else wanted
 
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
+
+class ApiServer:
+    """The HTTP server on `listen` (or a socket-activated `sock`) and optionally a unix socket."""
 
     def __init__(self, listen: str | None, backend: Backend, metrics: Metrics, *, probe_path: str = "/probe",
                  token_reader: Callable[[], str | None] = lambda: None, max_body_bytes: int = 64 * 1024,
-                 read_timeout: float = 5.0, sock: socket.socket | None = None) -> None:
-        self.backend = backend
-        self.metrics = metrics
-        self.probe_path = probe_path
-        self.token_reader = token_reader
-        self.max_body_bytes = max_body_bytes
-        self.read_timeout = read_timeout
+                 read_timeout: float = 5.0, sock: socket.socket | None = None, per_client: int = 32,
+                 max_connections: int = 4096, require_token_on_loopback: bool = False,
+                 unix_socket: str | None = None, unix_socket_group: str | None = None) -> None:
         self.log = logs.get("server")
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._thread: threading.Thread | None = None
+        self.metrics = metrics
         if sock is not None:
-            self.address_family = sock.family
-            super().__init__(sock.getsockname()[:2], _Handler, bind_and_activate=False)
-            self.socket.close()
+            if listen is not None:
+                self.log.warning("server.listen_overridden", listen=listen, socket=_sockname(sock),
+                                 hint="systemd passed maintd.socket; server.listen is ignored "
+                                      "(change the port with systemctl edit maintd.socket)")
             self.socket = sock
         else:
             assert listen is not None
-            host, port = parse_listen(listen)
-            self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            super().__init__((host, port), _Handler)
+            self.socket = listen_tcp(*parse_listen(listen))
+        listeners = [self.socket]
+        self.unix_socket = unix_socket
+        if unix_socket:
+            gid = grp.getgrnam(unix_socket_group).gr_gid if unix_socket_group else None
+            listeners.append(listen_unix(unix_socket, gid))
+        access = Access(token_reader, require_token_on_loopback, unix_socket_group)
+        self.router = Router(backend, metrics, access, probe_path, max_body_bytes)
+        self.loop = EventLoopServer(listeners, self.router, request_timeout=read_timeout, max_body=max_body_bytes,
+                                    per_client=per_client, max_connections=_fd_budget(max_connections),
+                                    on_drop=lambda reason: metrics.http_dropped.labels(reason).inc())
 
     @property
     def url(self) -> str:
@@ -344,32 +357,20 @@ class ApiServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         host, port = self.socket.getsockname()[:2]
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        self.log.warning("http.connection_error", client=client_address[0] if client_address else None)
-
     def serve_in_background(self) -> None:
-        """Serve on a daemon thread."""
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="http", daemon=True)
-        self._thread.start()
+        """Serve on the `http` thread."""
+        self.loop.start()
 
     def close(self) -> None:
-        """Stop serving and close the listening socket."""
-        self.shutdown()
-        self.server_close()
+        """Stop serving (within a second) and close every socket."""
+        self.loop.close()
+        if self.unix_socket:
+            try:
+                os.unlink(self.unix_socket)
+            except OSError:
+                pass
+
+
+def _sockname(sock: socket.socket) -> str:
+    name = sock.getsockname()
+    return f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(name)

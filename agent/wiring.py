@@ -216,10 +216,11 @@ def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:
 def serve(parts: Parts, view: Callable[[], LoopView], sock: Any = None) -> tuple[ApiServer, TcpProbe | None]:
     """Start the HTTP server (on a socket-activated `sock` when systemd passed one) and the TCP probe."""
     c = parts.config.server
-    server = ApiServer(None if sock is not None else c.listen, make_api(parts, view), parts.metrics,
-                       probe_path=parts.config.probe.path,
+    server = ApiServer(c.listen, make_api(parts, view), parts.metrics, probe_path=parts.config.probe.path,
                        token_reader=parts.server_token, max_body_bytes=c.max_body_bytes,
-                       read_timeout=c.read_timeout, sock=sock)
+                       read_timeout=c.read_timeout, sock=sock, per_client=c.max_connections_per_client,
+                       max_connections=c.max_connections, require_token_on_loopback=c.require_token_on_loopback,
+                       unix_socket=c.unix_socket, unix_socket_group=c.unix_socket_group)
     server.serve_in_background()
     probe = parts.config.probe
     tcp_probe = None

@@ -45,3 +45,43 @@ def test_client_commands_say_clearly_when_the_daemon_is_not_running(write_config
     for command in ("status", "events", "health", "undrain"):
         done = maintd(command, "--config", str(cfg))
         assert done.returncode != 0 and "is it running?" in done.stderr, (command, done.stderr)
+
+
+def _running_server(**options):
+    from agent.metrics import Metrics
+    from agent.server import ApiServer
+    from tests.test_server import FakeBackend
+
+    backend = FakeBackend()
+    srv = ApiServer(f"127.0.0.1:{free_port()}", backend, Metrics(), **options)
+    srv.serve_in_background()
+    return srv, backend
+
+
+def test_root_cli_acts_over_the_unix_socket_and_is_journaled_by_uid(write_config, tmp_path):
+    """With server.unix_socket set, `maintd drain` goes over it and the daemon knows the caller as uid 0."""
+    sock = str(tmp_path / "maintd.sock")
+    srv, backend = _running_server(unix_socket=sock, require_token_on_loopback=True)
+    try:
+        cfg = write_config(f"server: {{listen: '{srv.url[7:]}', unix_socket: '{sock}', require_token_on_loopback: true}}\n")
+        done = maintd("drain", "--reason", "kernel", "--config", str(cfg))
+        assert done.returncode == 0, done.stderr
+        assert backend.drained == ["kernel"] and backend.by == ["uid 0 (unix socket)"]
+        assert maintd("status", "--config", str(cfg)).returncode == 0
+    finally:
+        srv.close()
+
+
+def test_root_cli_shows_the_token_file_when_loopback_needs_a_token(write_config, tmp_path):
+    """server.require_token_on_loopback without a unix socket: the CLI reads server.token_file itself."""
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    token.chmod(0o600)
+    srv, backend = _running_server(token_reader=lambda: "t0ken", require_token_on_loopback=True)
+    try:
+        cfg = write_config(f"server: {{listen: '{srv.url[7:]}', token_file: '{token}', require_token_on_loopback: true}}\n")
+        done = maintd("undrain", "--config", str(cfg))
+        assert done.returncode == 0, done.stderr
+        assert backend.by == ["127.0.0.1 (token)"]
+    finally:
+        srv.close()

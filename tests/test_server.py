@@ -24,20 +24,28 @@ class FakeBackend:
         self.drained: list[str] = []
         self.reports: list[Any] = []
         self.peer_token: str | None = None
+        self.by: list[str] = []
 
     def probe(self): return (self.in_rotation, "OK" if self.in_rotation else "draining (manual: test)")
     def alive(self): return (True, "ticking")
     def metrics_text(self): return b"maintd_up 1\n"
     def status(self): return {"vm_name": "vm1"}
     def events(self): return [{"EventId": "E1"}]
-    def event(self, event_id): return {"EventId": event_id, "ready": True} if event_id == "E1" else None
-    def health(self): return {"AggregatedHealthState": "Ok"}
-    def drain(self, reason): self.drained.append(reason); return {"drained": True}
-    def undrain(self): return {"undrained": True}
+    def health(self): return {"AggregatedHealthState": "Ok", "HealthEvents": [
+        {"SourceId": "app", "Property": "db", "HealthState": "Ok", "Description": "db_password=hunter2", "IsExpired": False}]}
+    def drain(self, reason, by): self.drained.append(reason); self.by.append(by); return {"drained": True}
+    def undrain(self, by): self.by.append(by); return {"undrained": True}
 
-    def approve(self, event_id):
+    def event(self, event_id):
+        if event_id != "E1":
+            return None
+        return {"EventId": event_id, "EventStatus": "Scheduled", "rank": 1, "ready": True,
+                "results": [{"handler": "hook", "output": "db_password=hunter2"}], "Description": "operator notes"}
+
+    def approve(self, event_id, by):
         if event_id != "E1":
             raise ApiError(404, "no such event")
+        self.by.append(by)
         return {"approved": event_id}
 
     def report_health(self, body):
@@ -109,7 +117,7 @@ def test_mutations_from_loopback_need_no_token(server):
     """A local operator (127.0.0.1) may drain without a token."""
     _, backend, port = server
     r = session().post(url(port, "/v1/drain"), json={"reason": "kernel patch"})
-    assert r.status_code == 200 and backend.drained == ["kernel patch"]
+    assert r.status_code == 200 and backend.drained == ["kernel patch"] and backend.by == ["127.0.0.1"]
 
 
 def test_mutations_from_another_address_need_the_token(server):
@@ -121,7 +129,7 @@ def test_mutations_from_another_address_need_the_token(server):
     r = remote.post(url(port, "/v1/drain"), json={"reason": "x"}, headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 403
     r = remote.post(url(port, "/v1/drain"), json={"reason": "x"}, headers={"Authorization": f"Bearer {TOKEN}"})
-    assert r.status_code == 200 and backend.drained == ["x"]
+    assert r.status_code == 200 and backend.drained == ["x"] and backend.by == ["127.0.0.2 (token)"]
     assert remote.get(url(port, "/probe")).status_code == 200
 
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from agent.state import JOURNAL_FILE
 from tests.e2e.harness import CLEAN_ENV, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -109,6 +110,8 @@ def test_the_cli_talks_to_the_running_daemon(start_emulator, start_agent):
     drained = maintd("drain", "--reason", "kernel update")
     assert drained.returncode == 0 and "kernel update" in drained.stdout
     assert agent.get("/probe").status_code == 503
+    journal = [json.loads(line) for line in (agent.workdir / "state" / JOURNAL_FILE).read_text().splitlines()]
+    assert [e["by"] for e in journal if e["kind"] == "rotation.drained"] == ["127.0.0.1"]  # who drained
     assert maintd("undrain").returncode == 0
     assert agent.get("/probe").status_code == 200
     eid = emu.add_event(event_type="Freeze", resources=["vm-1"], notice=600, duration_seconds=5)
@@ -116,3 +119,18 @@ def test_the_cli_talks_to_the_running_daemon(start_emulator, start_agent):
     assert maintd("health").returncode == 0
     missing = maintd("approve", "NO-SUCH-EVENT")
     assert missing.returncode == 1 and "404" in missing.stderr
+
+
+def test_local_users_cannot_act_but_roots_cli_can_over_the_unix_socket(start_emulator, start_agent, tmp_path):
+    """server.require_token_on_loopback + server.unix_socket: a loopback drain without the token is 401; root's
+    `maintd drain` goes over the unix socket and the journal names uid 0."""
+    emu = start_emulator(["vm-1"])
+    sock = str(tmp_path / "run" / "maintd.sock")
+    agent = start_agent(emu, "vm-1", {"server": {"require_token_on_loopback": True, "unix_socket": sock}})
+    assert agent.post("/v1/drain", {"reason": "nobody"}).status_code == 401
+    done = subprocess.run([sys.executable, "-m", "agent", "drain", "--reason", "root", "--config",
+                           str(agent.config_path)], capture_output=True, text=True, env=CLEAN_ENV, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert agent.get("/probe").status_code == 503
+    journal = [json.loads(line) for line in (agent.workdir / "state" / JOURNAL_FILE).read_text().splitlines()]
+    assert [e["by"] for e in journal if e["kind"] == "rotation.drained"] == ["uid 0 (unix socket)"]
