@@ -32,6 +32,7 @@ from agent.health import HealthState, HealthStore
 from agent.imds import ImdsClient, PollResult, is_transient, next_poll_delay
 from agent.metrics import Metrics
 from agent.policy import Profile, in_force
+from agent.preparation import Preparation
 from agent.retry import retrying as retrying_on
 from agent.rotation import Rotation
 from agent.rules import RuleEngine
@@ -125,7 +126,11 @@ class Daemon:
                                  store=self.store, metrics=self.metrics, vm_name=self.vm_name)
         self.runner = Runner(instantiate(config.handlers, self.services), self.services, dry_run=config.dry_run,
                              on_result=self._handler_result)
-        self.transition_listeners.append(lambda trs: [self.runner.submit(t) for t in trs])
+        # timing: scheduled-phase work waits for its planned preparation time (agent.preparation)
+        self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
+                                       profiles=config.profiles, prepare=config.prepare)
+        self.transition_listeners.append(self.preparation.submit)
+        self.tick_listeners.append(lambda: self.preparation.tick(self.tracked, self.profile.name))
         self.coordinator = Coordinator(config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store,
                                        clock=clock, metrics=self.metrics, token_reader=self.peer_token,
                                        poll_interval=config.imds.poll_interval, on_change=self.wake_coordination,
@@ -158,7 +163,7 @@ class Daemon:
             self.log.info("rotation.undrained", key=STOP_DRAIN, reason="maintd started again")
         if self.vm_name is None:
             self._resolve_identity(attempts=5)
-        self.runner.resume(self.tracked)
+        self.runner.resume(self.preparation.resume(self.tracked))  # timing: held events stay held
         self.rules.start()
 
     def _resolve_identity(self, attempts: int) -> None:
@@ -472,14 +477,16 @@ class Daemon:
                 "profile_next_change": nxt.isoformat().replace("+00:00", "Z") if nxt else None}
 
     def extra_event_view(self, event_id: str) -> dict[str, Any]:
-        """Coordination fields for /v1/events/{id}."""
-        return self.coordinator.view(event_id)
+        """Coordination fields and the plan (timing) for /v1/events/{id}."""
+        coordination = self.coordinator.view(event_id)
+        return {**coordination, "plan": self.preparation.view(event_id, coordination)}
 
     def manual_approve(self, event_id: str) -> dict[str, Any]:
         """Record an operator's approval (`maintd approve`); the coordinator sends it."""
         self.store.record(event_id, "manual_approval", {"at": self.clock.now().isoformat(), "by": "api"},
                           journal="approval.manual")
         self.log.info("approval.manual", event_id=event_id)
+        self.preparation.release(event_id, "operator")  # timing: an operator's go starts a held preparation
         return {"event_id": event_id, "manual_approval": "recorded"}
 
     def peer_token(self) -> str | None:
@@ -563,6 +570,7 @@ class Daemon:
         self.coordinator.settings = new.coordination
         self.coordinator.gates = new.gates
         self.coordinator.warning_as_error = new.health.consider_warning_as_error
+        self.preparation.configure(new.profiles, new.prepare)  # timing: re-plans pending events
         self.config = new
         self._update_profile()
 
