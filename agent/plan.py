@@ -86,7 +86,7 @@ def lead_time_for(event_type: str, profile: Profile, prepare: PrepareConfig) -> 
 
 
 def first_window(event: Event, profiles: tuple[Profile, ...], now: datetime, until: datetime) -> Window | None:
-    """The first window from `now` (inclusive) that opens before `until`, walking the profile changes."""
+    """The first window open at `now` or opening before `until`, walking the profile changes."""
     t: datetime | None = now
     opened: tuple[datetime, Profile, str] | None = None
     for _ in range(MAX_STEPS):
@@ -94,8 +94,8 @@ def first_window(event: Event, profiles: tuple[Profile, ...], now: datetime, unt
             break
         profile, selection = in_force(profiles, t)
         mode = profile.approval_for(event)[0]
-        if opened is None and mode in ALLOWING:
-            opened = (t, profile, mode)
+        if opened is None and mode in ALLOWING:  # open already: since when the profile has been in force
+            opened = (min(t, selection.since) if selection.since else t, profile, mode)
         elif opened is not None and mode not in ALLOWING:
             return Window(opened[0], t, opened[1].name, opened[2])
         if opened is not None and t >= until:
@@ -140,7 +140,7 @@ def make_plan(event: Event, profiles: tuple[Profile, ...], prepare: PrepareConfi
             prepare_at, detail = now, detail + "; less time than that is left: at once"
 
     if window is not None:
-        approve = (window.start if window.start > now else now, "window",
+        approve = (window.start, "window",
                    f"profile {window.profile} ({window.mode}) from {_iso(window.start)}"
                    + (f" until {_iso(window.end)}" if window.end else ""))
     elif in_force(profiles, now)[0].approval_for(event)[0] == "manual":

@@ -176,3 +176,12 @@ def test_lead_times_parse():
     assert cfg.prepare == PrepareConfig(7200.0, {"Reboot": 600.0, "Preempt": NOW})
     assert cfg.profiles[0].lead_time == 7 * 86400.0
     assert loads("").prepare.lead_time == NOW
+
+
+def test_inside_an_open_window_the_plan_says_since_when_and_until_when():
+    """At 23:00 the night window opened at 22:00: prepare now, approval allowed from 22:00 until 08:00."""
+    now = at("2026-01-05T23:00:00")
+    p = make_plan(ev(now=now), BUSINESS_HOURS_AND_NIGHTLY, prepare(1800.0), now)
+    assert (p.prepare_at, p.prepare_reason) == (now, "now")
+    assert p.window and (p.window.start, p.window.end) == (at("2026-01-05T22:00:00"), at("2026-01-06T08:00:00"))
+    assert p.approve_not_before == at("2026-01-05T22:00:00")
