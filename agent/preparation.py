@@ -24,7 +24,7 @@ from agent.errors import StateError
 from agent.events import Event
 from agent.metrics import Metrics
 from agent.plan import Plan, make_plan, with_coordination
-from agent.policy import Profile
+from agent.policy import NOW, Profile
 from agent.state import Store
 from agent.tracker import APPEARED, VANISHED, Tracked, Transition
 
@@ -155,7 +155,13 @@ class Preparation:
     def _replan(self, event: Event, cause: str) -> Plan:
         """A fresh plan; an event already preparing keeps its preparation side. Logged and journaled when it changed."""
         eid = event.event_id
-        plan = make_plan(event, self.profiles, self.prepare, self.clock.now())
+        now = self.clock.now()
+        try:
+            plan = make_plan(event, self.profiles, self.prepare, now)
+        except Exception as exc:  # never lose an event to a planning bug: prepare at once, as without a plan
+            self.log.error("plan.failed", event_id=eid, error=repr(exc), exc_info=True, action="prepare at once")
+            plan = Plan(now, "now", f"planning failed ({type(exc).__name__}): prepare at once", None, "no_window",
+                        "planning failed: see the plan.failed log line", event.not_before, NOW, None)
         with self._lock:
             previous = self._plans.get(eid)
             if previous is not None and eid not in self._held:

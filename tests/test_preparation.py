@@ -220,3 +220,31 @@ def test_the_default_config_prepares_at_first_sight(make, clock, imds):
     run_until(d, clock, MONDAY_10 + timedelta(seconds=2))
     assert ran(d)["outcome"] == "ok" and len(approvals(imds)) == 1
     assert d.extra_event_view("E1")["plan"]["prepare_reason"] == "now"
+
+
+def test_a_planning_failure_prepares_at_once_and_says_so(make, clock, imds, monkeypatch, logs):
+    """Bad input never costs an event its preparation: the plan falls back to today's behaviour."""
+    def broken(*args, **kwargs):
+        raise ValueError("a schedule nobody foresaw")
+
+    monkeypatch.setattr("agent.preparation.make_plan", broken)
+    d = make(NIGHTLY + "prepare:\n  lead_time: 30m\n", event())
+    run_until(d, clock, MONDAY_10 + timedelta(seconds=2))
+    assert ran(d)["outcome"] == "ok"
+    assert d.extra_event_view("E1")["plan"]["prepare_detail"].startswith("planning failed")
+    assert any(e["event"] == "plan.failed" for e in logs)
+
+
+def test_after_a_restart_a_started_preparation_shows_when_and_why_it_started(make, clock, imds):
+    d = make(NIGHTLY + "prepare:\n  lead_time: 30m\n", event())
+    run_until(d, clock, MONDAY_10 + timedelta(seconds=2))
+    d.preparation.release("E1", "operator")
+    run_until(d, clock, MONDAY_10 + timedelta(seconds=4))
+    d.shutdown()
+    again = make(NIGHTLY + "prepare:\n  lead_time: 30m\n", event())
+    run_until(again, clock, MONDAY_10 + timedelta(seconds=6))
+    plan = again.extra_event_view("E1")["plan"]
+    assert (plan["preparation"], plan["prepare_reason"]) == ("started", "operator")
+    assert plan["prepare_at"].startswith("2026-01-05T10:00:0"), "when the operator's go came, not 21:30"
+    assert plan["approve_not_before"] == "2026-01-05T22:00:00Z"
+    assert [e["kind"] for e in read_journal(again.store.dir)].count("preparation.started") == 1
