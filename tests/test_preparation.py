@@ -4,7 +4,6 @@ held work, windows that move the approval, reloads, restarts and the views that 
 from __future__ import annotations
 
 import email.utils
-import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -15,9 +14,7 @@ from agent.config import loads
 from agent.daemon import build
 from agent.state import read_journal
 from agent.systemd import Notifier
-
-BASE = "http://169.254.169.254"
-SE = re.compile(rf"{BASE}/metadata/scheduledevents.*")
+from tests.test_daemon import SE, imds  # noqa: F401 (IMDS mocked for the daemon's life; approvals succeed)
 UTC = timezone.utc
 MONDAY_10 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 NIGHTLY = """
@@ -47,13 +44,6 @@ def event(eid="E1", etype="Reboot", not_before=MONDAY_10 + timedelta(days=3), st
 @pytest.fixture
 def clock():
     return FakeClock(MONDAY_10)
-
-
-@pytest.fixture
-def imds():
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
-        rsps.post(SE, status=200)
-        yield rsps
 
 
 @pytest.fixture
