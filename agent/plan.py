@@ -27,7 +27,7 @@ from agent.events import Event
 from agent.policy import ALLOWING, MAX_LEAD_TIME, NOW, LeadTime, Profile, in_force
 
 MAX_STEPS = 1000
-"""Profile changes looked at when searching for a window (two a day for 7 days is 14)."""
+"""Instants looked at when searching for a window's opening or its closing (a bound, never reached by a sane config)."""
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -85,23 +85,48 @@ def lead_time_for(event_type: str, profile: Profile, prepare: PrepareConfig) -> 
     return profile.lead_time if profile.lead_time is not None else prepare.lead_time
 
 
+def _openings(profiles: tuple[Profile, ...], allowing: list[Profile], t: datetime) -> datetime | None:
+    """The next instant after `t` at which an allowing profile can come into force: one of its own
+    occurrences or starts, or the end of a fixed date that hid it (recurrences only ever accumulate,
+    so nothing else can hand over to it)."""
+    found = [p.fixed_date.end for p in profiles if p.fixed_date is not None and p.fixed_date.end > t]
+    for p in allowing:
+        if p.fixed_date is not None and p.fixed_date.start > t:
+            found.append(p.fixed_date.start)
+        elif p.recurrence is not None and (at := p.recurrence.next_after(t)) is not None:
+            found.append(at)
+    return min(found, default=None)
+
+
 def first_window(event: Event, profiles: tuple[Profile, ...], now: datetime, until: datetime) -> Window | None:
-    """The first window open at `now` or opening before `until`, walking the profile changes."""
+    """The first window open at `now` or opening before `until`, and when it closes (None: not before `until`).
+
+    Only the instants at which an allowing profile can come into force are looked at, so a config
+    whose other profiles change every few minutes costs no more than one that never changes."""
+    allowing = [p for p in profiles if p.approval_for(event)[0] in ALLOWING]
     t: datetime | None = now
-    opened: tuple[datetime, Profile, str] | None = None
     for _ in range(MAX_STEPS):
-        if t is None or (opened is None and t >= until):
-            break
+        if t is None or t >= until or not allowing:
+            return None
         profile, selection = in_force(profiles, t)
         mode = profile.approval_for(event)[0]
-        if opened is None and mode in ALLOWING:  # open already: since when the profile has been in force
-            opened = (min(t, selection.since) if selection.since else t, profile, mode)
-        elif opened is not None and mode not in ALLOWING:
-            return Window(opened[0], t, opened[1].name, opened[2])
-        if opened is not None and t >= until:
-            break
+        if mode in ALLOWING:  # open already at `now`: since when the profile has been in force
+            start = min(t, selection.since) if selection.since else t
+            return Window(start, _closing(event, profiles, selection.next_change, until), profile.name, mode)
+        t = _openings(profiles, allowing, t)
+    return None
+
+
+def _closing(event: Event, profiles: tuple[Profile, ...], t: datetime | None, until: datetime) -> datetime | None:
+    """The first profile change from `t` on to a profile that does not allow approval, if before `until`."""
+    for _ in range(MAX_STEPS):
+        if t is None or t >= until:
+            return None
+        profile, selection = in_force(profiles, t)
+        if profile.approval_for(event)[0] not in ALLOWING:
+            return t
         t = selection.next_change
-    return None if opened is None else Window(opened[0], None, opened[1].name, opened[2])
+    return None
 
 
 def _before(t: datetime, lead: LeadTime) -> datetime | None:

@@ -67,7 +67,7 @@ class Preparation:
             if tr.kind == APPEARED and _pending(tr.event.status, tr.names_self):
                 plan = self._replan(tr.event, "appeared")
                 if plan.due(self.clock.now()):
-                    self._start(tr, plan, "due")
+                    self._start(tr, plan, "due", held=False)
                 else:
                     with self._lock:
                         self._held[eid] = tr
@@ -119,21 +119,20 @@ class Preparation:
         for eid, tr in held.items():
             plan = self._plans.get(eid)
             if eid in tracked and plan is not None and plan.due(now):
-                self._start(dataclasses.replace(tr, event=tracked[eid].event), plan, "due")
+                self._start(dataclasses.replace(tr, event=tracked[eid].event), plan, "due", held=True)
         self._export()
 
     def release(self, event_id: str, reason: str) -> bool:
         """Start a held event's preparation now (an operator approved it); False when none is held."""
         with self._lock:
-            tr = self._held.get(event_id)
-        if tr is None:
+            tr, plan = self._held.get(event_id), self._plans.get(event_id)
+        if tr is None or plan is None:
             return False
-        plan = self._plans[event_id]
-        now = self.clock.now()
-        self._start(tr, dataclasses.replace(plan, prepare_at=now, prepare_reason=reason,
-                                            prepare_detail=f"{reason}: preparation started at once"), reason)
+        plan = dataclasses.replace(plan, prepare_at=self.clock.now(), prepare_reason=reason,
+                                   prepare_detail=f"{reason}: preparation started at once")
+        started = self._start(tr, plan, reason, held=True)
         self._export()
-        return True
+        return started
 
     def started(self, event_id: str) -> bool:
         """Whether preparation for the event has started (recorded, or a scheduled handler has run)."""
@@ -186,12 +185,16 @@ class Preparation:
         return dataclasses.replace(plan, prepare_at=planned, prepare_reason=str(rec.get("reason", "")),
                                    prepare_detail=str(rec.get("detail", "")), lead_time=rec.get("lead_time", plan.lead_time))
 
-    def _start(self, tr: Transition, plan: Plan, reason: str) -> None:
+    def _start(self, tr: Transition, plan: Plan, reason: str, *, held: bool) -> bool:
+        """Hand the work to the runner; a held one only by the thread that takes it out (loop or API)."""
+        eid = tr.event.event_id
         with self._lock:
-            self._held.pop(tr.event.event_id, None)
-            self._plans[tr.event.event_id] = plan
-        self._record_start(tr.event.event_id, plan, reason)
+            if held and self._held.pop(eid, None) is None:
+                return False
+            self._plans[eid] = plan
+        self._record_start(eid, plan, reason)
         self.forward(tr)
+        return True
 
     def _record_start(self, event_id: str, plan: Plan, reason: str) -> None:
         now = self.clock.now()

@@ -185,3 +185,17 @@ def test_inside_an_open_window_the_plan_says_since_when_and_until_when():
     assert (p.prepare_at, p.prepare_reason) == (now, "now")
     assert p.window and (p.window.start, p.window.end) == (at("2026-01-05T22:00:00"), at("2026-01-06T08:00:00"))
     assert p.approve_not_before == at("2026-01-05T22:00:00")
+
+
+def test_a_window_is_found_among_profiles_that_change_every_few_minutes():
+    """Two `never` profiles alternating every 30 minutes, and a Saturday 02:00 `auto` one: the window
+    is Saturday 02:00 until the next alternation, and a hidden default opens when a freeze ends."""
+    profiles = parse_profiles([
+        {"name": "a", "approval": "never", "recurrence": {"frequency": "hour", "schedule": {"minutes": [0]}}},
+        {"name": "b", "approval": "never", "recurrence": {"frequency": "hour", "schedule": {"minutes": [30]}}},
+        {"name": "saturday", "approval": "auto",
+         "recurrence": {"frequency": "week", "schedule": {"week_days": ["saturday"], "hours": [2], "minutes": [10]}}},
+        {"name": "default", "approval": "never"}])
+    w = first_window(ev(notice=timedelta(days=7)), profiles, MONDAY_10, MONDAY_10 + timedelta(days=7))
+    assert w and (w.profile, w.start, w.end) == ("saturday", at("2026-01-10T02:10:00"), at("2026-01-10T02:30:00"))
+    assert first_window(ev(), profiles, MONDAY_10, at("2026-01-10T02:10:00")) is None
