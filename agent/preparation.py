@@ -106,9 +106,9 @@ class Preparation:
             if t is None:
                 continue
             if t.event != tr.event:  # a NotBefore moved, Resources changed
-                tr = dataclasses.replace(tr, event=t.event)
                 with self._lock:
-                    self._held[eid] = tr
+                    if eid in self._held:  # not released by an operator meanwhile
+                        self._held[eid] = dataclasses.replace(tr, event=t.event)
                 if cause is None:
                     self._replan(t.event, "event_changed")
         if cause is not None:

@@ -238,3 +238,18 @@ def test_after_a_restart_a_started_preparation_shows_when_and_why_it_started(mak
     assert plan["prepare_at"].startswith("2026-01-05T10:00:0"), "when the operator's go came, not 21:30"
     assert plan["approve_not_before"] == "2026-01-05T22:00:00Z"
     assert [e["kind"] for e in read_journal(again.store.dir)].count("preparation.started") == 1
+
+
+def test_a_moved_notbefore_moves_the_preparation(make, clock, imds):
+    """Azure reschedules a held event: the plan follows (journaled as event_changed) and so does the work."""
+    freeze = ("profiles:\n  - {name: freeze, approval: never, fixed_date: {start: 2026-01-01T00:00:00Z, "
+              "end: 2026-01-20T00:00:00Z}}\n  - {name: default, approval: auto}\nprepare: {lead_time: 2h}\n")
+    d = make(freeze, event(not_before=at("2026-01-07T12:00:00")))
+    run_until(d, clock, MONDAY_10 + timedelta(seconds=2))
+    imds.upsert(responses.GET, SE, json={"DocumentIncarnation": 2,
+                                         "Events": [event(not_before=at("2026-01-06T12:00:00"))]})
+    run_until(d, clock, MONDAY_10 + timedelta(seconds=4))
+    assert d.extra_event_view("E1")["plan"]["prepare_at"] == "2026-01-06T10:00:00Z"
+    assert [e["cause"] for e in read_journal(d.store.dir) if e["kind"] == "plan.changed"] == ["event_changed"]
+    run_until(d, clock, at("2026-01-06T10:00:02"))
+    assert ran(d)["outcome"] == "ok"
