@@ -51,8 +51,10 @@ def test_a_three_day_reboot_is_prepared_before_the_window_and_approved_inside_it
 
     plan = agent.get(f"/v1/events/{eid}").json()["plan"]
     assert plan["preparation"] == "held" and plan["prepare_at"] == iso(start - 4)
-    assert f'maintd_event_prepare_timestamp_seconds{{event_type="Reboot"}} {start - 4:.10e}'.split(" ")[0] \
-        in agent.get("/metrics").text
+    series = [line.split() for line in agent.get("/metrics").text.splitlines()
+              if line.startswith("maintd_event_prepare_timestamp_seconds{")]
+    assert [(labels, round(float(value))) for labels, value in series] == \
+        [('maintd_event_prepare_timestamp_seconds{event_type="Reboot"}', round(start - 4))]
     table = subprocess.run([sys.executable, "-m", "agent", "events", "--url", agent.base],
                            capture_output=True, text=True, env=CLEAN_ENV, timeout=30).stdout
     assert "PREPARE" in table and "(window)" in table, table
