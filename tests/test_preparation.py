@@ -85,6 +85,11 @@ def approvals(imds):
     return [c for c in imds.calls if c.request.method == "POST"]
 
 
+def plan_of(d, eid):
+    """The `plan` object /v1/events/{id} shows."""
+    return d.preparation.view(eid, d.coordinator.view(eid))
+
+
 def prepare_series(d):
     """The exposed maintd_event_prepare_timestamp_seconds series (labels and value)."""
     name = "maintd_event_prepare_timestamp_seconds"
@@ -100,7 +105,7 @@ def test_a_three_day_reboot_prepares_before_the_night_window_and_is_approved_ins
     d = make(NIGHTLY + "prepare:\n  lead_time_by_type: {Reboot: 30m}\n", event())
     run_until(d, clock, MONDAY_10 + timedelta(seconds=3))
     assert ran(d) is None, "held: business hours forbid approval, the night window is hours away"
-    view = d.extra_event_view("E1")["plan"]
+    view = plan_of(d, "E1")
     assert (view["prepare_at"], view["prepare_reason"], view["preparation"]) == ("2026-01-05T21:30:00Z", "window", "held")
     assert prepare_series(d) == [('{event_type="Reboot"}', at("2026-01-05T21:30:00").timestamp())]
     assert d.rotation.verdict().in_rotation, "the VM stays in rotation while it waits"
@@ -108,7 +113,7 @@ def test_a_three_day_reboot_prepares_before_the_night_window_and_is_approved_ins
     run_until(d, clock, at("2026-01-05T21:29:50"))
     assert ran(d) is None
     run_until(d, clock, at("2026-01-05T21:30:02"))
-    assert ran(d)["outcome"] == "ok" and d.is_ready("E1")
+    assert ran(d)["outcome"] == "ok" and d.runner.is_ready(d.tracked["E1"])
     assert not approvals(imds), "ready, but business hours still forbid approval"
     assert prepare_series(d) == [], "nothing waits any more"
 
@@ -125,7 +130,7 @@ def test_a_preempt_prepares_at_once_whatever_the_profile(make, clock, imds):
              event(etype="Preempt", not_before=MONDAY_10 + timedelta(seconds=30)))
     run_until(d, clock, MONDAY_10 + timedelta(seconds=2))
     assert ran(d)["outcome"] == "ok"
-    assert d.extra_event_view("E1")["plan"]["prepare_reason"] == "now"
+    assert plan_of(d, "E1")["prepare_reason"] == "now"
     assert not approvals(imds), "business hours: never"
 
 
@@ -135,7 +140,7 @@ def test_a_change_freeze_holds_preparation_until_notbefore_minus_lead_time(make,
     d = make(freeze, event(not_before=at("2026-01-07T12:00:00")))
     run_until(d, clock, at("2026-01-07T09:59:50"))
     assert ran(d) is None
-    plan = d.extra_event_view("E1")["plan"]
+    plan = plan_of(d, "E1")
     assert (plan["approve_reason"], plan["approve_not_before"]) == ("no_window", None)
     run_until(d, clock, at("2026-01-07T10:00:02"))
     assert ran(d)["outcome"] == "ok"
@@ -159,10 +164,10 @@ def test_a_window_that_closes_before_the_vm_is_ready_sends_nothing(make, clock, 
         d.tick()
     gate.write_text("")
     run_until(d, clock, at("2026-01-05T22:07:00"))
-    assert ran(d)["outcome"] == "ok" and d.is_ready("E1")
+    assert ran(d)["outcome"] == "ok" and d.runner.is_ready(d.tracked["E1"])
     run_until(d, clock, at("2026-01-06T09:00:00"))
     assert not approvals(imds), "never outside the window"
-    assert d.extra_event_view("E1")["plan"]["approve_reason"] == "no_window"
+    assert plan_of(d, "E1")["approve_reason"] == "no_window"
 
 
 def test_a_reload_replans_held_events_but_never_rolls_back_one_preparing(make, clock, imds, tmp_path):
@@ -177,7 +182,7 @@ def test_a_reload_replans_held_events_but_never_rolls_back_one_preparing(make, c
     path.write_text(path.read_text().replace("lead_time: 30m", "lead_time: 2h"))
     d.request_reload()
     run_until(d, clock, MONDAY_10 + timedelta(seconds=6))
-    e1, e2 = d.extra_event_view("E1")["plan"], d.extra_event_view("E2")["plan"]
+    e1, e2 = plan_of(d, "E1"), plan_of(d, "E2")
     assert e1["prepare_at"] == "2026-01-05T20:00:00Z" and e1["preparation"] == "held"
     assert e2["preparation"] == "started" and e2["prepare_reason"] == "operator"
     changes = [e for e in read_journal(d.store.dir) if e["kind"] == "plan.changed"]
@@ -190,7 +195,7 @@ def test_a_restart_keeps_held_work_held(make, clock, imds):
     d.shutdown()
     again = make(NIGHTLY + "prepare:\n  lead_time: 30m\n", event())
     run_until(again, clock, MONDAY_10 + timedelta(seconds=4))
-    assert ran(again) is None and again.extra_event_view("E1")["plan"]["preparation"] == "held"
+    assert ran(again) is None and plan_of(again, "E1")["preparation"] == "held"
     run_until(again, clock, at("2026-01-05T21:30:02"))
     assert ran(again)["outcome"] == "ok"
 
@@ -201,7 +206,7 @@ def test_a_held_event_that_vanishes_drops_its_work(make, clock, imds):
     imds.upsert(responses.GET, SE, json={"DocumentIncarnation": 2, "Events": []})
     run_until(d, clock, MONDAY_10 + timedelta(seconds=4))
     run_until(d, clock, at("2026-01-05T21:31:00"))
-    assert ran(d) is None and d.extra_event_view("E1")["plan"] is None
+    assert ran(d) is None and plan_of(d, "E1") is None
     assert any(e["kind"] == "preparation.dropped" for e in read_journal(d.store.dir))
 
 
@@ -209,7 +214,7 @@ def test_the_default_config_prepares_at_first_sight(make, clock, imds):
     d = make("", event())
     run_until(d, clock, MONDAY_10 + timedelta(seconds=2))
     assert ran(d)["outcome"] == "ok" and len(approvals(imds)) == 1
-    assert d.extra_event_view("E1")["plan"]["prepare_reason"] == "now"
+    assert plan_of(d, "E1")["prepare_reason"] == "now"
 
 
 def test_a_planning_failure_prepares_at_once_and_says_so(make, clock, imds, monkeypatch, logs):
@@ -221,7 +226,7 @@ def test_a_planning_failure_prepares_at_once_and_says_so(make, clock, imds, monk
     d = make(NIGHTLY + "prepare:\n  lead_time: 30m\n", event())
     run_until(d, clock, MONDAY_10 + timedelta(seconds=2))
     assert ran(d)["outcome"] == "ok"
-    assert d.extra_event_view("E1")["plan"]["prepare_detail"].startswith("planning failed")
+    assert plan_of(d, "E1")["prepare_detail"].startswith("planning failed")
     assert any(e["event"] == "plan.failed" for e in logs)
 
 
@@ -233,7 +238,7 @@ def test_after_a_restart_a_started_preparation_shows_when_and_why_it_started(mak
     d.shutdown()
     again = make(NIGHTLY + "prepare:\n  lead_time: 30m\n", event())
     run_until(again, clock, MONDAY_10 + timedelta(seconds=6))
-    plan = again.extra_event_view("E1")["plan"]
+    plan = plan_of(again, "E1")
     assert (plan["preparation"], plan["prepare_reason"]) == ("started", "operator")
     assert plan["prepare_at"].startswith("2026-01-05T10:00:0"), "when the operator's go came, not 21:30"
     assert plan["approve_not_before"] == "2026-01-05T22:00:00Z"
@@ -249,7 +254,7 @@ def test_a_moved_notbefore_moves_the_preparation(make, clock, imds):
     imds.upsert(responses.GET, SE, json={"DocumentIncarnation": 2,
                                          "Events": [event(not_before=at("2026-01-06T12:00:00"))]})
     run_until(d, clock, MONDAY_10 + timedelta(seconds=4))
-    assert d.extra_event_view("E1")["plan"]["prepare_at"] == "2026-01-06T10:00:00Z"
+    assert plan_of(d, "E1")["prepare_at"] == "2026-01-06T10:00:00Z"
     assert [e["cause"] for e in read_journal(d.store.dir) if e["kind"] == "plan.changed"] == ["event_changed"]
     run_until(d, clock, at("2026-01-06T10:00:02"))
     assert ran(d)["outcome"] == "ok"
