@@ -32,13 +32,13 @@ def runs(path):
 
 
 def test_a_three_day_reboot_is_prepared_before_the_window_and_approved_inside_it(start_emulator, start_agent, tmp_path):
-    """Three emulated days of notice pass in 40 s. Outside the window approval is `never`; the
-    window (a fixed date 12–30 s from now) allows `auto`. maintd holds the checkpoint until the
+    """Three emulated days of notice pass in 55 s. Outside the window approval is `never`; the
+    window (a fixed date 20–40 s from now, room for a slow start on a busy machine) allows `auto`. maintd holds the checkpoint until the
     window's start minus the 4 s lead time, then approves inside the window, not at first sight."""
     t0 = time.time()
-    start, end = t0 + 12, t0 + 30
-    emu = start_emulator(["vm-1"], "--time-scale", str(THREE_DAYS / 40),
-                         "--started-duration", str(THREE_DAYS / 40))  # Started for 1 s
+    start, end = t0 + 20, t0 + 40
+    emu = start_emulator(["vm-1"], "--time-scale", str(THREE_DAYS / 55),
+                         "--started-duration", str(THREE_DAYS / 55))  # Started for 1 s
     times, checkpoint = hook(tmp_path, "checkpoint")
     agent = start_agent(emu, "vm-1", {
         "handlers": [checkpoint],
