@@ -35,6 +35,12 @@ def _pending(event_status: str, names_self: bool) -> bool:
     return names_self and event_status == "Scheduled"
 
 
+def _same_open_window(a: Plan, b: Plan, now: datetime) -> bool:
+    """Both plans find the same window open now (one open "always" starts when it was planned)."""
+    return a.window is not None and b.window is not None and a.window.start <= now and b.window.start <= now \
+        and (a.window.profile, a.window.end) == (b.window.profile, b.window.end)
+
+
 class Preparation:
     """Held scheduled-phase work and the plan of every pending event naming this VM; thread-safe views."""
 
@@ -166,6 +172,9 @@ class Preparation:
             if previous is not None and eid not in self._held:
                 plan = dataclasses.replace(plan, prepare_at=previous.prepare_at, prepare_reason=previous.prepare_reason,
                                            prepare_detail=previous.prepare_detail, lead_time=previous.lead_time)
+            if previous is not None and _same_open_window(previous, plan, now):  # not a change: when it was seen
+                plan = dataclasses.replace(plan, window=previous.window, approve_not_before=previous.approve_not_before,
+                                           approve_detail=previous.approve_detail)
             self._plans[eid] = plan
         if previous is None or previous.to_json() != plan.to_json():
             fields = {"event_id": eid, "event_type": event.event_type, "cause": cause, **plan.to_json()}

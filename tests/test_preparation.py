@@ -210,11 +210,19 @@ def test_a_held_event_that_vanishes_drops_its_work(make, clock, imds):
     assert any(e["kind"] == "preparation.dropped" for e in read_journal(d.store.dir))
 
 
-def test_the_default_config_prepares_at_first_sight(make, clock, imds):
-    d = make("", event())
+def test_the_default_config_prepares_at_first_sight(make, clock, imds, tmp_path):
+    """Today's behaviour; and a reload that changes nothing for the event journals no plan change."""
+    d = make("profiles: [{name: default, approval: auto, rules: [{approval: never, event_types: [Freeze]}]}]\n",
+             event())
     run_until(d, clock, MONDAY_10 + timedelta(seconds=2))
-    assert ran(d)["outcome"] == "ok" and len(approvals(imds)) == 1
+    assert ran(d)["outcome"] == "ok"
     assert plan_of(d, "E1")["prepare_reason"] == "now"
+    path = tmp_path / "maintd.yaml"
+    path.write_text(path.read_text() + "prepare: {lead_time: 10m}\n")
+    d.request_reload()
+    run_until(d, clock, MONDAY_10 + timedelta(seconds=10))
+    assert len(approvals(imds)) == 1
+    assert not [e for e in read_journal(d.store.dir) if e["kind"] == "plan.changed"]
 
 
 def test_a_planning_failure_prepares_at_once_and_says_so(make, clock, imds, monkeypatch, logs):
