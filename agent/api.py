@@ -19,6 +19,7 @@ from agent.coordinator import Coordinator
 from agent.health import HealthStore, parse_report
 from agent.metrics import Metrics
 from agent.policy import DEFAULT_PROFILE, Profile
+from agent.preparation import Preparation
 from agent.rotation import MANUAL, Rotation
 from agent.runner import Runner
 from agent.server import ApiError, token_ok
@@ -56,7 +57,7 @@ class LocalApi:
     """Implements `server.Backend` over the parts it reads."""
 
     def __init__(self, view: Callable[[], LoopView], *, store: Store, health: HealthStore, rotation: Rotation,
-                 runner: Runner, coordinator: Coordinator, metrics: Metrics, clock: Clock,
+                 runner: Runner, coordinator: Coordinator, preparation: Preparation, metrics: Metrics, clock: Clock,
                  peer_token: Callable[[], str | None]) -> None:
         self.view = view
         self.store = store
@@ -64,6 +65,7 @@ class LocalApi:
         self.rotation = rotation
         self.runner = runner
         self.coordinator = coordinator
+        self.preparation = preparation
         self.metrics = metrics
         self.clock = clock
         self.peer_token = peer_token
@@ -118,6 +120,7 @@ class LocalApi:
         record = self.store.event_record(event_id)
         if tracked is None and record is None:
             return None
+        coordination = self.coordinator.view(event_id)
         if tracked is not None:
             event = tracked.event.to_json()
             rank = tracked.event.rank(lv.vm_name or "")
@@ -137,7 +140,8 @@ class LocalApi:
             "results": self.store.results(event_id),
             "history": (record or {}).get("history", []),
             "outcome": (record or {}).get("outcome"),
-            **self.coordinator.view(event_id),
+            **coordination,
+            "plan": self.preparation.view(event_id, coordination),
         }
 
     def events(self) -> list[dict[str, Any]]:
@@ -168,6 +172,7 @@ class LocalApi:
         self.store.record(event_id, "manual_approval", {"at": self.clock.now().isoformat(), "by": by},
                           journal="approval.manual")
         self.log.info("approval.manual", event_id=event_id, by=by)
+        self.preparation.release(event_id, "operator")  # an operator's go starts a held preparation
         return {"event_id": event_id, "manual_approval": "recorded"}
 
     def peer_ready(self, event_id: str, body: Any) -> dict[str, Any]:

@@ -245,12 +245,28 @@ def _approval_cell(event: dict[str, Any]) -> str:
     return str(approval.get("status", "-")) if isinstance(approval, dict) else "-"
 
 
+def _plan_cells(event: dict[str, Any]) -> tuple[str, str]:
+    """PREPARE and APPROVE FROM of the plan (timing): `<time> (<reason>)` while held, `started`, `-` without a plan."""
+    plan = event.get("plan")
+    if not isinstance(plan, dict):
+        return "-", "-"
+    def short(t: Any) -> str:
+        return str(t)[:16] + "Z" if t else "-"
+    prepare = "started" if plan.get("preparation") == "started" else \
+        f"{short(plan.get('prepare_at'))} ({plan.get('prepare_reason')})"
+    reason = plan.get("approve_reason")
+    approve = f"{short(plan.get('approve_not_before'))} (window)" if reason == "window" else str(reason)
+    return prepare, approve
+
+
 def _events_table(events: list[dict[str, Any]]) -> str:
-    rows = [("EVENT ID", "TYPE", "STATUS", "NOT BEFORE", "THIS VM", "RANK", "READY", "APPROVAL", "RESOURCES")]
+    rows = [("EVENT ID", "TYPE", "STATUS", "NOT BEFORE", "THIS VM", "RANK", "READY", "PREPARE", "APPROVE FROM",
+             "APPROVAL", "RESOURCES")]
     for e in events:
         rows.append((e["EventId"], e["EventType"], e["EventStatus"], e.get("NotBefore") or "-",
                      "yes" if e.get("names_self") else "no", str(e.get("rank") if e.get("rank") is not None else "-"),
-                     "yes" if e.get("ready") else "no", _approval_cell(e), ",".join(e.get("Resources", []))[:40]))
+                     "yes" if e.get("ready") else "no", *_plan_cells(e), _approval_cell(e),
+                     ",".join(e.get("Resources", []))[:40]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 

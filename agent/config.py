@@ -35,7 +35,16 @@ from agent.gates import NO_GATES, Gates
 from agent.handlers.base import HandlerSpec
 from agent.handlers.registry import parse_handlers
 from agent.rules import RuleSpec, parse_rules
-from agent.policy import DEFAULT_PROFILE, Profile, check_handler_names, parse_profiles
+from agent.policy import (
+    DEFAULT_PROFILE,
+    NOW,
+    LeadTime,
+    Profile,
+    check_handler_names,
+    parse_lead_time,
+    parse_lead_times_by_type,
+    parse_profiles,
+)
 
 Path_ = tuple[str | int, ...]
 
@@ -161,6 +170,18 @@ class CoordinationConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PrepareConfig:
+    """When the scheduled-phase handlers start (see agent.plan): the lead time covers the whole preparation."""
+
+    lead_time: LeadTime = opt(parse_lead_time, NOW,
+                              "prepare this long before NotBefore (or before a window that allows approval "
+                              "opens); now = at first sight; at most 7d")
+    lead_time_by_type: dict[str, LeadTime] = opt(parse_lead_times_by_type, {},
+                                                 "per EventType lead time, e.g. {Reboot: 10m, Preempt: now}; "
+                                                 "wins over profiles[].lead_time and lead_time")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     imds: ImdsConfig = opt(section(ImdsConfig), ImdsConfig(), "")
     identity: IdentityConfig = opt(section(IdentityConfig), IdentityConfig(), "")
@@ -174,6 +195,7 @@ class Config:
     profiles: tuple[Profile, ...] = opt(parse_profiles, (DEFAULT_PROFILE,), "approval profiles (see Profiles)")
     health_rules: tuple[RuleSpec, ...] = opt(parse_rules, (), "health rules on local metrics (see Health rules)")
     gates: Gates = opt(section(Gates), NO_GATES, "approval gates: fleet health and Prometheus alerts (see Approval gates)")
+    prepare: PrepareConfig = opt(section(PrepareConfig), PrepareConfig(), "")
     dry_run: bool = opt(boolean, False, "run the whole pipeline but send no approval; hooks run only if they opt in")
     source: str = dataclasses.field(default="<defaults>", compare=False)
 

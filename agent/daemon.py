@@ -55,7 +55,7 @@ class Daemon:
         self.config_path = config_path
         self.clock, self.metrics, self.notifier = clock, p.metrics, p.notifier
         self.store, self.health, self.rotation = p.store, p.health, p.rotation
-        self.runner, self.coordinator, self.rules = p.runner, p.coordinator, p.rules
+        self.runner, self.coordinator, self.rules, self.preparation = p.runner, p.coordinator, p.rules, p.preparation
         self.report = Reporter(p.metrics, p.health, clock)
         self.log = logs.get("daemon")
         self.server: ApiServer | None = None
@@ -117,7 +117,7 @@ class Daemon:
             self.log.info("rotation.undrained", key=STOP_DRAIN, reason="maintd started again")
         if self.vm_name is None:
             self.resolve_identity(attempts=5)
-        self.runner.resume(self.tracked)
+        self.runner.resume(self.preparation.resume(self.tracked))
         self.rules.start()
         self._publish()
 
@@ -156,6 +156,8 @@ class Daemon:
             self._coordinate_soon.clear()
             if self.last_success is not None and now - self.last_success <= 2 * self.config.imds.poll_interval:
                 self._coordinate()
+        assert self.profile is not None
+        self.preparation.tick(self.tracked, self.profile.name)
         self._prune_state(now)
         self.report.state_write_status(self.store)
         self.report.imds_health(self.config.imds, self.failures, self.last_success, self.started_at)
@@ -238,8 +240,7 @@ class Daemon:
         for tr in transitions:
             self.report.transition(tr)
         self.report.events(tracked)
-        for tr in transitions:
-            self.runner.submit(tr)
+        self.preparation.submit(transitions)
         return transitions
 
     def _update_profile(self) -> Profile:

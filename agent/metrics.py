@@ -44,6 +44,9 @@ class Metrics:
         self.next_maintenance = Gauge("maintd_next_maintenance_timestamp_seconds",
                                       "Earliest NotBefore (Unix time) of the Scheduled events naming this VM, by type",
                                       ["event_type"], registry=r)
+        self.event_prepare = Gauge("maintd_event_prepare_timestamp_seconds",
+                                   "Earliest planned preparation time (Unix time) of the events naming this VM whose "
+                                   "preparation waits for its lead time or window, by type", ["event_type"], registry=r)
         self.event_notice = Histogram("maintd_event_notice_seconds", "NotBefore minus the time maintd first saw the event",
                                       ["event_type"], buckets=(0, 30, 60, 120, 300, 600, 900, 1800, 3600, 86400, 604800),
                                       registry=r)

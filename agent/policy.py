@@ -12,13 +12,68 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agent.configschema import boolean, choice, duration, integer, list_of, named_list, opt, optional, parse_section, section, text
+from agent.configschema import (
+    boolean,
+    choice,
+    duration,
+    fmt_duration,
+    integer,
+    list_of,
+    named_list,
+    opt,
+    optional,
+    parse_duration_text,
+    parse_section,
+    section,
+    text,
+)
 from agent.errors import ConfigValueError
-from agent.events import Event
+from agent.events import KNOWN_TYPES, Event
 from agent.gates import Gates
 from agent.schedule import FixedDate, Recurrence, Selection, parse_fixed_date, parse_recurrence, select, validate_profiles
 
 APPROVAL_MODES = ("auto", "immediate", "manual", "never")
+ALLOWING = ("auto", "immediate")
+"""Approval modes under which this VM approves without an operator: a window that allows approval."""
+NOW = "now"
+"""The lead time `now`: prepare at first sight (today's behaviour)."""
+MAX_LEAD_TIME = 7 * 86400.0
+"""The longest notice Azure gives (predicted hardware degradation: "tries to give 7 days")."""
+
+LeadTime = float | str
+"""Seconds before the event, or NOW."""
+
+
+def parse_lead_time(value: Any) -> LeadTime:
+    """A lead time: `now`, or a duration from 0 up to the longest notice Azure gives (7 days)."""
+    if value == NOW:
+        return NOW
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0 \
+            or isinstance(value, str) and value.strip().startswith("-"):
+        raise ConfigValueError("", f"{value!r} is negative; a lead time is a duration before NotBefore "
+                               "(e.g. 10m) or now")
+    try:
+        seconds = parse_duration_text(value)
+    except ValueError:
+        raise ConfigValueError("", f"{value!r} is neither now nor a duration; write e.g. now, 10m, 2h, PT30M") from None
+    if seconds > MAX_LEAD_TIME:
+        raise ConfigValueError("", f"{value!r} is longer than any notice Azure gives ({fmt_duration(MAX_LEAD_TIME)}); "
+                               "use now to prepare at first sight")
+    return seconds
+
+
+def parse_lead_times_by_type(value: Any) -> dict[str, LeadTime]:
+    """`{EventType: lead time}` for the known event types."""
+    if not isinstance(value, dict):
+        raise ConfigValueError("", f"expected a mapping of event type to lead time, got {value!r}")
+    out: dict[str, LeadTime] = {}
+    for key, item in value.items():
+        try:
+            choice(*KNOWN_TYPES)(key)
+            out[str(key)] = parse_lead_time(item)
+        except ConfigValueError as exc:
+            raise exc.under(str(key)) from None
+    return out
 
 
 @dataclass(frozen=True)
@@ -61,6 +116,9 @@ class Profile:
     lb_timeout: float | None = opt(optional(duration(11, 3600)), None, "overrides probe.lb_timeout")
     drain_grace: float | None = opt(optional(duration(0, 3600)), None, "overrides probe.drain_grace")
     gates: Gates | None = opt(optional(section(Gates)), None, "replaces the top-level gates while in force")
+    lead_time: LeadTime | None = opt(optional(parse_lead_time), None,
+                                     "overrides prepare.lead_time for the windows of this profile and the events "
+                                     "whose NotBefore falls in it (prepare.lead_time_by_type still wins)")
 
     def validate(self) -> None:
         if self.fixed_date is not None and self.recurrence is not None:

@@ -27,6 +27,7 @@ from agent.handlers.registry import instantiate
 from agent.health import HealthState, HealthStore
 from agent.imds import ImdsClient, is_transient
 from agent.metrics import Metrics
+from agent.preparation import Preparation
 from agent.retry import retrying as retrying_on
 from agent.rotation import Rotation
 from agent.sampling import RuleEngine
@@ -95,6 +96,8 @@ class Parts:
                                  vm_name=None if config.identity.name == "auto" else config.identity.name)
         self.runner = Runner(instantiate(config.handlers, self.services), self.services, dry_run=config.dry_run,
                              on_result=callbacks.handler_result)
+        self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
+                                       profiles=config.profiles, prepare=config.prepare)
         self.coordinator = Coordinator(
             config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store, clock=clock,
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,
@@ -144,6 +147,7 @@ class Parts:
         coordinator.gates = new.gates
         coordinator.warning_as_error = new.health.consider_warning_as_error
         coordinator.poll_interval = new.imds.poll_interval
+        self.preparation.configure(new.profiles, new.prepare)
         self.config = new
         return new
 
@@ -209,8 +213,8 @@ class Parts:
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:
     """The API facade over the parts it reads and the loop's published view."""
     return LocalApi(view, store=parts.store, health=parts.health, rotation=parts.rotation, runner=parts.runner,
-                    coordinator=parts.coordinator, metrics=parts.metrics, clock=parts.clock,
-                    peer_token=parts.peer_token)
+                    coordinator=parts.coordinator, preparation=parts.preparation, metrics=parts.metrics,
+                    clock=parts.clock, peer_token=parts.peer_token)
 
 
 def serve(parts: Parts, view: Callable[[], LoopView], sock: Any = None) -> tuple[ApiServer, TcpProbe | None]:
