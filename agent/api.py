@@ -58,6 +58,8 @@ class LocalApi:
                      "document_incarnation": d.document.incarnation if d.document else None},
             "events": len(d.tracked),
             "events_naming_this_vm": sum(1 for t in d.tracked.values() if t.names_self),
+            "not_ready": {eid: why for eid, t in d.tracked.items()  # outcomes: why the VM is not ready
+                          if t.names_self and t.event.status == "Scheduled" and (why := d.runner.not_ready(t))},
             "state": {"dir": str(d.store.dir), "unsaved_changes": d.store.dirty, "write_error": d.store.write_error},
             **d.extra_status(),
         }
@@ -84,6 +86,7 @@ class LocalApi:
             "rank": rank,
             "first_seen": first_seen,
             "ready": d.is_ready(event_id),
+            "not_ready": d.runner.not_ready(tracked) if tracked is not None and tracked.event.status == "Scheduled" else [],  # outcomes
             "results": d.store.results(event_id),
             "history": (record or {}).get("history", []),
             "outcome": (record or {}).get("outcome"),
@@ -100,7 +103,9 @@ class LocalApi:
         created = self.d.rotation.drain(MANUAL, reason, self.d.clock.now())
         self.d.log.warning("rotation.drained", key=MANUAL, reason=reason, new=created)
         self.d.store.journal("rotation.drained", key=MANUAL, reason=reason)
-        return {"drained": True, "already": not created, "reason": reason}
+        saved = {} if self.d.rotation.saved else {"note": "in effect; not yet saved: the state disk refuses writes "  # outcomes
+                                                           "(maintd retries; see maintd status)"}
+        return {"drained": True, "already": not created, "reason": reason, **saved}
 
     def undrain(self) -> dict[str, Any]:
         removed = self.d.rotation.undrain(MANUAL)

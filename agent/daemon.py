@@ -26,16 +26,17 @@ from agent.config import Config
 from agent.errors import ConfigError, ImdsError, ImdsRequestRejected, StateError
 from agent.events import Document
 from agent.coordinator import Coordinator
-from agent.handlers.base import Services
+from agent.handlers.base import Result, Services
+from agent.outcomes import FAILED, OK, TIMED_OUT
 from agent.handlers.registry import instantiate
 from agent.health import HealthState, HealthStore
 from agent.imds import ImdsClient, PollResult, is_transient, next_poll_delay
 from agent.metrics import Metrics
-from agent.policy import Profile, in_force
+from agent.policy import Profile, in_force, phase_for
 from agent.retry import retrying as retrying_on
 from agent.rotation import Rotation
 from agent.rules import RuleEngine
-from agent.runner import Runner
+from agent.runner import Runner, handler_settings
 from agent.server import ApiServer
 from agent.state import Store
 from agent.systemd import Notifier, system_is_stopping
@@ -121,8 +122,10 @@ class Daemon:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="imds")
         self.transition_listeners: list[Callable[[list[Transition]], None]] = []
         self.tick_listeners: list[Callable[[], None]] = []
-        self.services = Services(config=config, clock=clock, rotation=self.rotation, health=self.health,
-                                 store=self.store, metrics=self.metrics, vm_name=self.vm_name)
+        self.metrics.follow_verdict(lambda: self.rotation.verdict().in_rotation,  # outcomes: gauges read when scraped
+                                    lambda: int(self.health.aggregate(self.config.health.consider_warning_as_error)))
+        self.services = Services(clock=clock, store=self.store, metrics=self.metrics, rotation=self.rotation,
+                                 health=self.health)
         self.runner = Runner(instantiate(config.handlers, self.services), self.services, dry_run=config.dry_run,
                              on_result=self._handler_result)
         self.transition_listeners.append(lambda trs: [self.runner.submit(t) for t in trs])
@@ -172,7 +175,7 @@ class Daemon:
                            hint="set identity.name in the config if IMDS compute metadata is not available")
             self.health.set("imds", "identity", HealthState.ERROR, f"cannot learn this VM's name from IMDS: {exc}")
             return
-        self.services.vm_name = self.vm_name
+        self._publish_settings()
         self.log.info("identity.resolved", vm_name=self.vm_name)
         self.health.set("imds", "identity", HealthState.OK, f"this VM is {self.vm_name}")
 
@@ -211,7 +214,6 @@ class Daemon:
         self._prune_state(now)
         self._check_state()
         self._update_imds_health()
-        self.update_rotation_metrics()
         for listener in self.tick_listeners:
             listener()
         self.notifier.watchdog(self.clock.monotonic())
@@ -299,8 +301,13 @@ class Daemon:
                               approval=profile.approval)
         self.profile = profile
         self.profile_next_change = selection.next_change
-        self.services.profile = profile
+        self._publish_settings()
         return profile
+
+    def _publish_settings(self) -> None:
+        """outcomes: hand the handlers one immutable snapshot of what they read (name, drain timings, profile)."""
+        probe = self.config.probe
+        self.services.settings = handler_settings(self.vm_name, probe.lb_timeout, probe.drain_grace, self.profile)
 
     def _coordinate(self) -> None:
         """Approval decisions, right after a successful poll (never on stale data)."""
@@ -424,8 +431,6 @@ class Daemon:
 
     def describe_plan(self, tr: Transition) -> dict[str, Any]:
         """What maintd would do for a transition (`maintd run --once`)."""
-        from agent.runner import phase_for
-
         phase = phase_for(tr)
         handlers = [h.spec.name for h in self.runner.selected(phase, tr.event, tr.names_self)] if phase else []
         return {"transition": tr.kind, "event_id": tr.event.event_id, "event_type": tr.event.event_type,
@@ -438,11 +443,11 @@ class Daemon:
         tracked = self.tracked.get(event_id)
         return tracked is not None and tracked.event.status == "Scheduled" and self.runner.is_ready(tracked)
 
-    def _handler_result(self, event_id: str, handler: str, phase: str, result: Any) -> None:
-        if result.outcome in ("failed", "timed_out"):
+    def _handler_result(self, event_id: str, handler: str, phase: str, result: Result) -> None:
+        if result.outcome in (FAILED, TIMED_OUT):
             self.health.set("handlers", handler, HealthState.WARNING,
                             f"{phase} run for {event_id} {result.outcome}: {result.detail}"[:500])
-        elif result.outcome == "ok":
+        elif result.outcome == OK:
             self.health.remove("handlers", handler)
         tracked = self.tracked.get(event_id)
         if phase == "scheduled" and tracked is not None and self.vm_name and self.runner.is_ready(tracked):
@@ -489,11 +494,6 @@ class Daemon:
     def server_token(self) -> str | None:
         """The bearer token for mutating endpoints from non-loopback clients."""
         return read_secret(self.config.server.token_file)
-
-    def update_rotation_metrics(self) -> None:
-        """Export whether the probe answers 200."""
-        self.metrics.in_rotation.set(1 if self.rotation.verdict().in_rotation else 0)
-        self.metrics.health_state.set(int(self.health.aggregate(self.config.health.consider_warning_as_error)))
 
     def serve(self, sock: Any = None) -> ApiServer:
         """Start the HTTP server (on a socket-activated `sock` when systemd passed one)."""
@@ -552,8 +552,6 @@ class Daemon:
             self.imds = self._make_client(new)
         if new.identity != old.identity:
             self.vm_name = None if new.identity.name == "auto" else new.identity.name
-            self.services.vm_name = self.vm_name
-        self.services.config = new
         if new.handlers != old.handlers:
             self.runner.handlers = instantiate(new.handlers, self.services)
             for h in self.runner.handlers:
@@ -592,7 +590,6 @@ class Daemon:
         probe = self.config.probe
         wait = probe.lb_timeout + probe.drain_grace
         self.rotation.drain(STOP_DRAIN, "maintd is stopping", self.clock.now())
-        self.update_rotation_metrics()
         self.log.warning("rotation.drained", key=STOP_DRAIN, reason="maintd is stopping", wait_seconds=wait)
         self.notifier.status(f"draining for {wait:.0f}s before exit")
         self.clock.wait(self._second_stop, wait)

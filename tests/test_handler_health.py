@@ -43,7 +43,7 @@ def make(clock):
 
     def build(yaml_item: str):
         cfg = loads(f"handlers:\n  - {yaml_item}\n")
-        services = SimpleNamespace(config=cfg, clock=clock, health=HealthStore(clock), vm_name="vm-3", profile=None)
+        services = SimpleNamespace(clock=clock, health=HealthStore(clock))
         return instantiate(cfg.handlers, services)[0]
 
     return build

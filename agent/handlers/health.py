@@ -88,7 +88,6 @@ def health_information(prop: str, state: str, description: str, ttl: float | Non
 class HealthHandler(Handler):
     type_name = "health"
     Options = HealthOptions
-    idempotent = True
 
     _sequence_lock = threading.Lock()
     _last_sequence = 0
