@@ -200,7 +200,9 @@ def _events_table(events: list[dict[str, Any]]) -> str:
                      "yes" if e.get("names_self") else "no", str(e.get("rank") if e.get("rank") is not None else "-"),
                      "yes" if e.get("ready") else "no", _approval_cell(e), ",".join(e.get("Resources", []))[:40]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    why = [f"{e['EventId']} not ready: {reason}" for e in events for reason in e.get("not_ready") or []]
+    return "\n".join(table + ([""] + why if why else []))
 
 
 def cmd_events(args: argparse.Namespace) -> int:

@@ -58,7 +58,8 @@ class Metrics:
         self.in_rotation = Gauge("maintd_in_rotation", "1 while the probe answers 200, 0 while out of rotation",
                                  registry=r)
         self.health_state = Gauge("maintd_health_state", "Aggregated health: 0 Ok, 1 Warning, 2 Error", registry=r)
-        self.handler_runs = Counter("maintd_handler_runs_total", "Handler runs by outcome",
+        self.handler_runs = Counter("maintd_handler_runs_total",
+                                    "Handler runs by outcome (canceled: cut short because its event left the document)",
                                     ["handler", "phase", "outcome"], registry=r)
         self.handler_duration = Histogram("maintd_handler_duration_seconds", "Handler run duration",
                                           ["handler", "phase"],

@@ -1,0 +1,40 @@
+"""Why a VM is not ready, as the operator reads it: `/v1/events/{id}`, `/v1/status`, `maintd events`."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from agent.api import LocalApi
+from agent.cli import _events_table
+from agent.config import loads
+from agent.daemon import build
+from agent.events import parse_document
+from agent.systemd import Notifier
+
+WAY_OUT = "ckpt failed (exit status 1); on_failure: block — approve by hand with `maintd approve E1`"
+
+
+@pytest.fixture
+def api(tmp_path, clock):
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\n"
+                "handlers:\n  - {name: ckpt, type: exec, phases: [scheduled], command: [/bin/false]}\n")
+    d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+    d.start()
+    nb = (clock.now() + timedelta(minutes=15)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    d.process_document(parse_document({"DocumentIncarnation": 1, "Events": [
+        {"EventId": "E1", "EventType": "Reboot", "ResourceType": "VirtualMachine", "Resources": ["vm1"],
+         "EventStatus": "Scheduled", "NotBefore": nb, "Description": "", "EventSource": "Platform",
+         "DurationInSeconds": -1}]}))
+    assert d.runner.wait_idle(10)
+    yield LocalApi(d)
+    d.shutdown()
+
+
+def test_a_blocking_failure_says_how_to_get_out(api):
+    """A failed hook under on_failure: block: the event view, the status and `maintd events` name the way out."""
+    view = api.event("E1")
+    assert view["ready"] is False and view["not_ready"] == [WAY_OUT]
+    assert api.status()["not_ready"] == {"E1": [WAY_OUT]}
+    assert f"E1 not ready: {WAY_OUT}" in _events_table(api.events()).splitlines()
