@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from agent import logs
 from agent.errors import StateError
-from agent.events import Event
+from agent.events import Event, parse_event
 from agent.handlers.base import Context, Handler, Result, Services, Settings
 from agent.lanes import Lanes
 from agent.outcomes import CANCELED, FAILED, INTERRUPTED, OK, RUNNING, SKIPPED, TIMED_OUT
@@ -115,14 +115,25 @@ class Runner:
             self._enqueue(phase, tr.event, tr.names_self, tr.outcome)
 
     def resume(self, tracked: dict[str, Tracked]) -> None:
-        """After a restart: settle interrupted runs, then queue the phase each present event is in."""
+        """After a restart: settle interrupted runs, then queue the phase each present event is in, and
+        the `completed` phase of a gone event whose completed run was interrupted (the undrain, say)."""
         for eid, t in tracked.items():
-            for key, rec in self.store.results(eid).items():
-                if key.startswith("handler:") and rec.get("outcome") == RUNNING:
-                    self._settle_interrupted(eid, key, rec)
+            self._settle(eid, "")
             phase = "scheduled" if t.event.status == "Scheduled" else "started" if t.event.status == "Started" else None
             if phase:
                 self._enqueue(phase, t.event, t.names_self, None)
+        for eid, rec in self.store.event_records().items():
+            if eid not in tracked and rec.get("vanished_at") and self._settle(eid, ":completed"):
+                self._enqueue("completed", parse_event(rec["event"]), bool(rec.get("names_self")), rec.get("outcome"))
+
+    def _settle(self, event_id: str, suffix: str) -> bool:
+        """Settle the event's `running` records whose key ends with `suffix`; True if there were any."""
+        found = False
+        for key, rec in self.store.results(event_id).items():
+            if key.startswith("handler:") and key.endswith(suffix) and rec.get("outcome") == RUNNING:
+                self._settle_interrupted(event_id, key, rec)
+                found = True
+        return found
 
     def _settle_interrupted(self, event_id: str, key: str, rec: dict[str, Any]) -> None:
         name = key.split(":")[1]

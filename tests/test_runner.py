@@ -142,6 +142,17 @@ def test_rerun_interrupted_false_keeps_at_most_once(tmp_path, clock):
     assert "rerun_interrupted: false" in runner.not_ready(t)[0]
 
 
+def test_an_interrupted_completed_run_of_a_gone_event_runs_again(tmp_path, clock):
+    """kill -9 during the undrain of an event that has left the document: the restart runs it again."""
+    runner, store, _ = make(tmp_path, clock, spec("undo", phases=("completed",)))
+    e = ev(clock=clock)
+    store.apply({}, [Transition("vanished", e, True, clock.now(), "Scheduled", "completed")])
+    store.record("E1", result_key("undo", "completed"), {"outcome": "running", "attempt": 1})
+    runner.resume({})
+    assert runner.wait_idle(5)
+    assert CALLS == [("undo", "completed", "E1")] and ATTEMPTS == [2]
+
+
 def test_a_vanishing_event_cuts_its_work_and_runs_completed_at_once(tmp_path, clock):
     """The run under way is cut (recorded canceled), the next is skipped, completed handlers run."""
     Recorder.behaviour = {"wait": "until_cut"}
