@@ -102,7 +102,7 @@ def _parse_one(item: Any) -> HandlerSpec:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigValueError(str(key), f"unknown key for a {kind} handler{hint}; known keys: {', '.join(known)}")
     common = parse_section(_Common, {k: v for k, v in item.items() if k in COMMON_KEYS})
-    options = parse_section(cls.Options, {k: v for k, v in item.items() if k in option_keys})
+    options: Any = parse_section(cls.Options, {k: v for k, v in item.items() if k in option_keys})
     unsupported = [p for p in common.phases if p not in cls.supported_phases()]
     if unsupported:
         raise ConfigValueError("phases", f"a {kind} handler has no {', '.join(unsupported)} phase; "
