@@ -230,6 +230,8 @@ def cmd_events(args: argparse.Namespace) -> int:
 def cmd_drain(args: argparse.Namespace) -> int:
     body = _call(args, "POST", "/v1/drain", {"reason": args.reason})
     print(f"out of rotation: {args.reason}" + (" (was already drained)" if body.get("already") else ""))
+    if body.get("note"):
+        print(body["note"])
     return 0
 
 
