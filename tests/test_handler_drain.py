@@ -8,7 +8,6 @@ from datetime import timedelta
 
 import pytest
 
-from agent.api import LocalApi
 from agent.config import loads
 from agent.daemon import build
 from agent.events import Event
@@ -19,6 +18,7 @@ from agent.metrics import Metrics
 from agent.rotation import Rotation
 from agent.state import Store
 from agent.systemd import Notifier
+from tests.e2e.harness import http
 
 
 def parts(state_dir, clock):
@@ -74,17 +74,20 @@ def test_a_drain_for_an_event_already_gone_is_lifted_again(tmp_path, clock):
 
 @pytest.fixture
 def daemon(tmp_path, clock):
-    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {full_disk(tmp_path)}}}\n")
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {full_disk(tmp_path)}}}\n"
+                "server: {listen: '127.0.0.1:0'}\n")
     d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+    d.serve()
     yield d
     d.shutdown()
 
 
 def test_post_drain_on_a_full_disk_answers_with_a_note_not_an_error(daemon):
-    """`maintd drain` works from memory when the disk is full, and says the state is not saved yet."""
-    answer = LocalApi(daemon).drain("disk test")
-    assert answer["drained"] is True and "not yet saved" in answer["note"]
-    assert LocalApi(daemon).probe()[0] is False
+    """`maintd drain` works from memory when the disk is full: 200, a note that the state is not saved yet."""
+    answer = http().post(daemon.server.url + "/v1/drain", json={"reason": "disk test"}, timeout=5)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["drained"] is True and "not yet saved" in answer.json()["note"]
+    assert http().get(daemon.server.url + "/probe", timeout=5).status_code == 503
 
 
 def test_rotation_metrics_agree_with_the_probe_at_every_scrape(daemon):
