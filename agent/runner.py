@@ -118,43 +118,47 @@ class Runner:
         """After a restart: settle interrupted runs, then queue the phase each present event is in, and
         the `completed` phase of a gone event whose completed run was interrupted (the undrain, say)."""
         for eid, t in tracked.items():
-            self._settle(eid, "")
             phase = "scheduled" if t.event.status == "Scheduled" else "started" if t.event.status == "Started" else None
+            self._settle(eid, phase)
             if phase:
                 self._enqueue(phase, t.event, t.names_self, None)
         for eid, rec in self.store.event_records().items():
-            if eid not in tracked and rec.get("vanished_at") and self._settle(eid, ":completed"):
+            if eid not in tracked and rec.get("vanished_at") and self._settle(eid, "completed"):
                 self._enqueue("completed", parse_event(rec["event"]), bool(rec.get("names_self")), rec.get("outcome"))
 
-    def _settle(self, event_id: str, suffix: str) -> bool:
-        """Settle the event's `running` records whose key ends with `suffix`; True if there were any."""
-        found = False
+    def _settle(self, event_id: str, phase: str | None) -> bool:
+        """Settle the event's `running` records: those of `phase` (the one it is in) may run again, the
+        others cannot (the event has moved on); True when one will run again."""
+        again = False
         for key, rec in self.store.results(event_id).items():
-            if key.startswith("handler:") and key.endswith(suffix) and rec.get("outcome") == RUNNING:
-                self._settle_interrupted(event_id, key, rec)
-                found = True
-        return found
+            if key.startswith("handler:") and rec.get("outcome") == RUNNING:
+                again |= self._settle_interrupted(event_id, key, rec, phase is not None and key.endswith(f":{phase}"))
+        return again
 
-    def _settle_interrupted(self, event_id: str, key: str, rec: dict[str, Any]) -> None:
+    def _settle_interrupted(self, event_id: str, key: str, rec: dict[str, Any], current: bool) -> bool:
+        """Record an interrupted run as to run again, or failed; True when it runs again."""
         name = key.split(":")[1]
         handler = next((h for h in self.handlers if h.spec.name == name), None)
         attempt = attempt_of(rec)
         fields = {"event_id": event_id, "handler": name, "attempt": attempt}
-        if handler is not None and handler.spec.rerun_interrupted and attempt < handler.spec.max_attempts:
+        if current and handler is not None and handler.spec.rerun_interrupted and attempt < handler.spec.max_attempts:
             limit = handler.spec.max_attempts
             self._record(event_id, key, {**rec, "outcome": INTERRUPTED, "attempt": attempt,
                                          "detail": f"interrupted, attempt {attempt} of {limit}; runs again"},
                          journal="handler.interrupted")
             self.log.warning("handler.interrupted", **fields, max_attempts=limit, action="runs again")
-            return
+            return True
         if handler is None:
             why = "interrupted; the handler is no longer configured"
+        elif not current:
+            why = "interrupted; the event has moved on to another phase"
         elif handler.spec.rerun_interrupted:
             why = f"interrupted, attempt {attempt} of {handler.spec.max_attempts}"
         else:
             why = "interrupted; rerun_interrupted: false"
         self._record(event_id, key, {**rec, "outcome": FAILED, "detail": why}, journal="handler.interrupted")
         self.log.error("handler.interrupted", **fields, detail=why, action="recorded failed, not run again")
+        return False
 
     def _enqueue(self, phase: str, event: Event, names_self: bool, outcome: str | None) -> None:
         eid = event.event_id

@@ -153,6 +153,17 @@ def test_an_interrupted_completed_run_of_a_gone_event_runs_again(tmp_path, clock
     assert CALLS == [("undo", "completed", "E1")] and ATTEMPTS == [2]
 
 
+def test_an_interrupted_scheduled_run_is_not_rerun_once_the_event_has_started(tmp_path, clock):
+    """The event turned Started while maintd was down: its interrupted scheduled run is failed, not rerun."""
+    runner, store, _ = make(tmp_path, clock, spec("a"))
+    store.record("E1", result_key("a", "scheduled"), {"outcome": "running", "attempt": 1})
+    runner.resume({"E1": Tracked(ev(status="Started"), True, clock.now(), "b", True)})
+    assert runner.wait_idle(5)
+    assert CALLS == []
+    rec = store.result("E1", result_key("a", "scheduled"))
+    assert rec["outcome"] == FAILED and "moved on" in rec["detail"]
+
+
 def test_a_vanishing_event_cuts_its_work_and_runs_completed_at_once(tmp_path, clock):
     """The run under way is cut (recorded canceled), the next is skipped, completed handlers run."""
     Recorder.behaviour = {"wait": "until_cut"}
