@@ -237,13 +237,16 @@ class Runner:
                       deadline=event.not_before, dry_run=self.dry_run, clock=self.clock, cancel=cut,
                       stopping=self.stopping, settings=settings, outcome=outcome, attempt=attempt)
         t0 = self.clock.monotonic()
-        with self._lock:
-            self._running[event.event_id] = spec.name
+        cuttable = phase != "completed"
+        if cuttable:
+            with self._lock:
+                self._running[event.event_id] = spec.name
         try:
             result = self._call(handler, ctx, allowed)
         finally:
-            with self._lock:
-                self._running.pop(event.event_id, None)
+            if cuttable:
+                with self._lock:
+                    self._running.pop(event.event_id, None)
         if result is None:
             self.log.warning("handler.abandoned", **fields, reason="maintd is stopping; the run will be settled at restart")
             return

@@ -164,8 +164,8 @@ def test_an_interrupted_scheduled_run_is_not_rerun_once_the_event_has_started(tm
     assert rec["outcome"] == FAILED and "moved on" in rec["detail"]
 
 
-def test_a_vanishing_event_cuts_its_work_and_runs_completed_at_once(tmp_path, clock):
-    """The run under way is cut (recorded canceled), the next is skipped, completed handlers run."""
+def test_a_vanishing_event_cuts_its_work_and_runs_completed_at_once(tmp_path, clock, logs):
+    """The run under way is cut (recorded canceled), the next is skipped, completed handlers run; the log says so."""
     Recorder.behaviour = {"wait": "until_cut"}
     runner, store, _ = make(tmp_path, clock, spec("wait"), spec("later"), spec("undo", phases=("completed",)))
     e = ev(clock=clock)
@@ -177,6 +177,8 @@ def test_a_vanishing_event_cuts_its_work_and_runs_completed_at_once(tmp_path, cl
     assert store.result("E1", result_key("wait", "scheduled"))["outcome"] == "canceled"
     later = store.result("E1", result_key("later", "scheduled"))
     assert later["outcome"] == SKIPPED and "left the document" in later["detail"]
+    cut = [e for e in logs if e["event"] == "handler.canceling"]
+    assert [(e["event_id"], e["handler"], e["reason"]) for e in cut] == [("E1", "wait", "event canceled")]
 
 
 def test_completed_does_not_wait_behind_a_run_that_ignores_the_cut(tmp_path, clock):
