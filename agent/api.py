@@ -104,6 +104,8 @@ class LocalApi:
                      "document_incarnation": lv.incarnation},
             "events": len(lv.tracked),
             "events_naming_this_vm": sum(1 for t in lv.tracked.values() if t.names_self),
+            "not_ready": {eid: why for eid, t in lv.tracked.items()
+                          if t.names_self and t.event.status == "Scheduled" and (why := self.runner.not_ready(t))},
             "state": {"dir": str(self.store.dir), "unsaved_changes": self.store.dirty,
                       "write_error": self.store.write_error},
             "profile": lv.profile.name, "profile_approval": lv.profile.approval,
@@ -137,6 +139,7 @@ class LocalApi:
             "rank": rank,
             "first_seen": first_seen,
             "ready": self._ready(tracked),
+            "not_ready": self.runner.not_ready(tracked) if tracked is not None and tracked.event.status == "Scheduled" else [],
             "results": self.store.results(event_id),
             "history": (record or {}).get("history", []),
             "outcome": (record or {}).get("outcome"),
@@ -154,7 +157,9 @@ class LocalApi:
         created = self.rotation.drain(MANUAL, reason, self.clock.now())
         self.log.warning("rotation.drained", key=MANUAL, reason=reason, new=created, by=by)
         self.store.journal("rotation.drained", key=MANUAL, reason=reason, by=by)
-        return {"drained": True, "already": not created, "reason": reason}
+        saved = {} if self.rotation.saved else {"note": "in effect; not yet saved: the state disk refuses writes "
+                                                        "(maintd retries; see maintd status)"}
+        return {"drained": True, "already": not created, "reason": reason, **saved}
 
     def undrain(self, by: str) -> dict[str, Any]:
         removed = self.rotation.undrain(MANUAL)

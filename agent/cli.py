@@ -82,7 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def run_once(daemon: Any) -> int:
     """Poll once, print what maintd sees and would do, change nothing on disk, exit."""
     from agent.errors import ImdsError
-    from agent.runner import phase_for
+    from agent.policy import phase_for
 
     daemon.store.load()
     if daemon.vm_name is None:
@@ -268,7 +268,9 @@ def _events_table(events: list[dict[str, Any]]) -> str:
                      "yes" if e.get("ready") else "no", *_plan_cells(e), _approval_cell(e),
                      ",".join(e.get("Resources", []))[:40]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    why = [f"{e['EventId']} not ready: {reason}" for e in events for reason in e.get("not_ready") or []]
+    return "\n".join(table + ([""] + why if why else []))
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -296,6 +298,8 @@ def cmd_events(args: argparse.Namespace) -> int:
 def cmd_drain(args: argparse.Namespace) -> int:
     body = _call(args, "POST", "/v1/drain", {"reason": args.reason})
     print(f"out of rotation: {args.reason}" + (" (was already drained)" if body.get("already") else ""))
+    if body.get("note"):
+        print(body["note"])
     return 0
 
 

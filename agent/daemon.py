@@ -60,7 +60,7 @@ class Daemon:
         self.log = logs.get("daemon")
         self.server: ApiServer | None = None
         self.tcp_probe: TcpProbe | None = None
-        self.vm_name: str | None = p.services.vm_name
+        self.vm_name: str | None = p.vm_name
         self.tracked: dict[str, Tracked] = {}
         self.document: Document | None = None
         self.failures = 0
@@ -124,6 +124,7 @@ class Daemon:
     def resolve_identity(self, attempts: int) -> None:
         """Learn this VM's name from IMDS (a few tries at start, then once per poll cycle)."""
         self.vm_name = self.parts.resolve_identity(attempts, self.stop_requested)
+        self.parts.publish_settings(self.profile)
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -161,7 +162,6 @@ class Daemon:
         self._prune_state(now)
         self.report.state_write_status(self.store)
         self.report.imds_health(self.config.imds, self.failures, self.last_success, self.started_at)
-        self.update_rotation_metrics()
         self._publish()
         self.notifier.watchdog(self.clock.monotonic())
         return transitions
@@ -247,7 +247,7 @@ class Daemon:
         profile, selection = in_force(self.config.profiles, self.clock.now())
         self.report.profile(profile, self.profile, self.config.profiles)
         self.profile, self.profile_next_change = profile, selection.next_change
-        self.parts.services.profile = profile
+        self.parts.publish_settings(profile)
         return profile
 
     def _coordinate(self) -> None:
@@ -291,11 +291,6 @@ class Daemon:
         if wake:
             wake()
 
-    def update_rotation_metrics(self) -> None:
-        """Export whether the probe answers 200."""
-        self.metrics.in_rotation.set(1 if self.rotation.verdict().in_rotation else 0)
-        self.metrics.health_state.set(int(self.health.aggregate(self.config.health.consider_warning_as_error)))
-
     def serve(self, sock: Any = None) -> ApiServer:
         """Start the HTTP server (on a socket-activated `sock` when systemd passed one)."""
         self.server, self.tcp_probe = serve(self.parts, lambda: self.view, sock)
@@ -316,7 +311,7 @@ class Daemon:
         if not self.parts.reload(self.config_path):
             return False
         if self.config.identity != identity:
-            self.vm_name = self.parts.services.vm_name
+            self.vm_name = self.parts.vm_name
         self._update_profile()
         self._publish()
         return True

@@ -7,15 +7,16 @@ at start so dashboards and alerts see zeros rather than gaps.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from agent import __version__
 from agent.events import KNOWN_TYPES
+from agent.outcomes import OUTCOMES
 
 EVENT_TYPES = (*KNOWN_TYPES, "Other")
 IMDS_ENDPOINTS = ("scheduledevents", "compute", "approve")
-PHASES = ("scheduled", "started", "completed")
-HANDLER_OUTCOMES = ("ok", "failed", "timed_out", "skipped")
 APPROVAL_OUTCOMES = ("sent", "failed", "skipped")
 
 
@@ -60,7 +61,8 @@ class Metrics:
         self.in_rotation = Gauge("maintd_in_rotation", "1 while the probe answers 200, 0 while out of rotation",
                                  registry=r)
         self.health_state = Gauge("maintd_health_state", "Aggregated health: 0 Ok, 1 Warning, 2 Error", registry=r)
-        self.handler_runs = Counter("maintd_handler_runs_total", "Handler runs by outcome",
+        self.handler_runs = Counter("maintd_handler_runs_total",
+                                    "Handler runs by outcome (canceled: cut short because its event left the document)",
                                     ["handler", "phase", "outcome"], registry=r)
         self.handler_duration = Histogram("maintd_handler_duration_seconds", "Handler run duration",
                                           ["handler", "phase"],
@@ -110,10 +112,16 @@ class Metrics:
             self.http_dropped.labels(reason)
         self.in_rotation.set(1)
 
+    def follow_verdict(self, in_rotation: Callable[[], bool], health_state: Callable[[], int]) -> None:
+        """Compute `maintd_in_rotation` and `maintd_health_state` when scraped, from what `/probe` reads,
+        so a scrape never disagrees with the probe."""
+        self.in_rotation.set_function(lambda: 1.0 if in_rotation() else 0.0)
+        self.health_state.set_function(lambda: float(health_state()))
+
     def init_handler(self, name: str, phases: tuple[str, ...]) -> None:
         """Create a configured handler's series so they read 0 before its first run."""
         for phase in phases:
-            for outcome in HANDLER_OUTCOMES:
+            for outcome in OUTCOMES:
                 self.handler_runs.labels(name, phase, outcome)
 
     def render(self) -> bytes:

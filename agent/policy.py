@@ -1,4 +1,5 @@
-"""Profiles and approval rules, and the pure decision whether this VM may approve an event now.
+"""Profiles and approval rules, and the pure decision whether this VM may approve an event now;
+which handler phase a transition starts.
 
 Profiles (`profiles:`) are evaluated fixed date, then recurrence, then default (see `schedule`);
 the one in force sets `approval` (auto, manual, never, immediate) and may narrow the handlers
@@ -31,6 +32,7 @@ from agent.errors import ConfigValueError
 from agent.events import KNOWN_TYPES, Event
 from agent.gates import Gates
 from agent.schedule import FixedDate, Recurrence, Selection, parse_fixed_date, parse_recurrence, select, validate_profiles
+from agent.tracker import Transition
 
 APPROVAL_MODES = ("auto", "immediate", "manual", "never")
 ALLOWING = ("auto", "immediate")
@@ -207,3 +209,14 @@ def decide(*, mode: str, status: str, rank: int | None, already_sent: bool, manu
         return Decision(False, "dry run: approval not sent")
     return Decision(True, "every affected VM is ready" if mode == "auto" else "immediate by policy")
 
+
+
+def phase_for(tr: Transition) -> str | None:
+    """The handler phase a transition starts (None when there is none)."""
+    if tr.kind == "vanished":
+        return "completed"
+    if tr.event.status == "Scheduled" and tr.kind == "appeared":
+        return "scheduled"
+    if tr.event.status == "Started":
+        return "started"
+    return None

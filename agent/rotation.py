@@ -4,6 +4,9 @@ Two things take it out: a drain (manual, `maintd drain`, or one per event, by th
 handler), persisted in the state store so it survives restarts and reboots; and the aggregated
 health of the SourceIds `probe.fail_on` admits (by default everything but maintd's own `imds`,
 `maintenance`, `config` and `state` reports: an IMDS outage must never drain a whole fleet).
+
+A drain takes effect in memory at once, whatever the disk does: on a full or read-only state disk
+the store keeps the change and the loop writes it (and reports the disk) when it can.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Sequence
 
+from agent.errors import StateError
 from agent.health import HealthState, HealthStore
 from agent.state import Store
 
@@ -78,7 +82,7 @@ class Rotation:
             if key in drains:
                 return False
             drains[key] = {"reason": reason, "since": now.isoformat().replace("+00:00", "Z")}
-            self.store.set_flag(DRAINS_FLAG, drains)
+            self._save(drains)
             return True
 
     def undrain(self, key: str) -> bool:
@@ -87,8 +91,19 @@ class Rotation:
             drains = self.drains()
             if drains.pop(key, None) is None:
                 return False
-            self.store.set_flag(DRAINS_FLAG, drains or None)
+            self._save(drains)
             return True
+
+    def _save(self, drains: dict[str, dict[str, Any]]) -> None:
+        try:
+            self.store.set_flag(DRAINS_FLAG, drains or None)
+        except StateError:  # in effect from memory; the loop retries the write and reports the disk
+            pass
+
+    @property
+    def saved(self) -> bool:
+        """Whether the drains (and every other state change) have reached the disk."""
+        return not self.store.dirty
 
     def verdict(self) -> Verdict:
         """What the probe answers now."""

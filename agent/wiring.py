@@ -27,11 +27,12 @@ from agent.handlers.registry import instantiate
 from agent.health import HealthState, HealthStore
 from agent.imds import ImdsClient, is_transient
 from agent.metrics import Metrics
+from agent.policy import Profile
 from agent.preparation import Preparation
 from agent.retry import retrying as retrying_on
 from agent.rotation import Rotation
 from agent.sampling import RuleEngine
-from agent.runner import Runner
+from agent.runner import Runner, handler_settings
 from agent.secretfile import read_secret
 from agent.server import ApiServer
 from agent.state import Store
@@ -90,10 +91,12 @@ class Parts:
         self.store = Store(s.dir, clock, retention=s.retention, journal_max_bytes=s.journal_max_bytes,
                            journal_keep=s.journal_keep)
         self.rotation = Rotation(self.store, self.health, config.probe.fail_on, config.health.consider_warning_as_error)
+        self.metrics.follow_verdict(lambda: self.rotation.verdict().in_rotation,
+                                    lambda: int(self.health.aggregate(self.config.health.consider_warning_as_error)))
         self.imds = make_imds_client(config, clock, self.metrics, session)
-        self.services = Services(config=config, clock=clock, rotation=self.rotation, health=self.health,
-                                 store=self.store, metrics=self.metrics,
-                                 vm_name=None if config.identity.name == "auto" else config.identity.name)
+        self.vm_name: str | None = None if config.identity.name == "auto" else config.identity.name
+        self.services = Services(clock=clock, store=self.store, metrics=self.metrics, rotation=self.rotation,
+                                 health=self.health)
         self.runner = Runner(instantiate(config.handlers, self.services), self.services, dry_run=config.dry_run,
                              on_result=callbacks.handler_result)
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
@@ -117,6 +120,11 @@ class Parts:
         """The health store as /v1/health shows it (also what the fleet gate reads of this VM)."""
         return self.health.to_json(self.config.health.consider_warning_as_error)
 
+    def publish_settings(self, profile: Profile | None) -> None:
+        """Hand the handlers one immutable snapshot of what they read (name, drain timings, profile)."""
+        probe = self.config.probe
+        self.services.settings = handler_settings(self.vm_name, probe.lb_timeout, probe.drain_grace, profile)
+
     def reconfigure(self, new: Config) -> Config:
         """Apply a reloaded config to the running parts; returns the config now in force.
 
@@ -134,8 +142,7 @@ class Parts:
         if new.imds != old.imds:
             self.imds = make_imds_client(new, self.clock, self.metrics, self.session)
         if new.identity != old.identity:
-            self.services.vm_name = None if new.identity.name == "auto" else new.identity.name
-        self.services.config = new
+            self.vm_name = None if new.identity.name == "auto" else new.identity.name
         if new.handlers != old.handlers:
             self.runner.handlers = instantiate(new.handlers, self.services)
             for h in self.runner.handlers:
@@ -164,7 +171,7 @@ class Parts:
                       hint="set identity.name in the config if IMDS compute metadata is not available")
             self.health.set("imds", "identity", HealthState.ERROR, f"cannot learn this VM's name from IMDS: {exc}")
             return None
-        self.services.vm_name = name
+        self.vm_name = name
         log.info("identity.resolved", vm_name=name)
         self.health.set("imds", "identity", HealthState.OK, f"this VM is {name}")
         return name
@@ -194,7 +201,6 @@ class Parts:
             return
         wait = probe.lb_timeout + probe.drain_grace
         self.rotation.drain(STOP_DRAIN, "maintd is stopping", self.clock.now())
-        self.metrics.in_rotation.set(0)
         logs.get("daemon").warning("rotation.drained", key=STOP_DRAIN, reason="maintd is stopping", wait_seconds=wait)
         self.notifier.status(f"draining for {wait:.0f}s before exit")
         self.clock.wait(cut_short, wait)

@@ -19,7 +19,7 @@ from agent.clock import SystemClock
 from agent.config import loads
 from agent.errors import ConfigError
 from agent.events import Event
-from agent.handlers.base import FAILED, OK, TIMED_OUT, Context
+from agent.handlers.base import CANCELED, FAILED, OK, TIMED_OUT, Context
 from agent.handlers.exec import ENV_VALUE_MAX, OUTPUT_KEEP
 from agent.handlers.registry import instantiate
 
@@ -32,18 +32,18 @@ EVENT_ID = "A1B2C3D4-0000-4000-8000-000000000001"
 def exec_handler(yaml_item: str):
     """An exec handler built from one `handlers:` entry, through the real config parser."""
     cfg = loads(f"handlers:\n  - {yaml_item}\n")
-    services = SimpleNamespace(config=cfg, clock=SystemClock(), vm_name="vm-3", profile=None)
+    services = SimpleNamespace(clock=SystemClock())
     return instantiate(cfg.handlers, services)[0]
 
 
 def context(phase="scheduled", timeout=10.0, description="Host server is undergoing maintenance.",
-            cancel: threading.Event | None = None) -> Context:
+            cancel: threading.Event | None = None, stopping: threading.Event | None = None) -> Context:
     e = Event(event_id=EVENT_ID, event_type="Reboot", status="Started" if phase == "started" else "Scheduled",
               resources=("vm-3", "vm-4"), not_before=NOT_BEFORE if phase == "scheduled" else None,
               description=description, source="Platform", duration_seconds=-1)
     return Context(event=e, phase=phase, vm_name="vm-3", names_self=True, timeout=timeout, deadline=e.not_before,
                    dry_run=False, clock=SystemClock(), cancel=cancel or threading.Event(),
-                   outcome="completed" if phase == "completed" else None)
+                   stopping=stopping or threading.Event(), outcome="completed" if phase == "completed" else None)
 
 
 def script(tmp_path: Path, body: str, name: str = "hook.py") -> str:
@@ -93,6 +93,7 @@ def test_the_hook_gets_the_event_in_env_and_stdin_and_nothing_of_maintds_environ
         "MAINTD_NAMES_THIS_VM": "1",
         "MAINTD_OUTCOME": "",
         "MAINTD_TIMEOUT_SECONDS": "10",
+        "MAINTD_ATTEMPT": "1",
     }
     assert seen["stdin"] == {"phase": "scheduled", "vm_name": "vm-3", "names_this_vm": True, "outcome": None,
                              "dry_run": False, "event": {
@@ -252,15 +253,53 @@ def test_a_timeout_sends_sigterm_first_so_a_hook_can_clean_up(tmp_path):
     assert result.output == "ready\ncleaning up after SIGTERM\n"
 
 
+def set_event() -> threading.Event:
+    flag = threading.Event()
+    flag.set()
+    return flag
+
+
 def test_stopping_maintd_kills_a_running_hook(tmp_path):
-    """When maintd stops (ctx.cancel), a running hook's group is killed and the run ends as interrupted."""
-    cancel = threading.Event()
-    cancel.set()
+    """When maintd stops (ctx.stopping), a running hook's group is killed and the run ends as interrupted."""
     h = exec_handler("{name: long, type: exec, phases: [scheduled], kill_grace: 200ms, command: [sleep, '60']}")
     t0 = time.monotonic()
-    result = h.run(context(timeout=60.0, cancel=cancel))
+    result = h.run(context(timeout=60.0, cancel=set_event(), stopping=set_event()))
     assert result.outcome == FAILED and result.detail.startswith("interrupted")
     assert time.monotonic() - t0 < 3
+
+
+def test_a_hook_is_cut_when_its_event_leaves_the_document(tmp_path):
+    """The event is gone (ctx.cancel without a stop): SIGTERM at once, the run is canceled and says so."""
+    out = tmp_path / "got"
+    hook = script(tmp_path, "import os, signal, sys, time\n"
+                            f"signal.signal(signal.SIGTERM, lambda *_: (open({str(out)!r}, 'w').write('TERM'), sys.exit(3)))\n"
+                            "time.sleep(60)\n")
+    h = exec_handler(f'{{name: ckpt, type: exec, phases: [scheduled], command: ["{PY}", "{hook}"]}}')
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    t0 = time.monotonic()
+    result = h.run(context(timeout=60.0, cancel=cancel))
+    assert result.outcome == CANCELED and "left the document" in result.detail and "exited on SIGTERM" in result.detail
+    assert out.read_text() == "TERM"
+    assert time.monotonic() - t0 < 3
+
+
+def test_cancel_grace_wait_lets_the_hook_finish_when_its_event_goes(tmp_path):
+    """cancel_grace: wait keeps today's behaviour: the hook runs to its end although the event is gone."""
+    h = exec_handler(f"{{name: ckpt, type: exec, phases: [scheduled], cancel_grace: wait, "
+                     f"command: [\"{PY}\", -c, 'import time; time.sleep(0.5)']}}")
+    result = h.run(context(timeout=60.0, cancel=set_event()))
+    assert (result.outcome, result.exit_code) == (OK, 0)
+
+
+def test_a_nul_byte_in_the_description_does_not_stop_the_hook(tmp_path):
+    """IMDS text with NUL (which no environment value can hold) reaches the hook without it."""
+    out = tmp_path / "desc"
+    hook = script(tmp_path, f"import os\nopen({str(out)!r}, 'w').write(os.environ['MAINTD_DESCRIPTION'])\n")
+    h = exec_handler(f'{{name: hook, type: exec, phases: [scheduled], command: ["{PY}", "{hook}"]}}')
+    result = h.run(context(description="disk\0maintenance"))
+    assert result.outcome == OK, result
+    assert out.read_text() == "diskmaintenance"
 
 
 def test_megabytes_of_output_are_bounded_and_the_tail_is_logged(tmp_path, logs):

@@ -43,18 +43,21 @@ def make(clock):
 
     def build(yaml_item: str):
         cfg = loads(f"handlers:\n  - {yaml_item}\n")
-        services = SimpleNamespace(config=cfg, clock=clock, health=HealthStore(clock), vm_name="vm-3", profile=None)
+        services = SimpleNamespace(clock=clock, health=HealthStore(clock))
         return instantiate(cfg.handlers, services)[0]
 
     return build
 
 
-def context(clock, phase="scheduled", *, outcome=None, timeout=30.0) -> Context:
+def context(clock, phase="scheduled", *, outcome=None, timeout=30.0, gone=False) -> Context:
     e = Event(event_id=EVENT_ID, event_type="Reboot", status="Started" if phase == "started" else "Scheduled",
               resources=("vm-3", "vm-4"), not_before=NOW + timedelta(minutes=9) if phase == "scheduled" else None,
               description="Host server is undergoing maintenance.", source="Platform", duration_seconds=-1)
-    return Context(event=e, phase=phase, vm_name="vm-3", names_self=True, timeout=timeout, deadline=e.not_before,
-                   dry_run=False, clock=clock, cancel=threading.Event(), outcome=outcome)
+    ctx = Context(event=e, phase=phase, vm_name="vm-3", names_self=True, timeout=timeout, deadline=e.not_before,
+                  dry_run=False, clock=clock, cancel=threading.Event(), outcome=outcome)
+    if gone:
+        ctx.cancel.set()
+    return ctx
 
 
 def local(h) -> dict[tuple[str, str], tuple[HealthState, str]]:
@@ -63,6 +66,13 @@ def local(h) -> dict[tuple[str, str], tuple[HealthState, str]]:
 
 
 # --- the local health store ----------------------------------------------------------------------
+
+def test_a_report_for_an_event_already_gone_is_not_left_behind(make, clock):
+    """The event left while the scheduled report was being made (completed may have run): no report stays."""
+    h = make("{name: report, type: health, phases: [scheduled, completed]}")
+    assert h.run(context(clock, gone=True)).outcome == "canceled"
+    assert local(h) == {}
+
 
 def test_phases_become_warning_then_error_then_nothing_in_the_local_store(make, clock):
     """scheduled → Warning, started → Error (started_state: Error), completed → the report is gone."""

@@ -40,8 +40,7 @@ def make(tmp_path, clock):
 
     def build(yaml_item: str):
         cfg = loads(f"handlers:\n  - {yaml_item}\n")
-        services = SimpleNamespace(config=cfg, clock=clock, store=Store(tmp_path / "state", clock), vm_name="vm-3",
-                                   profile=None)
+        services = SimpleNamespace(clock=clock, store=Store(tmp_path / "state", clock))
         return instantiate(cfg.handlers, services)[0]
 
     return build

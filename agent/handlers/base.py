@@ -2,7 +2,8 @@
 
 A handler's methods `scheduled`, `started`, `completed` each take a `Context` and return a
 `Result` (None means ok); raising is a failed result, never a crash. Handlers that wait use
-`ctx.sleep`, which a stop cuts short. Third-party handlers subclass `Handler` and register
+`ctx.sleep`, which a stop of maintd or the event leaving the document cuts short. A handler sees
+the settings it needs (`Settings`, an immutable snapshot), never the whole config. Third-party handlers subclass `Handler` and register
 under the `maintd.handlers` entry-point group:
 
     [project.entry-points."maintd.handlers"]
@@ -20,16 +21,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.clock import Clock
 from agent.events import Event
+from agent.outcomes import CANCELED, FAILED, OK, PHASES, SKIPPED, TIMED_OUT
 
 if TYPE_CHECKING:
-    from agent.config import Config
     from agent.health import HealthStore
     from agent.metrics import Metrics
     from agent.rotation import Rotation
     from agent.state import Store
 
-PHASES = ("scheduled", "started", "completed")
-OK, FAILED, TIMED_OUT, SKIPPED = "ok", "failed", "timed_out", "skipped"
+__all__ = ["PHASES", "OK", "FAILED", "TIMED_OUT", "SKIPPED", "CANCELED", "Result", "HandlerSpec", "Settings",
+           "Services", "Context", "Handler"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class HandlerSpec:
     on_failure: str = "block"
     order: int = 0
     dry_run: bool = False
+    rerun_interrupted: bool = True
+    max_attempts: int = 3
     options: Any = field(default_factory=NoOptions)
 
     def applies_to(self, event: Event, names_self: bool) -> bool:
@@ -72,19 +75,30 @@ class HandlerSpec:
         return names_self or self.scope == "any"
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The settings handlers read, as one immutable snapshot: the loop replaces it whole (reload,
+    profile change, name learned), and each run reads the one in force when it starts."""
+
+    vm_name: str = ""
+    lb_timeout: float = 31.0
+    """Seconds the load balancer may take to notice a failing probe (`probe.lb_timeout`, or the profile's)."""
+    drain_grace: float = 10.0
+    """Seconds in-flight connections get after that (`probe.drain_grace`, or the profile's)."""
+    handlers: tuple[str, ...] | None = None
+    """Only these handlers run (the profile in force narrows them); None: all."""
+
+
 @dataclass
 class Services:
-    """What handlers may use besides the event: the daemon's shared parts."""
+    """What handlers may use besides the event: the daemon's shared parts and the settings snapshot."""
 
-    config: "Config"
     clock: Clock
-    rotation: "Rotation"
-    health: "HealthStore"
     store: "Store"
     metrics: "Metrics"
-    vm_name: str | None = None
-    profile: Any = None
-    """The profile in force (`policy.Profile`): may narrow handlers and override drain timings."""
+    rotation: "Rotation"
+    health: "HealthStore"
+    settings: Settings = field(default_factory=Settings)
 
 
 @dataclass
@@ -100,12 +114,23 @@ class Context:
     dry_run: bool
     clock: Clock
     cancel: threading.Event
+    """Set when the run should end early: maintd is stopping, or the event left the document."""
+    stopping: threading.Event = field(default_factory=threading.Event)
+    """Set only when maintd is stopping."""
+    settings: Settings = field(default_factory=Settings)
     outcome: str | None = None
     approved_by: str | None = None
+    attempt: int = 1
+    """1, or 2, 3, … when an earlier attempt was cut short by a crash or a stop of maintd."""
 
     def sleep(self, seconds: float) -> bool:
-        """Wait `seconds`; True when the wait was cut short (maintd is stopping)."""
+        """Wait `seconds`; True when the wait was cut short (maintd is stopping or the event is gone)."""
         return self.clock.wait(self.cancel, seconds)
+
+    @property
+    def event_gone(self) -> bool:
+        """Whether the run was cut short because its event left the document (not by a stop)."""
+        return self.cancel.is_set() and not self.stopping.is_set()
 
     def payload(self) -> dict[str, Any]:
         """The event as handlers receive it (stdin JSON, generic webhook body)."""
@@ -136,6 +161,7 @@ class Context:
             "MAINTD_NAMES_THIS_VM": "1" if self.names_self else "0",
             "MAINTD_OUTCOME": self.outcome or "",
             "MAINTD_TIMEOUT_SECONDS": f"{self.timeout:.0f}",
+            "MAINTD_ATTEMPT": str(self.attempt),
         }
         if self.dry_run:
             env["MAINTD_DRY_RUN"] = "1"
@@ -151,8 +177,6 @@ class Handler:
 
     type_name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
-    idempotent: ClassVar[bool] = False
-    """True when running again after a crash mid-run is harmless (then an interrupted run is retried)."""
 
     def __init__(self, spec: HandlerSpec, services: Services) -> None:
         self.spec = spec
@@ -169,7 +193,7 @@ class Handler:
         """The type-specific config keys."""
         return tuple(f.name for f in dataclasses.fields(cls.Options) if "parse" in f.metadata)
 
-    def minimum_timeout(self) -> float:
+    def minimum_timeout(self, settings: Settings) -> float:
         """A floor under the configured timeout (a drain needs its whole LB wait)."""
         return 0.0
 

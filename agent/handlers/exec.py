@@ -10,7 +10,9 @@ It runs in its own session, so a timeout reaches the whole process tree. The han
 is the longest the tree may live, kill included: SIGTERM goes to the process group `kill_grace`
 before the budget ends (at most half of the budget), SIGKILL when it ends. That keeps the run
 inside the runner's budget, which in the scheduled phase ends before NotBefore. A stop of maintd
-kills the hook the same way. Output (stdout and stderr merged) is read on a thread and bounded:
+kills the hook the same way. When the event leaves the document (canceled or over) the hook is
+cut too: SIGTERM at once, SIGKILL `cancel_grace` later; `cancel_grace: wait` lets it run to its
+end instead. NUL bytes, which no environment value can hold, are dropped from the values. Output (stdout and stderr merged) is read on a thread and bounded:
 only the last `OUTPUT_KEEP` bytes are kept, the rest is counted.
 """
 
@@ -29,7 +31,7 @@ from typing import IO, Any
 from agent import logs
 from agent.configschema import duration, list_of, mapping_of, opt, optional, text
 from agent.errors import ConfigValueError
-from agent.handlers.base import FAILED, OK, TIMED_OUT, Context, Handler, Result
+from agent.handlers.base import CANCELED, FAILED, OK, TIMED_OUT, Context, Handler, Result
 
 OUTPUT_KEEP = 64 * 1024
 """Bytes of a hook's output kept (the tail); the rest is counted, not stored."""
@@ -55,6 +57,11 @@ def _env(value: Any) -> dict[str, str]:
     return env
 
 
+def _duration_or_wait(value: Any) -> float | None:
+    """A grace in seconds, or `wait` (None): never cut the hook when its event goes."""
+    return None if value == "wait" else duration(0, 300)(value)
+
+
 @dataclass(frozen=True)
 class ExecOptions:
     command: tuple[str, ...] = opt(list_of(text(), min_len=1),
@@ -67,6 +74,9 @@ class ExecOptions:
     kill_grace: float = opt(duration(0, 300), 5.0,
                             "on timeout, seconds between SIGTERM and SIGKILL to the hook's process group; "
                             "both fall within timeout (the grace is at most half of it)")
+    cancel_grace: float | None = opt(_duration_or_wait, 5.0,
+                                     "when the event leaves the document, seconds between SIGTERM and SIGKILL "
+                                     "to the hook's process group; wait: let the hook run to its end")
 
 
 class _Tail:
@@ -125,12 +135,14 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM the hook's process group, then after `grace` SIGKILL whatever is left of it."""
+def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> bool:
+    """SIGTERM the hook's process group, then after `grace` SIGKILL whatever is left of it; True when
+    the hook had exited on SIGTERM."""
     _signal_group(proc.pid, signal.SIGTERM)
-    _wait(proc, grace)
+    obeyed = _wait(proc, grace)
     _signal_group(proc.pid, signal.SIGKILL)  # children may outlive a leader that obeyed SIGTERM
     _wait(proc, REAP)
+    return obeyed
 
 
 def _account(name: str | None) -> pwd.struct_passwd | None:
@@ -155,7 +167,7 @@ class ExecHandler(Handler):
             base.update(USER=account.pw_name, LOGNAME=account.pw_name)
         event = {k: v if len(v) <= ENV_VALUE_MAX else v[:ENV_VALUE_MAX - 12] + " [truncated]"
                  for k, v in ctx.environment().items()}
-        return {**base, **event, **self.options.env}
+        return {k: v.replace("\0", "") for k, v in {**base, **event, **self.options.env}.items()}
 
     def _start(self, ctx: Context, account: pwd.struct_passwd | None) -> subprocess.Popen[bytes]:
         o = self.options
@@ -187,9 +199,10 @@ class ExecHandler(Handler):
         threading.Thread(target=_feed, args=(proc.stdin, ctx.payload_json()), name="hook-input", daemon=True).start()
         tail = _Tail(proc.stdout)
         grace = min(o.kill_grace, ctx.timeout / 2)
-        finished = _wait(proc, ctx.timeout - grace, ctx.cancel)
-        if not finished:
-            _kill_group(proc, grace)
+        finished = _wait(proc, ctx.timeout - grace, ctx.stopping if o.cancel_grace is None else ctx.cancel)
+        cut = not finished and ctx.event_gone and o.cancel_grace is not None
+        kill_after = o.cancel_grace if cut and o.cancel_grace is not None else grace
+        obeyed = not finished and _kill_group(proc, kill_after)
         tail.thread.join(REAP)
         output = tail.text()
         if output or tail.dropped:
@@ -197,7 +210,11 @@ class ExecHandler(Handler):
                                   lines="\n".join(output.splitlines()[-LOG_LINES:])[-LOG_CHARS:],
                                   truncated_bytes=tail.dropped)
         code = proc.returncode
-        if not finished and ctx.cancel.is_set():
+        if cut:
+            how = "it exited on SIGTERM" if obeyed else f"SIGKILL followed {round(kill_after, 1):g}s later"
+            return Result(CANCELED, f"the event left the document: the hook's process group got SIGTERM; {how}",
+                          exit_code=code, output=output)
+        if not finished and ctx.stopping.is_set():
             return Result(FAILED, "interrupted: maintd is stopping; the hook's process group was killed",
                           exit_code=code, output=output)
         if not finished:

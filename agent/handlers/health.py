@@ -29,7 +29,7 @@ import requests
 
 from agent.configschema import boolean, choice, duration, opt, optional, text
 from agent.errors import ConfigValueError
-from agent.handlers.base import FAILED, OK, Context, Handler, Result
+from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result
 from agent.handlers.webhook import post, target
 from agent.health import HealthState
 
@@ -88,7 +88,6 @@ def health_information(prop: str, state: str, description: str, ttl: float | Non
 class HealthHandler(Handler):
     type_name = "health"
     Options = HealthOptions
-    idempotent = True
 
     _sequence_lock = threading.Lock()
     _last_sequence = 0
@@ -133,6 +132,9 @@ class HealthHandler(Handler):
     def _report(self, ctx: Context, state: HealthState) -> Result:
         description = self._describe(ctx)
         self.services.health.set(SOURCE_ID, self._prop(ctx), state, description)
+        if ctx.event_gone:  # `completed` may already have cleared the report: leave none behind, push none
+            self.services.health.remove(SOURCE_ID, self._prop(ctx))
+            return Result(CANCELED, "the event left the document; no report left behind")
         error = self._push(ctx, state.label, description, self.options.ttl)
         return Result(FAILED, error) if error else Result(OK, f"{state.label} reported")
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from agent.configschema import boolean, choice, duration, integer, list_of, named_list, opt, parse_section, text
 from agent.errors import ConfigValueError
-from agent.handlers.base import PHASES, Handler, HandlerSpec
+from agent.events import KNOWN_TYPES
+from agent.handlers.base import PHASES, Handler, HandlerSpec, Services
 
 ENTRY_POINT_GROUP = "maintd.handlers"
-EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 
 
 def _builtins() -> dict[str, type[Handler]]:
@@ -74,6 +74,10 @@ class _Common:
                           "block: the VM is not ready and approval waits; continue: failure still counts as ready")
     order: int = opt(integer(-1000, 1000), 0, "runs in ascending order within a phase (then list order)")
     dry_run: bool = opt(boolean, False, "also run when maintd is in dry-run mode (gets MAINTD_DRY_RUN=1)")
+    rerun_interrupted: bool = opt(boolean, True,
+                                  "run again after a crash or stop of maintd cut a run short (with MAINTD_ATTEMPT=2, "
+                                  "3, ...); false: at most once, an interrupted run is recorded failed")
+    max_attempts: int = opt(integer(1, 10), 3, "most runs of one phase when crashes keep interrupting it")
 
 
 COMMON_KEYS = tuple(f.name for f in dataclasses.fields(_Common))
@@ -98,14 +102,14 @@ def _parse_one(item: Any) -> HandlerSpec:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigValueError(str(key), f"unknown key for a {kind} handler{hint}; known keys: {', '.join(known)}")
     common = parse_section(_Common, {k: v for k, v in item.items() if k in COMMON_KEYS})
-    options = parse_section(cls.Options, {k: v for k, v in item.items() if k in option_keys})
+    options: Any = parse_section(cls.Options, {k: v for k, v in item.items() if k in option_keys})
     unsupported = [p for p in common.phases if p not in cls.supported_phases()]
     if unsupported:
         raise ConfigValueError("phases", f"a {kind} handler has no {', '.join(unsupported)} phase; "
                                f"it supports {', '.join(cls.supported_phases())}")
     for i, t in enumerate(common.event_types):
-        if t not in EVENT_TYPES:
-            close = difflib.get_close_matches(t, EVENT_TYPES, n=1)
+        if t not in KNOWN_TYPES:
+            close = difflib.get_close_matches(t, KNOWN_TYPES, n=1)
             if close:
                 raise ConfigValueError(f"event_types[{i}]", f"{t!r} is not an EventType; did you mean {close[0]!r}?")
     return HandlerSpec(options=options, **dataclasses.asdict(common))
@@ -120,7 +124,7 @@ def parse_handlers(value: Any) -> tuple[HandlerSpec, ...]:
     return named_list(value, _parse_one, "handler")
 
 
-def instantiate(specs: tuple[HandlerSpec, ...], services: Any) -> list[Handler]:
+def instantiate(specs: tuple[HandlerSpec, ...], services: Services) -> list[Handler]:
     """Handler objects for the specs, sorted by `order` then list position."""
     ordered = sorted(enumerate(specs), key=lambda pair: (pair[1].order, pair[0]))
     return [_type_of(spec.type)(spec, services) for _, spec in ordered]

@@ -1,4 +1,5 @@
-"""Handlers driven by a real event: every phase once, the drain seen by the probe, exactly-once across kill -9."""
+"""Handlers driven by a real event: every phase once, the drain seen by the probe, at-most-once across
+kill -9 for a hook that opts out of reruns."""
 
 from __future__ import annotations
 
@@ -61,10 +62,11 @@ def test_the_drain_takes_the_probe_out_before_approval_and_back_after(start_emul
     wait_until(lambda: agent.get("/probe").status_code == 200, 5, "the probe back to 200")
 
 
-def test_kill_9_between_two_hooks_never_runs_a_hook_twice(start_emulator, start_agent, tmp_path):
+def test_kill_9_never_runs_a_hook_with_rerun_interrupted_false_twice(start_emulator, start_agent, tmp_path):
+    """rerun_interrupted: false: the interrupted hook is failed, the VM not ready, and the view says what to do."""
     out, go = tmp_path / "hooks.jsonl", tmp_path / "go"
     first = hook("first", out, ["scheduled"])
-    second = hook("second", out, ["scheduled"])
+    second = hook("second", out, ["scheduled"], rerun_interrupted=False)
     second["command"] = [sys.executable, "-c", RECORD + WAIT_FOR_GO]
     second["env"]["GO"] = str(go)
     emu = start_emulator(["vm-1"])
@@ -75,11 +77,13 @@ def test_kill_9_between_two_hooks_never_runs_a_hook_twice(start_emulator, start_
     go.touch()
     agent.start()
     interrupted = agent.wait_log("handler.interrupted", event_id=eid, handler="second")
-    assert "not re-run" in interrupted["action"]
+    assert "not run again" in interrupted["action"]
     polls = len(emu.requests("vm-1"))
     wait_until(lambda: len(emu.requests("vm-1")) >= polls + 5, 10, "five more polls (room for a wrongful re-run)")
     assert [r["name"] for r in lines(out)] == ["first", "second"]
     view = agent.get(f"/v1/events/{eid}").json()
     assert view["results"]["handler:second:scheduled"]["outcome"] == "failed"
     assert view["ready"] is False, "on_failure: block keeps the VM from being ready"
+    assert view["not_ready"] == [f"second failed (interrupted; rerun_interrupted: false); on_failure: block — "
+                                 f"approve by hand with `maintd approve {eid}`"]
     assert not emu.approvals("vm-1")

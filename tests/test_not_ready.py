@@ -1,0 +1,48 @@
+"""Why a VM is not ready, as the operator reads it: `/v1/events/{id}`, `/v1/status`, `maintd events`."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+import responses
+
+from agent.cli import _events_table
+from agent.config import loads
+from agent.daemon import build
+from agent.systemd import Notifier
+from tests.e2e.harness import http
+
+WAY_OUT = "ckpt failed (exit status 1); on_failure: block — approve by hand with `maintd approve E1`"
+
+
+@pytest.fixture
+def api(tmp_path, clock):
+    """A daemon whose only scheduled hook fails, polled once from a mocked IMDS, its API on loopback."""
+    nb = (clock.now() + timedelta(minutes=15)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    document = {"DocumentIncarnation": 1, "Events": [
+        {"EventId": "E1", "EventType": "Reboot", "ResourceType": "VirtualMachine", "Resources": ["vm1"],
+         "EventStatus": "Scheduled", "NotBefore": nb, "Description": "", "EventSource": "Platform",
+         "DurationInSeconds": -1}]}
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nserver: {{listen: '127.0.0.1:0'}}\n"
+                "handlers:\n  - {name: ckpt, type: exec, phases: [scheduled], command: [/bin/false]}\n")
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as imds:
+        imds.add_passthru("http://127.0.0.1")
+        imds.get(re.compile(r"http://169\.254\.169\.254/metadata/scheduledevents.*"), json=document)
+        d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+        d.start()
+        d.tick()
+        assert d.runner.wait_idle(10)
+        d.serve()
+        session = http()
+        yield lambda path: session.get(d.server.url + path, timeout=5).json()
+        d.shutdown()
+
+
+def test_a_blocking_failure_says_how_to_get_out(api):
+    """A failed hook under on_failure: block: the event view, the status and `maintd events` name the way out."""
+    view = api("/v1/events/E1")
+    assert view["ready"] is False and view["not_ready"] == [WAY_OUT]
+    assert api("/v1/status")["not_ready"] == {"E1": [WAY_OUT]}
+    assert f"E1 not ready: {WAY_OUT}" in _events_table(api("/v1/events")).splitlines()
