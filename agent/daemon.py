@@ -117,6 +117,7 @@ class Daemon:
         self.reload_requested = threading.Event()
         self._coordinate_soon = threading.Event()
         self._state_failing = False
+        self._state_failures_seen = 0  # [state] store.write_failures already counted in the metric
         self._poll_errors = logs.RepeatLimiter()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="imds")
         self.transition_listeners: list[Callable[[list[Transition]], None]] = []
@@ -146,6 +147,7 @@ class Daemon:
         """Load the state, find this VM's name, report initial health."""
         report = self.store.load()
         if report.problem:
+            self.metrics.state_load_failures.inc()  # [state]
             self.log.error("state.corrupt" if report.moved_aside else "state.unreadable", problem=report.problem,
                            moved_aside=report.moved_aside, path=str(self.store.path))
             self.health.set("state", "load", HealthState.WARNING, f"{report.problem}; started fresh"
@@ -325,10 +327,7 @@ class Daemon:
         now = self.clock.now()
         tracked, transitions = diff(self.tracked, document, vm_name=self.vm_name, boot_id=self.boot_id, now=now)
         self.tracked = tracked
-        try:
-            self.store.apply(tracked, transitions)
-        except StateError as exc:
-            self._state_failed(exc)
+        self.store.apply(tracked, transitions)  # [state] in memory now, written in the background
         for tr in transitions:
             self._log_transition(tr)
         self._update_event_metrics()
@@ -386,34 +385,29 @@ class Daemon:
         elif self.last_success is not None:
             self.health.set("imds", "poll", HealthState.OK, "polling")
 
-    def _state_failed(self, exc: StateError) -> None:
-        self.metrics.state_write_failures.inc()
-        self.log.error("state.write_failed", error=str(exc), hint="free space or make the state dir writable; "
-                       "changes are kept in memory and written when the disk accepts them")
-
     def _prune_state(self, now: float) -> None:
         """Drop finished events older than `state.retention`, checked every min(60 s, retention / 4)."""
         if now - self._pruned_at < min(PRUNE_EVERY, self.config.state.retention / 4):
             return
         self._pruned_at = now
-        try:
-            gone = self.store.prune(self.clock.now())
-        except StateError as exc:  # pruned in memory; the write is retried like any other
-            self._state_failed(exc)
-            return
+        gone = self.store.prune(self.clock.now())  # [state] in memory now, written in the background
         if gone:
             self.log.info("state.pruned", events=len(gone), retention_seconds=self.config.state.retention)
 
     def _check_state(self) -> None:
-        """Retry a pending write; report the disk's state whichever thread's write failed or recovered."""
+        """Retry a pending write (in the background); report the disk's state whichever thread's write failed."""
+        # [state] the loop never waits on the disk: failures are counted from the store, logged once per streak
         if self.store.dirty:
-            try:
-                self.store.flush()
-            except StateError:
-                self.metrics.state_write_failures.inc()
+            self.store.save_soon()
+        failures = self.store.write_failures
+        if failures > self._state_failures_seen:
+            self.metrics.state_write_failures.inc(failures - self._state_failures_seen)
+            self._state_failures_seen = failures
         error = self.store.write_error
         if error and not self._state_failing:
             self._state_failing = True
+            self.log.error("state.write_failed", error=error, hint="free space or make the state dir writable; "
+                           "changes are kept in memory and written when the disk accepts them")
             self.metrics.state_dirty.set(1)
             self.health.set("state", "write", HealthState.ERROR, f"state not saved: {error}")
         elif self._state_failing and not error and not self.store.dirty:

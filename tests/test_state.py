@@ -20,6 +20,7 @@ def _event(eid="E1", status="Scheduled"):
 def _apply(store, clock, *events, previous=None):
     tracked, trs = diff(previous or {}, Document(1, tuple(events)), vm_name="vm1", boot_id="b", now=clock.now())
     store.apply(tracked, trs)
+    assert store.wait_saved(5), "the background write finished"
     return tracked
 
 
