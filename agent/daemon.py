@@ -37,6 +37,7 @@ from agent.rotation import Rotation
 from agent.rules import RuleEngine
 from agent.runner import Runner
 from agent.server import ApiServer
+from agent.secretfile import SecretFiles
 from agent.state import Store
 from agent.systemd import Notifier, system_is_stopping
 from agent.tcpprobe import TcpProbe
@@ -69,17 +70,6 @@ def next_maintenance(tracked: Iterable[Tracked]) -> dict[str, datetime]:
     return out
 
 
-def read_secret(path: str | None) -> str | None:
-    """The stripped contents of a secret file (token, URL), or None when unset or unreadable."""
-    if not path:
-        return None
-    try:
-        value = Path(path).read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    return value or None
-
-
 class Daemon:
     """One maintd instance. `start()`, then `tick()` repeatedly (or `run()`), then `shutdown()`."""
 
@@ -94,6 +84,7 @@ class Daemon:
         self.log = logs.get("daemon")
         self.boot_id = read_boot_id() if boot_id is None else boot_id
         self.health = HealthStore(clock)
+        self.secrets = SecretFiles(self.health)  # [secretfile] token files: fail closed, told once
         self.store = Store(config.state.dir, clock, retention=config.state.retention,
                            journal_max_bytes=config.state.journal_max_bytes, journal_keep=config.state.journal_keep)
         self.rotation = Rotation(self.store, self.health, config.probe.fail_on,
@@ -478,11 +469,11 @@ class Daemon:
 
     def peer_token(self) -> str | None:
         """The shared token peers must present on /v1 reads (None: reads are open)."""
-        return read_secret(self.config.coordination.token_file)
+        return self.secrets.read("coordination.token_file", self.config.coordination.token_file)
 
     def server_token(self) -> str | None:
         """The bearer token for mutating endpoints from non-loopback clients."""
-        return read_secret(self.config.server.token_file)
+        return self.secrets.read("server.token_file", self.config.server.token_file)
 
     def update_rotation_metrics(self) -> None:
         """Export whether the probe answers 200."""
