@@ -167,6 +167,11 @@ class Store:
 
     def load(self) -> LoadReport:
         """Read state.json; an unusable one is moved aside and the store starts empty."""
+        for leftover in self.dir.glob(f".{STATE_FILE}.*"):  # temp files of a write cut short by a crash
+            try:
+                leftover.unlink()
+            except OSError:
+                pass
         try:
             data = jsonsafe.loads(read_file(self.path, MAX_STATE_BYTES), max_bytes=MAX_STATE_BYTES)
             check_shape(data)

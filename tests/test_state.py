@@ -218,6 +218,15 @@ def test_moved_aside_files_are_named_by_the_clock_and_never_overwrite_each_other
     assert asides[0] != asides[1] and all(clock.now().strftime("%Y%m%dT%H%M%S") in a for a in asides)
 
 
+def test_temp_files_left_by_a_crash_mid_write_are_removed_at_start(tmp_path, clock):
+    """A kill -9 during a write leaves a temp file; the next start removes it and keeps the state."""
+    Store(tmp_path, clock).set_flag("drains", {"manual": {"reason": "x"}})
+    (tmp_path / ".state.json.k3j2_a").write_bytes(b'{"half')
+    store = Store(tmp_path, clock)
+    assert store.load().problem is None and store.flag("drains")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
 def test_a_planted_journal_symlink_is_not_followed(tmp_path, clock):
     """Someone who could plant journal.jsonl -> /etc/something gets nothing written there."""
     victim = tmp_path / "victim"
