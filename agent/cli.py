@@ -47,10 +47,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from agent import logs
     from agent.clock import SystemClock
     from agent.daemon import build
-    from agent.systemd import listen_fds
-
     from agent.errors import StateError
     from agent.state import check_dir
+    from agent.systemd import listen_fds
 
     path = _config_path(args)
     try:
