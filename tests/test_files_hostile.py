@@ -1,4 +1,5 @@
-"""Fuzzing every file maintd reads at start with BYTES: the state file, the audit journal, the config.
+"""Every file maintd reads at start, fuzzed with BYTES (state file, audit journal, config), and the
+daemon's handling of damaged token and config files.
 
 Whatever the bytes, the state store starts (fresh when they are not a state) and stays usable, the
 journal reader yields only objects, and the config loader answers a Config or a ConfigError.
@@ -14,10 +15,13 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import config
 from agent.clock import FakeClock
+from agent.config import load, loads
+from agent.daemon import build
 from agent.errors import ConfigError
+from agent.health import HealthState
 from agent.state import Store, read_journal
+from agent.systemd import Notifier
 
 VALID_STATE = json.dumps({"version": 1, "events": {"E1": {
     "event": {"EventId": "E1", "EventType": "Reboot", "EventStatus": "Scheduled", "Resources": ["vm1"]},
@@ -79,6 +83,34 @@ def test_any_config_file_bytes_give_a_config_or_a_config_error(data):
         path.write_bytes(data)
         os.chmod(path, 0o600)
         try:
-            config.load(path)
+            load(path)
         except ConfigError as exc:
             assert str(exc).startswith(str(path)) and exc.message
+
+
+def test_the_daemon_reports_unusable_token_files_and_never_opens_reads(tmp_path, clock):
+    """Wired into the daemon: a non-UTF-8 peer token (which used to raise on every request) and a
+    world-readable server token both fail closed and show as config/<key> Error."""
+    peer, server = tmp_path / "peer-token", tmp_path / "server-token"
+    peer.write_bytes(b"\xff\xfe\xfd")
+    os.chmod(peer, 0o600)
+    server.write_text("s3cret\n")
+    os.chmod(server, 0o644)
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path / 'state'}}}\n"
+                f"coordination: {{token_file: {peer}}}\nserver: {{token_file: {server}}}\n")
+    d = build(cfg, clock, boot_id="b", notifier=Notifier({}))
+    assert d.peer_token() not in (None, "") and d.server_token() not in (None, "s3cret")
+    errors = {e.report.property for e in d.health.snapshot()
+              if e.report.source_id == "config" and e.state == HealthState.ERROR}
+    assert errors == {"coordination.token_file", "server.token_file"}
+
+
+def test_a_reload_onto_a_damaged_config_file_keeps_the_running_config(tmp_path, clock):
+    """SIGHUP after the file was replaced by garbage: refused, reported, the old config keeps running."""
+    path = tmp_path / "maintd.yaml"
+    path.write_text(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path / 'state'}}}\nimds: {{poll_interval: 2s}}\n")
+    os.chmod(path, 0o600)
+    d = build(load(path), clock, boot_id="b", notifier=Notifier({}), config_path=str(path))
+    path.write_bytes(os.urandom(64) + b"\xff")
+    assert d.reload() is False and d.config.imds.poll_interval == 2
+    assert any(e.report.source_id == "config" and e.report.property == "reload" for e in d.health.snapshot())
