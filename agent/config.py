@@ -303,7 +303,10 @@ def _parse_key(key: str) -> Path_:
 
 
 def _mark_for(marks: dict[Path_, tuple[int, int]], key: str) -> tuple[int | None, int | None]:
-    path = _parse_key(key) if key else ()
+    try:
+        path = _parse_key(key) if key else ()
+    except ValueError:  # a key whose own name holds "[" (found by fuzzing): the document's position
+        path = ()
     while True:
         if path in marks:
             return marks[path]

@@ -164,10 +164,11 @@ def _merge_bomb(levels: int = 10) -> str:
     ("imds: &m {<<: *m}\n", "nested more than 32"),
     ("imds: 2026-13-01\n", "month must be in 1..12"),
     ("2026-02-30: x\n", "day is out of range"),
+    ('imds: {"x[1": 2}\n', "unknown key"),
 ])
 def test_yaml_bombs_deep_nesting_and_impossible_values_are_refused_not_a_crash(text, words):
-    """An alias bomb, a merge-key bomb, deep or cyclic nesting, an impossible date: a ConfigError at once
-    (before: 9 s and 630 MB, a RecursionError, or a ValueError traceback)."""
+    """An alias bomb, a merge-key bomb, deep or cyclic nesting, an impossible date, a key holding "[":
+    a ConfigError at once (before: 9 s and 630 MB, a RecursionError, or a ValueError traceback)."""
     with pytest.raises(ConfigError) as info:
         config.loads(text, "/etc/maintd/maintd.yaml")
     assert str(info.value).startswith("/etc/maintd/maintd.yaml:") and words in str(info.value)
