@@ -49,6 +49,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from agent import logs
     from agent.clock import SystemClock
     from agent.daemon import build
+    from agent.errors import StateError
+    from agent.state import check_dir
     from agent.systemd import listen_fds
 
     path = _config_path(args)
@@ -56,6 +58,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = load_for_run(path, args.dry_run)
     except ConfigError as exc:
         print(f"maintd: config refused: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    try:
+        check_dir(cfg.state.dir)
+    except StateError as exc:
+        print(f"maintd: {exc}", file=sys.stderr)
         return EX_CONFIG
     logs.configure(cfg.log.format, cfg.log.level)
     daemon = build(cfg, SystemClock(), config_path=path)

@@ -23,7 +23,7 @@ from agent import logs
 from agent.api import LoopView
 from agent.clock import Clock
 from agent.config import Config
-from agent.errors import ImdsError, StateError
+from agent.errors import ImdsError
 from agent.events import Document
 from agent.handlers.base import Result
 from agent.health import HealthState
@@ -233,10 +233,7 @@ class Daemon:
         tracked, transitions = diff(self.tracked, document, vm_name=self.vm_name, boot_id=self.boot_id,
                                     now=self.clock.now())
         self.tracked = tracked
-        try:
-            self.store.apply(tracked, transitions)
-        except StateError as exc:
-            self.report.state_failed(exc)
+        self.store.apply(tracked, transitions)  # in memory now, written in the background
         for tr in transitions:
             self.report.transition(tr)
         self.report.events(tracked)
@@ -262,11 +259,7 @@ class Daemon:
         if now - self._pruned_at < min(PRUNE_EVERY, self.config.state.retention / 4):
             return
         self._pruned_at = now
-        try:
-            gone = self.store.prune(self.clock.now())
-        except StateError as exc:  # pruned in memory; the write is retried like any other
-            self.report.state_failed(exc)
-            return
+        gone = self.store.prune(self.clock.now())  # in memory now, written in the background
         if gone:
             self.log.info("state.pruned", events=len(gone), retention_seconds=self.config.state.retention)
 

@@ -80,6 +80,9 @@ class Metrics:
                                   ["gate"], registry=r)
         self.state_write_failures = Counter("maintd_state_write_failures_total",
                                             "Failed writes of the state file (full or read-only disk)", registry=r)
+        self.state_load_failures = Counter("maintd_state_load_failures_total",
+                                           "State files found unusable at start (moved aside, maintd started fresh)",
+                                           registry=r)
         self.state_dirty = Gauge("maintd_state_unsaved", "1 while some state change has not reached the disk",
                                  registry=r)
         self.config_reloads = Counter("maintd_config_reloads_total", "Config reloads (SIGHUP) by outcome",

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 from agent import logs
 from agent.clock import Clock
 from agent.config import ImdsConfig
-from agent.errors import ImdsError, ImdsRequestRejected, StateError
+from agent.errors import ImdsError, ImdsRequestRejected
 from agent.events import Document
 from agent.handlers.base import FAILED, OK, TIMED_OUT, Result
 from agent.health import HealthState, HealthStore
@@ -44,6 +44,7 @@ class Reporter:
         self._poll_errors = logs.RepeatLimiter()
         self._failing = False
         self._state_failing = False
+        self._state_failures_seen = 0
 
     # --- polls --------------------------------------------------------------------------
 
@@ -164,27 +165,26 @@ class Reporter:
         """Load the state file; a bad one is reported (and was moved aside by the store)."""
         report = store.load()
         if report.problem:
+            self.metrics.state_load_failures.inc()
             self.log.error("state.corrupt" if report.moved_aside else "state.unreadable", problem=report.problem,
                            moved_aside=report.moved_aside, path=str(store.path))
             self.health.set("state", "load", HealthState.WARNING, f"{report.problem}; started fresh"
                             + (f" (old file kept at {report.moved_aside})" if report.moved_aside else ""))
         return report
 
-    def state_failed(self, exc: StateError) -> None:
-        self.metrics.state_write_failures.inc()
-        self.log.error("state.write_failed", error=str(exc), hint="free space or make the state dir writable; "
-                       "changes are kept in memory and written when the disk accepts them")
-
     def state_write_status(self, store: Store) -> None:
-        """Retry a pending write; report the disk's state whichever thread's write failed or recovered."""
+        """Retry a pending write (in the background); report the disk's state whichever thread's write failed."""
         if store.dirty:
-            try:
-                store.flush()
-            except StateError:
-                self.metrics.state_write_failures.inc()
+            store.save_soon()
+        failures = store.write_failures
+        if failures > self._state_failures_seen:
+            self.metrics.state_write_failures.inc(failures - self._state_failures_seen)
+            self._state_failures_seen = failures
         error = store.write_error
         if error and not self._state_failing:
             self._state_failing = True
+            self.log.error("state.write_failed", error=error, hint="free space or make the state dir writable; "
+                           "changes are kept in memory and written when the disk accepts them")
             self.metrics.state_dirty.set(1)
             self.health.set("state", "write", HealthState.ERROR, f"state not saved: {error}")
         elif self._state_failing and not error and not store.dirty:

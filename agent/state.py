@@ -1,10 +1,24 @@
 """The on-disk state (`state.json`) and the append-only audit journal (`journal.jsonl`).
 
-The in-memory copy is authoritative; every change is written atomically (temp file, fsync,
-rename, fsync of the directory). When the disk refuses (full, read-only) the change stays in
-memory, `StateError` tells the caller, and the next `flush()` tries again — nothing is lost
-while the daemon runs. A state file that cannot be read is moved aside (`state.json.corrupt-*`)
-and maintd starts fresh.
+The in-memory copy is authoritative. Changes take `_lock` only for the in-memory update and the
+snapshot (`json.dumps`, C speed); the file write, its fsync and the directory's fsync happen outside
+it, one writer at a time (`_io`), so a reader never waits on the disk. Each change bumps a
+generation number; a write covers the generation of its snapshot, and writers take snapshots in
+`_io` order, so an older snapshot never lands over a newer one and a writer whose change a newer
+write already covered returns at once (writes coalesce).
+
+Two paths:
+- `record`, `clear_result`, `set_flag`, `flush` write through before they return (a handler
+  result is on disk before the daemon acts on it) and raise `StateError` when the disk refuses.
+- `apply` and `prune` (the loop's path) return at once: a background writer saves them and the
+  journal lines they queue. `save_soon` asks it to retry; `write_error` and `write_failures` tell
+  the daemon how it went.
+
+When the disk refuses (full, read-only) the change stays in memory and is written when it accepts
+again — nothing is lost while the daemon runs. A state file that cannot be used (not UTF-8, not
+JSON, too deep, the wrong shape, a directory, a symlink, unreadable) is moved aside
+(`state.json.corrupt-*`) and maintd starts fresh. Files are created with `mkstemp`/`O_NOFOLLOW`:
+a symlink planted in the state dir is never followed.
 
 Layout of state.json (version 1):
     {"version": 1,
@@ -12,20 +26,23 @@ Layout of state.json (version 1):
                            "seen_started", "history": [{"kind", "at", "status", "outcome"}],
                            "vanished_at", "outcome"}},
      "results": {EventId: {key: {...}}},     # handler results, approval records ("handler:drain:scheduled", "approval")
-     "flags":   {name: value}}               # e.g. the manual drain
+     "flags":   {name: {...}}}               # JSON objects, e.g. the drains
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
+import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Iterator
 
+from agent import jsonsafe
 from agent.clock import Clock
 from agent.errors import StateError
 from agent.events import parse_event
@@ -34,6 +51,10 @@ from agent.tracker import Tracked, Transition
 STATE_FILE = "state.json"
 JOURNAL_FILE = "journal.jsonl"
 _VERSION = 1
+MAX_STATE_BYTES = 64 * 1024 * 1024
+"""Largest state file read back (a week of events with hook output tails is well under 10 MB)."""
+MAX_JOURNAL_LINE = 1024 * 1024
+"""Longest journal line read back; a longer one (a damaged file) is skipped."""
 
 
 def _iso(t: datetime) -> str:
@@ -46,11 +67,75 @@ def _parse_iso(text: str) -> datetime:
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What `Store.load` found: how many events, and the corrupt file moved aside (if any)."""
+    """What `Store.load` found: how many events, and the unusable file moved aside (if any)."""
 
     events: int
     moved_aside: str | None = None
     problem: str | None = None
+
+
+def check_dir(directory: str | os.PathLike[str]) -> None:
+    """Refuse a state dir others could write to: they could plant results, approvals or symlinks."""
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return  # created by the first write, mode 755
+    except OSError as exc:
+        raise StateError(f"state dir {directory}: {exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateError(f"state dir {directory} is not a directory; fix state.dir")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StateError(f"state dir {directory} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
+                         f"another user could forge maintd's state. Fix: chmod go-w {directory}")
+
+
+def read_file(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file at `path` (not a symlink, FIFO or directory); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {limit} read")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def check_shape(data: Any) -> None:
+    """Raise ValueError unless `data` is a state object every reader of the store can use as it is."""
+    if not isinstance(data, dict) or not isinstance(data.get("events"), dict):
+        raise ValueError("not a maintd state object")
+    for eid, rec in data["events"].items():
+        where = f"events.{eid}"
+        _need(isinstance(rec, dict), where, "is not an object")
+        parse_event(rec.get("event"))
+        _need(isinstance(rec.get("names_self"), bool), where, "names_self is not true/false")
+        _need(isinstance(rec.get("first_seen"), str), where, "first_seen is not a time")
+        _parse_iso(rec["first_seen"])
+        _need(isinstance(rec.get("boot_id", ""), str) and isinstance(rec.get("seen_started", False), bool),
+              where, "boot_id or seen_started has the wrong type")
+        _need(isinstance(rec.get("history", []), list) and all(isinstance(h, dict) for h in rec.get("history", [])),
+              where, "history is not a list of objects")
+        if rec.get("vanished_at") is not None:
+            _need(isinstance(rec["vanished_at"], str), where, "vanished_at is not a time")
+            _parse_iso(rec["vanished_at"])
+        _need(rec.get("outcome") is None or isinstance(rec["outcome"], str), where, "outcome is not text")
+    for part in ("results", "flags"):
+        _need(isinstance(data.get(part, {}), dict), part, "is not an object")
+    for eid, results in data.get("results", {}).items():
+        _need(isinstance(results, dict) and all(isinstance(v, dict) for v in results.values()),
+              f"results.{eid}", "is not an object of objects")
+    _need(all(isinstance(v, dict) for v in data.get("flags", {}).values()), "flags", "holds a value that is not an object")
+
+
+def _need(ok: bool, where: str, problem: str) -> None:
+    if not ok:
+        raise ValueError(f"{where}: {problem}")
 
 
 class Store:
@@ -65,84 +150,148 @@ class Store:
         self.retention = retention
         self.journal_max_bytes = journal_max_bytes
         self.journal_keep = journal_keep
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # the in-memory state; never held across file I/O
+        self._io = threading.Lock()  # one writer at a time (state file and journal)
+        self._writer_done = threading.Condition(self._lock)
         self._data: dict[str, Any] = {"version": _VERSION, "events": {}, "results": {}, "flags": {}}
-        self._dirty = False
+        self._generation = 0  # bumped by every change
+        self._saved = 0  # the generation on disk
+        self._lines: list[str] = []  # journal lines not yet appended
+        self._writing = False  # a background writer runs
+        self._again = False  # a change arrived while it ran
         self.write_error: str | None = None
         self.journal_error: str | None = None
         self.write_failures = 0
 
-    # --- loading and saving -------------------------------------------------------------
+    # --- loading ------------------------------------------------------------------------
 
     def load(self) -> LoadReport:
-        """Read state.json; a corrupt one is moved aside and the store starts empty."""
+        """Read state.json; an unusable one is moved aside and the store starts empty."""
+        for leftover in self.dir.glob(f".{STATE_FILE}.*"):  # temp files of a write cut short by a crash
+            try:
+                leftover.unlink()
+            except OSError:
+                pass
+        try:
+            data = jsonsafe.loads(read_file(self.path, MAX_STATE_BYTES), max_bytes=MAX_STATE_BYTES)
+            check_shape(data)
+        except FileNotFoundError:
+            return LoadReport(0)
+        except OSError as exc:
+            why = "it is a symbolic link, which maintd does not follow" if exc.errno == errno.ELOOP else exc.strerror
+            return self._set_aside(f"cannot read {self.path}: {why or exc}")
+        except (ValueError, KeyError, TypeError) as exc:
+            return self._set_aside(f"corrupt state file: {exc}")
+        data.setdefault("results", {})
+        data.setdefault("flags", {})
         with self._lock:
-            try:
-                raw = self.path.read_text(encoding="utf-8")
-            except FileNotFoundError:
-                return LoadReport(0)
-            except OSError as exc:
-                return LoadReport(0, problem=f"cannot read {self.path}: {exc}")
-            try:
-                data = json.loads(raw)
-                if not isinstance(data, dict) or not isinstance(data.get("events"), dict):
-                    raise ValueError("not a maintd state object")
-                for rec in data["events"].values():
-                    parse_event(rec["event"])
-                    _parse_iso(rec["first_seen"])
-            except (ValueError, KeyError, TypeError) as exc:
-                aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
-                try:
-                    os.replace(self.path, aside)
-                except OSError:
-                    aside = None  # type: ignore[assignment]
-                return LoadReport(0, moved_aside=str(aside) if aside else None, problem=f"corrupt state file: {exc}")
-            data.setdefault("results", {})
-            data.setdefault("flags", {})
             self._data = data
             return LoadReport(len(data["events"]))
 
-    def _write(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{STATE_FILE}.tmp")
-        payload = json.dumps(self._data, separators=(",", ":"), sort_keys=True).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    def _set_aside(self, problem: str) -> LoadReport:
+        stamp = self.clock.now().strftime("%Y%m%dT%H%M%SZ")
+        for n in range(100):
+            aside = self.path.with_name(f"{STATE_FILE}.corrupt-{stamp}" + (f"-{n}" if n else ""))
+            if not os.path.lexists(aside):
+                break
         try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.dir, os.O_RDONLY)
+            os.rename(self.path, aside)
+        except OSError as exc:
+            return LoadReport(0, problem=f"{problem}; cannot move it aside: {exc.strerror or exc}")
+        return LoadReport(0, moved_aside=str(aside), problem=problem)
+
+    # --- saving -------------------------------------------------------------------------
+
+    def _changed(self) -> int:
+        """Note a change (caller holds `_lock`); the generation a write must reach to cover it."""
+        self._generation += 1
+        return self._generation
+
+    def _save(self, generation: int) -> None:
+        """Append queued journal lines and, unless a write already covered `generation`, the state."""
+        with self._io:
+            with self._lock:
+                lines, self._lines = self._lines, []
+                snapshot = self._generation
+                payload = json.dumps(self._data, separators=(",", ":"), sort_keys=True) \
+                    if self._saved < generation else None
+            self._append(lines)
+            if payload is None:
+                return
+            try:
+                self._write(payload.encode())
+            except OSError as exc:
+                with self._lock:
+                    self.write_failures += 1
+                    self.write_error = f"{type(exc).__name__}: {exc}"
+                raise StateError(f"cannot write {self.path}: {exc}") from exc
+            with self._lock:
+                self._saved = max(self._saved, snapshot)
+                self.write_error = None
+
+    def _write(self, payload: bytes) -> None:
+        self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=self.dir)  # O_EXCL: never a planted symlink
+        try:
+            try:
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
 
     def flush(self) -> None:
-        """Write pending changes; raises StateError (changes kept in memory) when the disk refuses."""
+        """Write pending changes now; raises StateError (changes kept in memory) when the disk refuses."""
         with self._lock:
-            if not self._dirty:
-                return
-            try:
-                self._write()
-            except OSError as exc:
-                self.write_failures += 1
-                self.write_error = f"{type(exc).__name__}: {exc}"
-                raise StateError(f"cannot write {self.path}: {exc}") from exc
-            self._dirty = False
-            self.write_error = None
+            generation = self._generation
+        self._save(generation)
 
-    def _changed(self) -> None:
-        self._dirty = True
-        self.flush()
+    def save_soon(self) -> None:
+        """Have pending changes written by the background writer; returns at once (the loop's path)."""
+        with self._lock:
+            if self._writing:
+                self._again = True
+                return
+            self._writing = True
+        threading.Thread(target=self._write_behind, name="state-writer", daemon=True).start()
+
+    def _write_behind(self) -> None:
+        again = True
+        while again:
+            with self._lock:
+                generation = self._generation
+            try:
+                self._save(generation)
+            except StateError:
+                pass  # kept in memory; write_error tells the daemon, whose next save_soon retries
+            with self._lock:
+                again, self._again = self._again and self.write_error is None, False
+                if not again:
+                    self._writing = False
+                    self._writer_done.notify_all()
+
+    def wait_saved(self, timeout: float) -> bool:
+        """Block until the background writer is done (tests, shutdown); False on timeout."""
+        with self._lock:
+            return self._writer_done.wait_for(lambda: not self._writing, timeout)
 
     @property
     def dirty(self) -> bool:
         """Whether some change has not reached the disk yet."""
-        return self._dirty
+        return self._saved < self._generation
 
     # --- events -------------------------------------------------------------------------
 
@@ -169,9 +318,10 @@ class Store:
             return json.loads(json.dumps(self._data["events"]))
 
     def apply(self, tracked: dict[str, Tracked], transitions: list[Transition]) -> None:
-        """Store the tracker's new view and each transition in the event's history and the journal."""
+        """Store the tracker's new view and each transition (history, journal); written in the background."""
         with self._lock:
             events = self._data["events"]
+            changed = bool(transitions) or self._view_changed(tracked)
             for eid, t in tracked.items():
                 rec = events.setdefault(eid, {"history": []})
                 rec.update(event=t.event.to_json(), names_self=t.names_self, first_seen=_iso(t.first_seen),
@@ -184,17 +334,20 @@ class Store:
                 if tr.kind == "vanished":
                     rec["vanished_at"] = _iso(tr.at)
                     rec["outcome"] = tr.outcome
-                self.journal(f"event.{tr.outcome if tr.outcome else tr.kind}", event_id=tr.event.event_id,
-                             event_type=tr.event.event_type, status=tr.event.status, names_self=tr.names_self,
-                             previous_status=tr.previous_status)
-            if transitions or self._view_changed(tracked):
+                self._queue_line(f"event.{tr.outcome if tr.outcome else tr.kind}", event_id=tr.event.event_id,
+                                 event_type=tr.event.event_type, status=tr.event.status, names_self=tr.names_self,
+                                 previous_status=tr.previous_status)
+            if changed:
                 self._changed()
+        if changed:
+            self.save_soon()
 
     def _view_changed(self, tracked: dict[str, Tracked]) -> bool:
-        return any(self._data["events"][eid]["event"] != t.event.to_json() for eid, t in tracked.items())
+        events = self._data["events"]
+        return any(eid not in events or events[eid].get("event") != t.event.to_json() for eid, t in tracked.items())
 
     def prune(self, now: datetime) -> list[str]:
-        """Drop vanished events (and their results) older than the retention period."""
+        """Drop vanished events (and their results) older than the retention period; written in the background."""
         cutoff = now - timedelta(seconds=self.retention)
         with self._lock:
             gone = [eid for eid, rec in self._data["events"].items()
@@ -204,7 +357,9 @@ class Store:
                 self._data["results"].pop(eid, None)
             if gone:
                 self._changed()
-            return gone
+        if gone:
+            self.save_soon()
+        return gone
 
     # --- results and flags --------------------------------------------------------------
 
@@ -224,71 +379,97 @@ class Store:
         with self._lock:
             self._data["results"].setdefault(event_id, {})[key] = value
             if journal:
-                self.journal(journal, event_id=event_id, key=key, **value)
-            self._changed()
+                self._queue_line(journal, event_id=event_id, key=key, **value)
+            generation = self._changed()
+        self._save(generation)
 
     def clear_result(self, event_id: str, key: str) -> None:
         """Forget a result (an idempotent handler interrupted by a crash runs again)."""
         with self._lock:
-            if self._data["results"].get(event_id, {}).pop(key, None) is not None:
-                self._changed()
+            if self._data["results"].get(event_id, {}).pop(key, None) is None:
+                return
+            generation = self._changed()
+        self._save(generation)
 
     def flag(self, name: str) -> Any:
         """A persisted flag (None when unset)."""
         with self._lock:
             return self._data["flags"].get(name)
 
-    def set_flag(self, name: str, value: Any) -> None:
+    def set_flag(self, name: str, value: dict[str, Any] | None) -> None:
         """Set (or with None, clear) a persisted flag and write it through."""
         with self._lock:
             if value is None:
                 self._data["flags"].pop(name, None)
             else:
                 self._data["flags"][name] = value
-            self._changed()
+            generation = self._changed()
+        self._save(generation)
 
     # --- audit journal ------------------------------------------------------------------
 
     def journal(self, kind: str, **fields: Any) -> None:
-        """Append one line to the audit journal; a failure is remembered, never raised."""
-        line = json.dumps({"t": _iso(self.clock.now()), "kind": kind, **fields}, default=str, separators=(",", ":"))
+        """Append one line to the audit journal now; a failure is remembered, never raised."""
         with self._lock:
-            try:
-                self.dir.mkdir(parents=True, exist_ok=True)
-                self._rotate_if_needed(len(line) + 1)
-                with open(self.journal_path, "a", encoding="utf-8") as fh:
-                    fh.write(line + "\n")
+            self._queue_line(kind, **fields)
+        self._save(0)
+
+    def _queue_line(self, kind: str, **fields: Any) -> None:
+        self._lines.append(json.dumps({"t": _iso(self.clock.now()), "kind": kind, **fields}, default=str,
+                                      separators=(",", ":")))
+
+    def _append(self, lines: list[str]) -> None:
+        """Append journal lines (caller holds `_io`); never follows a symlink planted as the journal."""
+        try:
+            for line in lines:
+                data = (line + "\n").encode()
+                self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+                self._rotate_if_needed(len(data))
+                fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
                 self.journal_error = None
-            except OSError as exc:
-                self.journal_error = f"{type(exc).__name__}: {exc}"
+        except OSError as exc:
+            self.journal_error = f"{type(exc).__name__}: {exc}"
 
     def _rotate_if_needed(self, incoming: int) -> None:
         try:
-            size = self.journal_path.stat().st_size
+            size = os.lstat(self.journal_path).st_size
         except FileNotFoundError:
             return
         if size + incoming <= self.journal_max_bytes:
             return
         for i in range(self.journal_keep - 1, 0, -1):
             older = self.journal_path.with_name(f"{JOURNAL_FILE}.{i}")
-            if older.exists():
+            if os.path.lexists(older):
                 os.replace(older, self.journal_path.with_name(f"{JOURNAL_FILE}.{i + 1}"))
         os.replace(self.journal_path, self.journal_path.with_name(f"{JOURNAL_FILE}.1"))
 
 
 def read_journal(directory: str | os.PathLike[str], keep: int = 100) -> Iterator[dict[str, Any]]:
-    """Audit journal entries, oldest first, across rotated files; unreadable lines are skipped."""
+    """Audit journal entries, oldest first, across rotated files; damaged lines and unreadable files are skipped."""
     base = Path(directory) / JOURNAL_FILE
-    files = [base.with_name(f"{JOURNAL_FILE}.{i}") for i in range(keep, 0, -1)] + [base]
-    for path in files:
+    for path in [base.with_name(f"{JOURNAL_FILE}.{i}") for i in range(keep, 0, -1)] + [base]:
         try:
-            with open(path, encoding="utf-8") as fh:
-                for line in fh:
-                    try:
-                        entry = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(entry, dict):
-                        yield entry
-        except FileNotFoundError:
+            fh = open(path, "rb")
+        except OSError:
             continue
+        with fh:
+            yield from _entries(fh)
+
+
+def _entries(fh: Any) -> Iterator[dict[str, Any]]:
+    """The JSON objects among a journal file's lines (a bad byte, a torn or deep line is skipped)."""
+    try:
+        for line in iter(lambda: fh.readline(MAX_JOURNAL_LINE + 1), b""):
+            try:
+                entry = jsonsafe.loads(line, max_bytes=MAX_JOURNAL_LINE)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                yield entry
+    except OSError:
+        return  # a directory in the journal's place, an I/O error: what was read stands

@@ -33,7 +33,7 @@ from agent.retry import retrying as retrying_on
 from agent.rotation import Rotation
 from agent.sampling import RuleEngine
 from agent.runner import Runner, handler_settings
-from agent.secretfile import read_secret
+from agent.secretfile import SecretFiles
 from agent.server import ApiServer
 from agent.state import Store
 from agent.systemd import Notifier, system_is_stopping
@@ -87,6 +87,7 @@ class Parts:
         self.boot_id = read_boot_id() if boot_id is None else boot_id
         self.session = session
         self.health = HealthStore(clock)
+        self.secrets = SecretFiles(self.health)
         s = config.state
         self.store = Store(s.dir, clock, retention=s.retention, journal_max_bytes=s.journal_max_bytes,
                            journal_keep=s.journal_keep)
@@ -110,11 +111,11 @@ class Parts:
 
     def peer_token(self) -> str | None:
         """The shared token peers must present on /v1 reads (None: reads are open)."""
-        return read_secret(self.config.coordination.token_file)
+        return self.secrets.read("coordination.token_file", self.config.coordination.token_file)
 
     def server_token(self) -> str | None:
         """The bearer token for mutating endpoints from non-loopback clients."""
-        return read_secret(self.config.server.token_file)
+        return self.secrets.read("server.token_file", self.config.server.token_file)
 
     def health_json(self) -> dict[str, Any]:
         """The health store as /v1/health shows it (also what the fleet gate reads of this VM)."""

@@ -99,3 +99,82 @@ def test_loopback_endpoint_may_poll_fast():
     """The emulator on loopback may be polled faster than IMDS's limit (soak and benchmarks)."""
     cfg = config.loads("imds:\n  endpoint: http://127.0.0.1:8089\n  poll_interval: 5ms\n")
     assert cfg.imds.poll_interval == 0.005
+
+
+# --- hostile config files: a ConfigError naming the file and the fix, never a traceback --------------
+
+def _bytes(path, data):
+    path.write_bytes(data)
+    os.chmod(path, 0o600)
+
+
+HOSTILE = {
+    "not UTF-8": (lambda p: _bytes(p, b"imds:\n  poll_interval: \xff\xfe1s\n"), "not UTF-8"),
+    "random bytes": (lambda p: _bytes(p, bytes(range(128, 256)) * 8), "not UTF-8"),
+    "empty": (lambda p: _bytes(p, b""), "is empty"),
+    "only blank lines": (lambda p: _bytes(p, b"\n  \n"), "write {}"),
+    "a directory": (lambda p: p.mkdir(), "is a directory"),
+    "a dangling symlink": (lambda p: p.symlink_to(p.parent / "gone.yaml"), "symbolic link"),
+    "a FIFO": (lambda p: os.mkfifo(p, 0o600), "not a regular file"),
+    "too large": (lambda p: _bytes(p, b"# " + b"x" * (config.MAX_CONFIG_BYTES + 10)), "larger than"),
+    "control characters": (lambda p: _bytes(p, b"imds: {}\n\x01\x02"), "not valid YAML"),
+}
+
+
+@pytest.mark.parametrize("make,words", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_config_file_that_cannot_be_used_is_refused_with_the_file_named(tmp_path, make, words):
+    """Whatever is at the config path, `load` answers a Config or a ConfigError saying which file and why."""
+    path = tmp_path / "maintd.yaml"
+    make(path)
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    assert str(info.value).startswith(str(path)) and words in str(info.value)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_config_file_is_refused_with_the_fix(write_config):
+    """No read permission: refused, naming the uid maintd runs as."""
+    path = write_config("imds: {}\n")
+    os.chmod(path, 0)
+    with pytest.raises(ConfigError, match="permission denied"):
+        config.load(path)
+
+
+def _billion_laughs(levels: int = 9) -> str:
+    text = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    for prev, name in zip("abcdefghij", "bcdefghijk"[:levels - 1]):
+        text += f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]\n"
+    return text
+
+
+def _merge_bomb(levels: int = 10) -> str:
+    text = "a: &a {" + ", ".join(f"x{i}: {i}" for i in range(10)) + "}\n"
+    for prev, name in zip("abcdefghijk", "bcdefghijkl"[:levels]):
+        text += f"{name}: &{name} {{<<: [" + ",".join([f"*{prev}"] * 10) + f"], k{name}: 1}}\n"
+    return text + "<<: *" + "bcdefghijkl"[levels - 1] + "\n"
+
+
+@pytest.mark.parametrize("text,words", [
+    (_billion_laughs(), "more than 20000 values"),
+    (_merge_bomb(), "more than 20000 values"),
+    ("handlers: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than 32"),
+    ("handlers:\n" + "".join("  " * i + "- \n" for i in range(200)), "nested more than 32"),
+    ("imds: " + "{a: " * 2000 + "1" + "}" * 2000 + "\n", "nested more than 32"),
+    ("handlers: &h [*h]\n", "nested more than 32"),
+    ("imds: &m {<<: *m}\n", "nested more than 32"),
+    ("imds: 2026-13-01\n", "month must be in 1..12"),
+    ("2026-02-30: x\n", "day is out of range"),
+    ('imds: {"x[1": 2}\n', "unknown key"),
+])
+def test_yaml_bombs_deep_nesting_and_impossible_values_are_refused_not_a_crash(text, words):
+    """An alias bomb, a merge-key bomb, deep or cyclic nesting, an impossible date, a key holding "[":
+    a ConfigError at once (before: 9 s and 630 MB, a RecursionError, or a ValueError traceback)."""
+    with pytest.raises(ConfigError) as info:
+        config.loads(text, "/etc/maintd/maintd.yaml")
+    assert str(info.value).startswith("/etc/maintd/maintd.yaml:") and words in str(info.value)
+
+
+def test_aliases_and_merge_keys_of_a_normal_size_still_work():
+    """The bounds leave room for real configs that share settings through anchors."""
+    cfg = config.loads("imds: &i {poll_interval: 2s}\nprobe: {lb_timeout: 40s, <<: {drain_grace: 5s}}\n")
+    assert cfg.imds.poll_interval == 2 and cfg.probe.drain_grace == 5

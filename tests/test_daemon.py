@@ -51,6 +51,7 @@ def run_for(d, clock, seconds):
     end = clock.monotonic() + seconds
     while clock.monotonic() < end:
         d.tick()
+        d.store.wait_saved(5)  # the loop hands state writes to a background writer: let it land
         d._sleep_until_due()
 
 
