@@ -17,7 +17,6 @@ from pathlib import Path
 from datetime import datetime
 from typing import Any, Callable, Iterable
 
-import requests
 
 from agent import config as config_mod
 from agent import logs
@@ -84,8 +83,7 @@ class Daemon:
     """One maintd instance. `start()`, then `tick()` repeatedly (or `run()`), then `shutdown()`."""
 
     def __init__(self, config: Config, *, clock: Clock, metrics: Metrics | None = None,
-                 session: requests.Session | None = None, boot_id: str | None = None,
-                 notifier: Notifier | None = None, config_path: str | None = None) -> None:
+                 boot_id: str | None = None, notifier: Notifier | None = None, config_path: str | None = None) -> None:
         self.config = config
         self.config_path = config_path
         self.clock = clock
@@ -98,7 +96,6 @@ class Daemon:
                            journal_max_bytes=config.state.journal_max_bytes, journal_keep=config.state.journal_keep)
         self.rotation = Rotation(self.store, self.health, config.probe.fail_on,
                                  config.health.consider_warning_as_error)
-        self._session = session
         self.server: ApiServer | None = None
         self.tcp_probe: TcpProbe | None = None
         self.imds = self._make_client(config)
@@ -139,8 +136,7 @@ class Daemon:
     def _make_client(self, config: Config) -> ImdsClient:
         c = config.imds
         return ImdsClient(c.endpoint, c.api_version, timeout=c.timeout, first_timeout=c.first_timeout,
-                          compute_api_version=c.compute_api_version, clock=self.clock, metrics=self.metrics,
-                          session=self._session)
+                          compute_api_version=c.compute_api_version, clock=self.clock, metrics=self.metrics)
 
     def start(self) -> None:
         """Load the state, find this VM's name, report initial health."""
@@ -620,8 +616,7 @@ class Daemon:
 
 
 def build(config: Config, clock: Clock, *, config_path: str | None = None, metrics: Metrics | None = None,
-          session: requests.Session | None = None, boot_id: str | None = None,
-          notifier: Notifier | None = None) -> Daemon:
+          boot_id: str | None = None, notifier: Notifier | None = None) -> Daemon:
     """The daemon with every part the config asks for, wired together."""
-    return Daemon(config, clock=clock, metrics=metrics, session=session, boot_id=boot_id, notifier=notifier,
+    return Daemon(config, clock=clock, metrics=metrics, boot_id=boot_id, notifier=notifier,
                   config_path=config_path)

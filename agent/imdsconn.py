@@ -1,0 +1,159 @@
+"""HTTP/1.1 to IMDS over a plain socket: prebuilt request bytes, one deadline per exchange, bounded answers.
+
+The poll is the daemon's only periodic work, so its path is short: the request is bytes built once,
+the socket is kept open between polls, and `http.client`'s parser reads the answer. The socket is
+opened to the endpoint's own address with `socket.create_connection`: no proxy variable is ever
+consulted (IMDS must not be reached through a proxy). Every read and write is given only the time
+left until the exchange's deadline, so an IMDS that trickles one byte every few seconds cannot
+hold a poll past its timeout; the body is refused past `max_body` bytes before it is all read.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import select
+import socket
+import time
+from dataclasses import dataclass
+from email.message import Message
+from urllib.parse import urlsplit
+
+CONNECT_TIMEOUT = 5.0
+"""Seconds at most to open the connection (the rest of the deadline is for the answer)."""
+MAX_HEADER_VALUE = 256
+"""Longest header value maintd sends back (ETag): a longer one is not echoed."""
+
+
+class Timeout(TimeoutError):
+    """The exchange's deadline passed (connecting, sending, or reading any part of the answer)."""
+
+
+class TooLarge(ValueError):
+    """The answer's body is larger than the caller accepts."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One HTTP answer, read whole: status, headers, body (at most the caller's `max_body` bytes)."""
+
+    status: int
+    headers: Message
+    body: bytes
+
+    def header(self, name: str) -> str:
+        """A header's value, "" when absent."""
+        return self.headers.get(name, "") or ""
+
+
+def request_bytes(method: str, host: str, target: str, headers: dict[str, str], body: bytes = b"") -> bytes:
+    """An HTTP/1.1 request as it goes on the wire; raises ValueError on a value that would split a line."""
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers.items())]
+    if body or method != "GET":
+        lines.append(f"Content-Length: {len(body)}")
+    if any(c in line for line in lines for c in "\r\n\0"):
+        raise ValueError("CR, LF or NUL in a request line or header")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def safe_header_value(value: str) -> str | None:
+    """`value` if it can be sent back in a header (short, printable), else None."""
+    if len(value) > MAX_HEADER_VALUE or not value.isprintable():
+        return None
+    return value
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket's bytes, each read given only the time left until the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        self._sock.settimeout(_left(self._deadline))
+        return self._sock.recv_into(buffer)
+
+
+class _DeadlineSocket:
+    """What `http.client.HTTPResponse` needs of a socket (`makefile`), reading under a deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise Timeout("deadline passed")
+    return left
+
+
+class Connection:
+    """One keep-alive connection to `endpoint` (http://host[:port]); not thread-safe, one owner.
+
+    A connection the server has closed while idle is noticed before the next request (it reads as
+    ready: EOF or stray bytes) and opened again; any failure mid-exchange closes it, so the next
+    exchange starts on a fresh one.
+    """
+
+    def __init__(self, endpoint: str) -> None:
+        url = urlsplit(endpoint)
+        if url.scheme != "http" or not url.hostname:
+            raise ValueError(f"IMDS endpoint must be http://host[:port], got {endpoint!r}")
+        self.host = url.hostname
+        self.port = url.port or 80
+        self.host_header = url.netloc
+        self._sock: socket.socket | None = None
+        self.opened = 0
+        """Connections opened so far (reuse shows as this staying at 1)."""
+
+    def close(self) -> None:
+        """Close the socket (the next exchange opens a new one)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def exchange(self, request: bytes, timeout: float, max_body: int) -> Reply:
+        """Send `request`, read the whole answer; raises Timeout, TooLarge, OSError or http.client.HTTPException.
+
+        Everything (connect, send, status line, headers, body) happens within `timeout` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        try:
+            sock = self._usable_before(deadline)
+            sock.settimeout(_left(deadline))
+            sock.sendall(request)
+            response = http.client.HTTPResponse(_DeadlineSocket(sock, deadline))  # type: ignore[arg-type]
+            response.begin()
+            length = response.length
+            if length is not None and length > max_body:
+                raise TooLarge(f"{length} bytes announced, more than the {max_body} accepted")
+            body = response.read(max_body + 1)
+            if len(body) > max_body:
+                raise TooLarge(f"more than the {max_body} bytes accepted")
+            if response.will_close or not response.isclosed():
+                self.close()
+            return Reply(response.status, response.msg, body)
+        except BaseException:
+            self.close()
+            raise
+
+    def _usable_before(self, deadline: float) -> socket.socket:
+        sock = self._sock
+        if sock is not None and select.select([sock], [], [], 0)[0]:  # closed by the server, or junk
+            self.close()
+            sock = None
+        if sock is None:
+            sock = socket.create_connection((self.host, self.port), min(CONNECT_TIMEOUT, _left(deadline)))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = sock
+            self.opened += 1
+        return sock
