@@ -107,7 +107,7 @@ class ImdsClient:
         self.compute_api_version = compute_api_version
         self.clock = clock
         self.metrics = metrics
-        self.poll_connection = Connection(self.endpoint)
+        self._poll = Connection(self.endpoint)
         self._etag: str | None = None
         self._poll_request = self._get(SCHEDULED_EVENTS_PATH, api_version)
         self._last: tuple[bytes, Document] | None = None
@@ -122,7 +122,7 @@ class ImdsClient:
 
     def _get(self, path: str, api_version: str, etag: str | None = None) -> bytes:
         extra = {"If-None-Match": etag} if etag else {}
-        return request_bytes("GET", self.poll_connection.host_header, self._target(path, api_version),
+        return request_bytes("GET", self._poll.host_header, self._target(path, api_version),
                              {**HEADERS, **extra})
 
     def _pace(self) -> None:
@@ -169,7 +169,7 @@ class ImdsClient:
         failure, including any answer that cannot be read as a document (never retries)."""
         timeout = self.timeout if self._answered else max(self.timeout, self.first_timeout)
         start = self.clock.monotonic()
-        reply = self._request("scheduledevents", self.poll_connection, self._poll_request, timeout=timeout,
+        reply = self._request("scheduledevents", self._poll, self._poll_request, timeout=timeout,
                               max_body=MAX_DOCUMENT_BYTES)
         self._raise_for(reply)
         self._answered = True
@@ -201,7 +201,7 @@ class ImdsClient:
     def approve(self, event_ids: list[str]) -> None:
         """POST StartRequests for `event_ids`; raises ImdsError unless IMDS answers 2xx."""
         body = json.dumps({"StartRequests": [{"EventId": e} for e in event_ids]}).encode()
-        request = request_bytes("POST", self.poll_connection.host_header,
+        request = request_bytes("POST", self._poll.host_header,
                                 self._target(SCHEDULED_EVENTS_PATH, self.api_version),
                                 {**HEADERS, "Content-Type": "application/json"}, body)
         self._raise_for(self._once("approve", request, self.timeout))

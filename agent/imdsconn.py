@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import io
-import select
 import socket
 import time
 from dataclasses import dataclass
@@ -31,6 +30,10 @@ class Timeout(TimeoutError):
 
 class TooLarge(ValueError):
     """The answer's body is larger than the caller accepts."""
+
+
+class _Closed(ConnectionResetError):
+    """The server reset or closed the connection before the first byte of an answer."""
 
 
 @dataclass(frozen=True)
@@ -64,29 +67,25 @@ def safe_header_value(value: str) -> str | None:
 
 
 class _DeadlineReader(io.RawIOBase):
-    """The socket's bytes, each read given only the time left until the deadline."""
+    """The socket's bytes, each read given only the time left until the deadline; counts what it read."""
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self._sock = sock
         self._deadline = deadline
+        self.received = 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         self._sock.settimeout(_left(self._deadline))
-        return self._sock.recv_into(buffer)
-
-
-class _DeadlineSocket:
-    """What `http.client.HTTPResponse` needs of a socket (`makefile`), reading under a deadline."""
-
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self._sock = sock
-        self._deadline = deadline
+        n = self._sock.recv_into(buffer)
+        self.received += n
+        return n
 
     def makefile(self, mode: str) -> io.BufferedReader:
-        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+        """What `http.client.HTTPResponse` asks of a socket."""
+        return io.BufferedReader(self)
 
 
 def _left(deadline: float) -> float:
@@ -99,9 +98,9 @@ def _left(deadline: float) -> float:
 class Connection:
     """One keep-alive connection to `endpoint` (http://host[:port]); not thread-safe, one owner.
 
-    A connection the server has closed while idle is noticed before the next request (it reads as
-    ready: EOF or stray bytes) and opened again; any failure mid-exchange closes it, so the next
-    exchange starts on a fresh one.
+    A connection the server has closed while idle is noticed before the next request (it has EOF or
+    stray bytes to read) and opened again; any failure mid-exchange closes it, so the next exchange
+    starts on a fresh one.
     """
 
     def __init__(self, endpoint: str) -> None:
@@ -112,8 +111,6 @@ class Connection:
         self.port = url.port or 80
         self.host_header = url.netloc
         self._sock: socket.socket | None = None
-        self.opened = 0
-        """Connections opened so far (reuse shows as this staying at 1)."""
 
     def close(self) -> None:
         """Close the socket (the next exchange opens a new one)."""
@@ -124,14 +121,41 @@ class Connection:
     def exchange(self, request: bytes, timeout: float, max_body: int) -> Reply:
         """Send `request`, read the whole answer; raises Timeout, TooLarge, OSError or http.client.HTTPException.
 
-        Everything (connect, send, status line, headers, body) happens within `timeout` seconds.
+        Everything (connect, send, status line, headers, body) happens within `timeout` seconds. A kept
+        connection that turns out to be closed by the server (reset, or closed before an answer: the
+        race every keep-alive client has with an idle timeout) is replaced once, within the same deadline.
         """
         deadline = time.monotonic() + timeout
+        reused = self._drop_if_closed()
         try:
-            sock = self._usable_before(deadline)
+            return self._exchange(request, deadline, max_body)
+        except _Closed:
+            if not reused:
+                raise
+        return self._exchange(request, deadline, max_body)
+
+    def _drop_if_closed(self) -> bool:
+        """Close a kept socket that has something to read (EOF, a reset, stray bytes); whether one is kept."""
+        if self._sock is None:
+            return False
+        try:
+            self._sock.settimeout(0)
+            self._sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return True  # nothing to read: open and idle, as a kept connection should be
+        except OSError:
+            pass
+        self.close()
+        return False
+
+    def _exchange(self, request: bytes, deadline: float, max_body: int) -> Reply:
+        reader: _DeadlineReader | None = None
+        try:
+            sock = self._sock or self._connect(deadline)
             sock.settimeout(_left(deadline))
             sock.sendall(request)
-            response = http.client.HTTPResponse(_DeadlineSocket(sock, deadline))  # type: ignore[arg-type]
+            reader = _DeadlineReader(sock, deadline)
+            response = http.client.HTTPResponse(reader)  # type: ignore[arg-type]
             response.begin()
             length = response.length
             if length is not None and length > max_body:
@@ -142,18 +166,17 @@ class Connection:
             if response.will_close or not response.isclosed():
                 self.close()
             return Reply(response.status, response.msg, body)
+        except (ConnectionResetError, BrokenPipeError) as exc:  # RemoteDisconnected is a ConnectionResetError
+            self.close()
+            if reader is None or reader.received == 0:
+                raise _Closed(f"closed before an answer: {exc}") from exc
+            raise
         except BaseException:
             self.close()
             raise
 
-    def _usable_before(self, deadline: float) -> socket.socket:
-        sock = self._sock
-        if sock is not None and select.select([sock], [], [], 0)[0]:  # closed by the server, or junk
-            self.close()
-            sock = None
-        if sock is None:
-            sock = socket.create_connection((self.host, self.port), min(CONNECT_TIMEOUT, _left(deadline)))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock = sock
-            self.opened += 1
+    def _connect(self, deadline: float) -> socket.socket:
+        sock = socket.create_connection((self.host, self.port), min(CONNECT_TIMEOUT, _left(deadline)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
         return sock
