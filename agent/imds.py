@@ -11,7 +11,6 @@ its own retry: `get_document` never retries; `next_poll_delay` says how long to 
 from __future__ import annotations
 
 import email.utils
-import http.client
 import json
 import random
 import threading
@@ -35,6 +34,9 @@ MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
 """Largest Scheduled Events answer read: a 1000-event document is about 320 KB, so ~12 000 events fit."""
 MAX_SMALL_BYTES = 256 * 1024
 """Largest compute metadata or approval answer read (a real compute document is a few KB)."""
+MAX_RETRY_AFTER = 300.0
+"""Longest Retry-After honoured: IMDS asks for seconds (410: "a max of 70 seconds"); a hostile or broken
+answer asking for a day would stop polling for a day, and 5000 nines for good."""
 MIN_REQUEST_GAP = 0.25
 """Seconds between two requests to a real IMDS: 4 req/s, under its shared per-VM limit of 5."""
 
@@ -49,19 +51,20 @@ class PollResult:
 
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or HTTP-date); None when absent or unreadable."""
+    """Seconds from a Retry-After header (delta-seconds or HTTP-date), at most MAX_RETRY_AFTER; None when
+    absent or unreadable."""
     if not value:
         return None
     value = value.strip()
     if value.isdigit():
-        return float(value)
+        return min(float(value), MAX_RETRY_AFTER)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - now).total_seconds())
+    return min(max(0.0, (when - now).total_seconds()), MAX_RETRY_AFTER)
 
 
 def next_poll_delay(failures: int, interval: float, max_backoff: float, retry_after: float | None,
@@ -139,12 +142,12 @@ class ImdsClient:
         start = self.clock.monotonic()
         try:
             reply = connection.exchange(request, timeout, max_body)
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the wire brings (http.client's parser too), the request fails
             self.metrics.imds_requests.labels(endpoint_label, "error").inc()
             self.metrics.imds_duration.labels(endpoint_label).observe(self.clock.monotonic() - start)
-            kind = ("timed out" if isinstance(exc, TimeoutError) else
-                    "answer too large" if isinstance(exc, TooLarge) else "connection failed")
-            raise ImdsUnavailable(f"IMDS {kind}: {type(exc).__name__}: {exc}") from exc
+            kind = ("timed out" if isinstance(exc, TimeoutError) else "answer too large" if isinstance(exc, TooLarge)
+                    else "connection failed" if isinstance(exc, OSError) else "answer unreadable")
+            raise ImdsUnavailable(f"IMDS {kind}: {type(exc).__name__}: {str(exc)[:200]}") from exc
         self.metrics.imds_requests.labels(endpoint_label, str(reply.status)).inc()
         self.metrics.imds_duration.labels(endpoint_label).observe(self.clock.monotonic() - start)
         return reply

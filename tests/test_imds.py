@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pytest
 
 from agent.errors import ImdsRequestRejected, ImdsUnavailable
-from agent.imds import MAX_DOCUMENT_BYTES, ImdsClient, next_poll_delay, parse_retry_after
+from agent.imds import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, next_poll_delay, parse_retry_after
 from agent.metrics import Metrics
 from tests.imds_server import FakeImds, Raw
 
@@ -292,6 +292,7 @@ def test_a_body_over_the_size_cap_is_refused_before_it_is_read_whole(imds, clien
 
 GARBAGE = {
     "not http": b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
+    "status line of 60 KB": b"HTTP/1.1 " + b"9" * 60_000 + b" OK\r\n\r\n",
     "binary": bytes(range(256)) * 4,
     "header line of 100 KB": b"HTTP/1.1 200 OK\r\nX: " + b"a" * 100_000 + b"\r\n\r\n",
     "200 headers": b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 200 + b"\r\n",
@@ -305,11 +306,13 @@ GARBAGE = {
 
 @pytest.mark.parametrize("raw", GARBAGE.values(), ids=GARBAGE.keys())
 def test_garbage_on_the_wire_is_a_failed_poll(imds, client, raw):
-    """Whatever bytes come back, the poll raises ImdsUnavailable (nothing else) and the next one works."""
+    """Whatever bytes come back, the poll raises ImdsUnavailable (nothing else, and a message short enough
+    for one log line) and the next one works."""
     imds.add_callback("GET", SE, lambda call: Raw(raw))
     imds.get(SE, json=DOC)
-    with pytest.raises(ImdsUnavailable):
+    with pytest.raises(ImdsUnavailable) as info:
         client.get_document()
+    assert len(str(info.value)) + len(info.value.body) < 2000
     assert client.get_document().document is not None
 
 
@@ -329,3 +332,10 @@ def test_retry_after_accepts_seconds_and_http_dates():
     assert parse_retry_after("12", now) == 12
     assert parse_retry_after("Thu, 01 Jan 2026 00:00:30 GMT", now) == 30
     assert parse_retry_after("soon", now) is None and parse_retry_after(None, now) is None
+
+
+def test_an_absurd_retry_after_cannot_stop_polling():
+    """A Retry-After of a day, of 5000 digits or a date in 2099 waits MAX_RETRY_AFTER at most."""
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    for value in ("86400", "9" * 5000, "Thu, 01 Jan 2099 00:00:00 GMT"):
+        assert parse_retry_after(value, now) == MAX_RETRY_AFTER
