@@ -156,11 +156,12 @@ def _text(item: dict[str, Any], key: str, default: str = "") -> str:
 
 def _required_text(item: dict[str, Any], key: str) -> str:
     value = item.get(key)
-    if not isinstance(value, str) or not value.strip():
+    text = value.strip() if isinstance(value, str) else ""
+    if not text:
         raise ValueError(f"{key} missing or not text")
-    if not _short(value):
+    if not _short(text):
         raise ValueError(f"{key} longer than {MAX_ID} characters or not printable")
-    return value.strip()
+    return text
 
 
 def cut_description(value: Any) -> str:
@@ -269,5 +270,6 @@ def parse_document(data: Any, previous: Document | None = None) -> Document:
             events.append(event)
         except ValueError as exc:
             eid = item.get("EventId") if isinstance(item, dict) else None
-            skipped.append(Skipped(i, str(exc), eid.strip() if _short(eid) and eid.strip() else None))
+            eid = eid.strip() if isinstance(eid, str) else ""
+            skipped.append(Skipped(i, str(exc), eid if eid and _short(eid) else None))
     return Document(_incarnation(data.get("DocumentIncarnation")), tuple(events), tuple(skipped), parsed)
