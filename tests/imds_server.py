@@ -98,6 +98,11 @@ class FakeImds:
             route = next(r for r in self._routes if r.method == method and r.path == path)
             route.responder = answer(**kw)
 
+    def clear(self) -> None:
+        """Forget every route (the calls stay recorded)."""
+        with self._lock:
+            self._routes.clear()
+
     def close(self) -> None:
         self._stop.set()
         self._listener.close()

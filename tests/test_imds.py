@@ -8,9 +8,11 @@ import time
 from datetime import datetime, timezone
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent.errors import ImdsRequestRejected, ImdsUnavailable
-from agent.imds import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, next_poll_delay, parse_retry_after
+from agent.imds import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult, next_poll_delay, parse_retry_after
 from agent.metrics import Metrics
 from tests.imds_server import FakeImds, Raw
 
@@ -314,6 +316,39 @@ def test_garbage_on_the_wire_is_a_failed_poll(imds, client, raw):
         client.get_document()
     assert len(str(info.value)) + len(info.value.body) < 2000
     assert client.get_document().document is not None
+
+
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                       lambda inner: st.lists(inner, max_size=5) | st.dictionaries(
+                           st.sampled_from(["Events", "EventId", "EventType", "EventStatus", "Resources",
+                                            "NotBefore", "Description", "DocumentIncarnation", "x"]),
+                           inner, max_size=6), max_leaves=30)
+HEADS = [b"", b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
+         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n",
+         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+         b"HTTP/1.1 304 Not Modified\r\n\r\n", b"HTTP/1.1 429 X\r\nRetry-After: "]
+
+
+def _with_length(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+ANSWERS = (st.tuples(st.sampled_from(HEADS), st.binary(max_size=1024)).map(b"".join)
+           | JSONISH.map(lambda v: _with_length(json.dumps(v).encode()))
+           | JSONISH.map(lambda v: _with_length(json.dumps({"Events": [v]}).encode())))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=ANSWERS)
+def test_any_answer_is_a_poll_result_or_imds_unavailable(imds, client, raw):
+    """Fuzz: whatever IMDS sends (random bytes, HTTP framing with random bodies, random JSON), the poll
+    returns a result or raises ImdsUnavailable, and never anything else."""
+    imds.clear()
+    imds.add_callback("GET", SE, lambda call: Raw(raw))
+    try:
+        assert isinstance(client.get_document(), PollResult)
+    except ImdsUnavailable:
+        pass
 
 
 def test_backoff_grows_caps_and_honours_retry_after():
