@@ -196,6 +196,10 @@ class ImdsClient:
         self._last = (reply.body, document)
         return PollResult(document, False, duration)
 
+    def interrupt(self) -> None:
+        """Make a poll under way fail at once (a SIGTERM need not wait for its timeout); signal-safe."""
+        self._poll.interrupt()
+
     def _remember_etag(self, etag: str | None) -> None:
         if etag != self._etag:
             self._etag = etag

@@ -111,12 +111,23 @@ class Connection:
         self.port = url.port or 80
         self.host_header = url.netloc
         self._sock: socket.socket | None = None
+        self._interrupted = False
 
     def close(self) -> None:
         """Close the socket (the next exchange opens a new one)."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+    def interrupt(self) -> None:
+        """Cut the exchange under way short: it fails at once (safe from a signal handler or another thread)."""
+        self._interrupted = True
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # a blocked recv returns EOF, a send fails
+            except OSError:
+                pass
 
     def exchange(self, request: bytes, timeout: float, max_body: int) -> Reply:
         """Send `request`, read the whole answer; raises Timeout, TooLarge, OSError or http.client.HTTPException.
@@ -126,11 +137,12 @@ class Connection:
         race every keep-alive client has with an idle timeout) is replaced once, within the same deadline.
         """
         deadline = time.monotonic() + timeout
+        self._interrupted = False
         reused = self._drop_if_closed()
         try:
             return self._exchange(request, deadline, max_body)
         except _Closed:
-            if not reused:
+            if not reused or self._interrupted:
                 raise
         return self._exchange(request, deadline, max_body)
 

@@ -4,6 +4,7 @@ keep-alive and reconnects, deadlines, and answers built to hurt (trickles, flood
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import datetime, timezone
 
@@ -263,6 +264,22 @@ def test_a_trickling_imds_cannot_hold_a_poll_past_its_timeout(imds, clock, where
         client.get_document()
     assert time.monotonic() - started < 3, "failed at its deadline, not when the answer ended"
     assert count(client, "error") == 1
+
+
+def test_a_poll_can_be_cut_short_from_another_thread(imds, clock):
+    """A stop need not wait for the poll's timeout: interrupt() makes the poll under way fail at once,
+    including on a kept connection (it is not silently retried)."""
+    imds.get(SE, json=DOC)
+    imds.add_callback("GET", SE, lambda call: Raw(b"HTTP/1.1 200 OK\r\n", trickle=30))
+    client = make_client(imds, clock, timeout=20, first_timeout=20)
+    client.get_document()
+    timer = threading.Timer(0.2, client.interrupt)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(ImdsUnavailable):
+        client.get_document()
+    assert time.monotonic() - started < 5
+    timer.join()
 
 
 def test_deep_nesting_fails_the_poll_and_the_next_good_answer_is_read(imds, client):
