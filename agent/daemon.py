@@ -565,6 +565,7 @@ class Daemon:
     def request_stop(self, *_: Any) -> None:
         """Ask the loop to stop (signal-safe)."""
         self.stop_requested.set()
+        self.imds.interrupt()  # imds: a poll under way fails now, not at its timeout
         self._wake()
 
     def request_reload(self, *_: Any) -> None:

@@ -124,3 +124,19 @@ def test_compute_metadata_that_cannot_be_read_is_an_identity_error_not_an_exit(i
         assert agent.proc.poll() is None and agent.get("/healthz").status_code == 200
     finally:
         assert agent.stop() == 0
+
+
+def test_sigterm_during_a_stalled_poll_stops_maintd_at_once(imds, tmp_path):
+    """A poll stuck on an IMDS that answers nothing (60 s timeout) does not hold up a SIGTERM."""
+    imds.get(SE, json={"DocumentIncarnation": 1, "Events": []})
+    imds.add_callback("GET", SE, lambda call: Raw(b"HTTP/1.1 200 OK\r\n", trickle=60))
+    agent = Agent(tmp_path / "vm-1", imds.url, "vm-1", {"imds": {"timeout": "60s", "first_timeout": "60s"}})
+    try:
+        wait_until(lambda: len(imds.calls) >= 2, 10, "a poll under way on the stalled answer")
+        time.sleep(0.2)
+        started = time.monotonic()
+        assert agent.stop() == 0
+        assert time.monotonic() - started < 5, "stopped without waiting for the poll's timeout"
+        agent.wait_log("daemon.stopped", timeout=1)
+    finally:
+        agent.stop()  # a no-op once it has stopped
