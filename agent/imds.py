@@ -17,7 +17,7 @@ import threading
 from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Callable
 from urllib.parse import urlencode, urlsplit
 
 from agent import jsonsafe
@@ -112,7 +112,7 @@ class ImdsClient:
         self.metrics = metrics
         self._poll = Connection(self.endpoint)
         self._etag: str | None = None
-        self._poll_request = self._get(SCHEDULED_EVENTS_PATH, api_version)
+        self._poll_request = self._get_bytes(SCHEDULED_EVENTS_PATH, api_version)
         self._last: tuple[bytes, Document] | None = None
         """The last document and the body it came from: the same bytes again are `unchanged`."""
         self._answered = False
@@ -123,7 +123,7 @@ class ImdsClient:
     def _target(self, path: str, api_version: str) -> str:
         return f"{path}?{urlencode({'api-version': api_version})}"
 
-    def _get(self, path: str, api_version: str, etag: str | None = None) -> bytes:
+    def _get_bytes(self, path: str, api_version: str, etag: str | None = None) -> bytes:
         extra = {"If-None-Match": etag} if etag else {}
         return request_bytes("GET", self._poll.host_header, self._target(path, api_version),
                              {**HEADERS, **extra})
@@ -142,7 +142,7 @@ class ImdsClient:
         start = self.clock.monotonic()
         try:
             reply = connection.exchange(request, timeout, max_body)
-        except Exception as exc:  # noqa: BLE001 - whatever the wire brings (http.client's parser too), the request fails
+        except Exception as exc:  # noqa: BLE001 - whatever the wire brings (the parser too) fails the request
             self.metrics.imds_requests.labels(endpoint_label, "error").inc()
             self.metrics.imds_duration.labels(endpoint_label).observe(self.clock.monotonic() - start)
             kind = ("timed out" if isinstance(exc, TimeoutError) else "answer too large" if isinstance(exc, TooLarge)
@@ -203,7 +203,7 @@ class ImdsClient:
     def _remember_etag(self, etag: str | None) -> None:
         if etag != self._etag:
             self._etag = etag
-            self._poll_request = self._get(SCHEDULED_EVENTS_PATH, self.api_version, etag)
+            self._poll_request = self._get_bytes(SCHEDULED_EVENTS_PATH, self.api_version, etag)
 
     def approve(self, event_ids: list[str]) -> None:
         """POST StartRequests for `event_ids`; raises ImdsError unless IMDS answers 2xx."""
@@ -215,12 +215,13 @@ class ImdsClient:
 
     def compute_name(self) -> str:
         """This VM's `compute.name` (what Resources lists); raises ImdsError, whatever the answer holds."""
-        reply = self._once("compute", self._get(COMPUTE_PATH, self.compute_api_version), max(self.timeout, 10.0))
+        reply = self._once("compute", self._get_bytes(COMPUTE_PATH, self.compute_api_version), max(self.timeout, 10.0))
         self._raise_for(reply)
         try:
             data = jsonsafe.loads(reply.body, max_bytes=MAX_SMALL_BYTES)
-        except ValueError as exc:
-            raise ImdsUnavailable(f"compute metadata is not JSON: {exc}", reply.status, _text(reply.body)) from exc
+        except Exception as exc:  # noqa: BLE001 - as for the document: any failure to read it fails the request
+            raise ImdsUnavailable(f"compute metadata is not JSON: {type(exc).__name__}: {str(exc)[:200]}",
+                                  reply.status, _text(reply.body)) from exc
         name = data.get("name") if isinstance(data, dict) else None
         if not isinstance(name, str) or not name or len(name) > MAX_NAME or not name.isprintable():
             raise ImdsUnavailable("compute metadata has no usable name", reply.status, _text(reply.body))
