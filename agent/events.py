@@ -164,14 +164,14 @@ def _required_text(item: dict[str, Any], key: str) -> str:
     return text
 
 
-def cut_description(value: Any) -> str:
+def _description(value: Any) -> str:
     """Description without NUL characters, at most MAX_DESCRIPTION characters (marked when cut)."""
     if not isinstance(value, str):
         return ""
     text = value.replace("\0", "")
     if len(text) <= MAX_DESCRIPTION:
         return text
-    kept = MAX_DESCRIPTION - 48
+    kept = MAX_DESCRIPTION - 48  # room for the marker, so a cut Description read again is not cut again
     return f"{text[:kept]} … [cut: {len(text) - kept} more characters]"
 
 
@@ -234,7 +234,7 @@ def _parse_fields(key: tuple[Any, ...]) -> Event:
         resource_type=_text(item, "ResourceType", "VirtualMachine"),
         not_before=parse_not_before(raw_nb),
         not_before_raw=raw_nb,
-        description=cut_description(item.get("Description")),
+        description=_description(item.get("Description")),
         source=_text(item, "EventSource", "Platform") or "Platform",
         duration_seconds=_duration(item.get("DurationInSeconds", -1)),
     )
