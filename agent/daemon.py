@@ -17,7 +17,6 @@ import signal
 import threading
 from typing import Any
 
-import requests
 
 from agent import logs
 from agent.api import LoopView
@@ -47,10 +46,9 @@ class Daemon:
     """One maintd instance. `start()`, then `tick()` repeatedly (or `run()`), then `shutdown()`."""
 
     def __init__(self, config: Config, *, clock: Clock, metrics: Metrics | None = None,
-                 session: requests.Session | None = None, boot_id: str | None = None,
-                 notifier: Notifier | None = None, config_path: str | None = None) -> None:
+                 boot_id: str | None = None, notifier: Notifier | None = None, config_path: str | None = None) -> None:
         self.parts = Parts(config, clock, Callbacks(self._handler_result, self.wake_coordination),
-                           metrics=metrics, session=session, boot_id=boot_id, notifier=notifier)
+                           metrics=metrics, boot_id=boot_id, notifier=notifier)
         p = self.parts
         self.config_path = config_path
         self.clock, self.metrics, self.notifier = clock, p.metrics, p.notifier
@@ -312,6 +310,7 @@ class Daemon:
     def request_stop(self, *_: Any) -> None:
         """Ask the loop to stop (signal-safe)."""
         self.stop_requested.set()
+        self.parts.imds.interrupt()  # a poll under way fails now, not at its timeout
         self._wake()
 
     def request_reload(self, *_: Any) -> None:
@@ -341,8 +340,7 @@ class Daemon:
 
 
 def build(config: Config, clock: Clock, *, config_path: str | None = None, metrics: Metrics | None = None,
-          session: requests.Session | None = None, boot_id: str | None = None,
-          notifier: Notifier | None = None) -> Daemon:
+          boot_id: str | None = None, notifier: Notifier | None = None) -> Daemon:
     """The daemon with every part the config asks for, wired together."""
-    return Daemon(config, clock=clock, metrics=metrics, session=session, boot_id=boot_id, notifier=notifier,
+    return Daemon(config, clock=clock, metrics=metrics, boot_id=boot_id, notifier=notifier,
                   config_path=config_path)

@@ -10,6 +10,13 @@ Tolerance rules (documented in the README):
 - an event without a usable EventId, EventType or EventStatus is skipped (reported, never raised);
 - a document that is not an object with an `Events` list is malformed as a whole (`DocumentError`):
   the caller treats that poll as failed instead of reading it as "every event vanished".
+
+Size rules (a hostile or broken IMDS must not become huge log lines, state writes or hook
+environments): a document with more than MAX_EVENTS events is malformed as a whole; an event with
+more than MAX_RESOURCES names, or an EventId/EventType/EventStatus longer than MAX_ID characters or
+not printable, is skipped; Resources names longer than MAX_NAME or not printable are dropped; other
+short fields that are too long or not printable get their defaults; Description keeps its first
+MAX_DESCRIPTION characters (with a "[cut …]" marker) and loses NUL characters.
 """
 
 from __future__ import annotations
@@ -24,6 +31,16 @@ from typing import Any
 KNOWN_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 KNOWN_STATUSES = ("Scheduled", "Started")
 _LIVE_MIGRATION = re.compile(r"live[ -]?migration", re.IGNORECASE)
+MAX_EVENTS = 10_000
+"""Most events read from one document (ten times the largest benchmarked); more is a malformed document."""
+MAX_RESOURCES = 1_000
+"""Most names in one event's Resources (an availability set holds at most 200 VMs)."""
+MAX_NAME = 256
+"""Longest Resources name or VM name kept (Azure VM names are at most 64 characters)."""
+MAX_ID = 128
+"""Longest EventId, EventType, EventStatus, ResourceType, EventSource or NotBefore read (an EventId is 36)."""
+MAX_DESCRIPTION = 4_096
+"""Longest Description kept, its cut marker included."""
 
 
 class DocumentError(ValueError):
@@ -127,16 +144,35 @@ def parse_not_before(raw: Any) -> datetime | None:
     return parsed.astimezone(timezone.utc)
 
 
+def _short(value: Any, limit: int = MAX_ID) -> bool:
+    """Whether `value` is printable text of at most `limit` characters."""
+    return isinstance(value, str) and len(value) <= limit and value.isprintable()
+
+
 def _text(item: dict[str, Any], key: str, default: str = "") -> str:
     value = item.get(key, default)
-    return value if isinstance(value, str) else default
+    return value if _short(value) else default
 
 
 def _required_text(item: dict[str, Any], key: str) -> str:
     value = item.get(key)
-    if not isinstance(value, str) or not value.strip():
+    text = value.strip() if isinstance(value, str) else ""
+    if not text:
         raise ValueError(f"{key} missing or not text")
-    return value.strip()
+    if not _short(text):
+        raise ValueError(f"{key} longer than {MAX_ID} characters or not printable")
+    return text
+
+
+def _description(value: Any) -> str:
+    """Description without NUL characters, at most MAX_DESCRIPTION characters (marked when cut)."""
+    if not isinstance(value, str):
+        return ""
+    text = value.replace("\0", "")
+    if len(text) <= MAX_DESCRIPTION:
+        return text
+    kept = MAX_DESCRIPTION - 48  # room for the marker, so a cut Description read again is not cut again
+    return f"{text[:kept]} … [cut: {len(text) - kept} more characters]"
 
 
 def _duration(value: Any) -> int:
@@ -186,16 +222,19 @@ def _parse_fields(key: tuple[Any, ...]) -> Event:
     resources = item.get("Resources", ())
     if not isinstance(resources, tuple):
         raise ValueError("Resources is not a list")
+    if len(resources) > MAX_RESOURCES:
+        raise ValueError(f"Resources lists {len(resources)} names, more than {MAX_RESOURCES}")
     raw_nb = item.get("NotBefore", "")
+    raw_nb = raw_nb if _short(raw_nb) else ""
     return Event(
         event_id=_required_text(item, "EventId"),
         event_type=_required_text(item, "EventType"),
         status=_required_text(item, "EventStatus"),
-        resources=tuple(r for r in resources if isinstance(r, str)),
+        resources=tuple(r for r in resources if _short(r, MAX_NAME)),
         resource_type=_text(item, "ResourceType", "VirtualMachine"),
         not_before=parse_not_before(raw_nb),
-        not_before_raw=raw_nb if isinstance(raw_nb, str) else "",
-        description=_text(item, "Description"),
+        not_before_raw=raw_nb,
+        description=_description(item.get("Description")),
         source=_text(item, "EventSource", "Platform") or "Platform",
         duration_seconds=_duration(item.get("DurationInSeconds", -1)),
     )
@@ -214,6 +253,8 @@ def parse_document(data: Any, previous: Document | None = None) -> Document:
     raw_events = data.get("Events")
     if not isinstance(raw_events, list):
         raise DocumentError("document has no Events list")
+    if len(raw_events) > MAX_EVENTS:
+        raise DocumentError(f"document lists {len(raw_events)} events, more than {MAX_EVENTS}")
     known = previous.parsed if previous is not None else {}
     events: list[Event] = []
     parsed: dict[tuple[Any, ...], Event] = {}
@@ -229,5 +270,6 @@ def parse_document(data: Any, previous: Document | None = None) -> Document:
             events.append(event)
         except ValueError as exc:
             eid = item.get("EventId") if isinstance(item, dict) else None
-            skipped.append(Skipped(i, str(exc), eid.strip() if isinstance(eid, str) and eid.strip() else None))
+            eid = eid.strip() if isinstance(eid, str) else ""
+            skipped.append(Skipped(i, str(exc), eid if eid and _short(eid) else None))
     return Document(_incarnation(data.get("DocumentIncarnation")), tuple(events), tuple(skipped), parsed)

@@ -13,8 +13,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-import requests
-
 from agent import config as config_mod
 from agent import logs
 from agent.api import LocalApi, LoopView
@@ -62,12 +60,11 @@ class Callbacks:
     coordination_changed: Callable[[], None]
 
 
-def make_imds_client(config: Config, clock: Clock, metrics: Metrics,
-                     session: requests.Session | None = None) -> ImdsClient:
+def make_imds_client(config: Config, clock: Clock, metrics: Metrics) -> ImdsClient:
     """The IMDS client for `config.imds`."""
     c = config.imds
     return ImdsClient(c.endpoint, c.api_version, timeout=c.timeout, first_timeout=c.first_timeout,
-                      compute_api_version=c.compute_api_version, clock=clock, metrics=metrics, session=session)
+                      compute_api_version=c.compute_api_version, clock=clock, metrics=metrics)
 
 
 class Parts:
@@ -78,14 +75,13 @@ class Parts:
     """
 
     def __init__(self, config: Config, clock: Clock, callbacks: Callbacks, *, metrics: Metrics | None = None,
-                 session: requests.Session | None = None, boot_id: str | None = None,
+                 boot_id: str | None = None,
                  notifier: Notifier | None = None) -> None:
         self.config = config
         self.clock = clock
         self.metrics = metrics or Metrics()
         self.notifier = notifier or Notifier()
         self.boot_id = read_boot_id() if boot_id is None else boot_id
-        self.session = session
         self.health = HealthStore(clock)
         self.secrets = SecretFiles(self.health)
         s = config.state
@@ -94,7 +90,7 @@ class Parts:
         self.rotation = Rotation(self.store, self.health, config.probe.fail_on, config.health.consider_warning_as_error)
         self.metrics.follow_verdict(lambda: self.rotation.verdict().in_rotation,
                                     lambda: int(self.health.aggregate(self.config.health.consider_warning_as_error)))
-        self.imds = make_imds_client(config, clock, self.metrics, session)
+        self.imds = make_imds_client(config, clock, self.metrics)
         self.vm_name: str | None = None if config.identity.name == "auto" else config.identity.name
         self.services = Services(clock=clock, store=self.store, metrics=self.metrics, rotation=self.rotation,
                                  health=self.health)
@@ -141,7 +137,7 @@ class Parts:
         self.store.retention = new.state.retention
         self.rotation.configure(new.probe.fail_on, new.health.consider_warning_as_error)
         if new.imds != old.imds:
-            self.imds = make_imds_client(new, self.clock, self.metrics, self.session)
+            self.imds = make_imds_client(new, self.clock, self.metrics)
         if new.identity != old.identity:
             self.vm_name = None if new.identity.name == "auto" else new.identity.name
         if new.handlers != old.handlers:

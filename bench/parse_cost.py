@@ -19,7 +19,9 @@ import tracemalloc
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from agent import jsonsafe
 from agent.events import Document, parse_document
+from agent.imds import MAX_DOCUMENT_BYTES
 from agent.tracker import Tracked, diff
 from bench.common import percentile, write
 
@@ -44,10 +46,11 @@ Last = tuple[bytes, Document] | None
 
 def one_poll(raw: bytes, last: Last, tracked: dict[str, Tracked]) -> tuple[dict[str, Tracked], Last]:
     """What the client and the loop do with an answer: the same bytes as the last answer change nothing;
-    otherwise decode JSON, parse (reusing the last document's unchanged events), diff against what is tracked."""
+    otherwise decode JSON (size and depth checked first, as the client does), parse (reusing the last
+    document's unchanged events), diff against what is tracked."""
     if last is not None and raw == last[0]:
         return tracked, last
-    document = parse_document(json.loads(raw), last[1] if last else None)
+    document = parse_document(jsonsafe.loads(raw, max_bytes=MAX_DOCUMENT_BYTES), last[1] if last else None)
     new, _ = diff(tracked, document, vm_name="vm-0", boot_id="b", now=NOW)
     return new, (raw, document)
 

@@ -1,22 +1,19 @@
-"""The loop in-process, with a fake clock and IMDS mocked by `responses`: cadence, backoff, outages."""
+"""The loop in-process, with a fake clock and a scripted IMDS on 127.0.0.1: cadence, backoff, outages."""
 
 from __future__ import annotations
 
 import errno
 import os
-import re
 
 import pytest
-import requests
-import responses
 
 from agent.config import loads
 from agent.daemon import build
 from agent.health import HealthState
 from agent.systemd import Notifier
+from tests.imds_server import FakeImds
 
-BASE = "http://169.254.169.254"
-SE = re.compile(rf"{BASE}/metadata/scheduledevents.*")
+SE = "/metadata/scheduledevents"
 NB = "Mon, 19 Sep 2026 18:29:47 GMT"
 
 
@@ -32,15 +29,16 @@ def reboot(eid="E1", resources=("vm1",), status="Scheduled"):
 
 @pytest.fixture
 def imds():
-    """IMDS mocked for the daemon's whole life (its worker threads too); approvals succeed."""
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
-        rsps.post(SE, status=200)
-        yield rsps
+    """IMDS scripted for the daemon's whole life (its worker threads too); approvals succeed."""
+    server = FakeImds()
+    server.post(SE, status=200)
+    yield server
+    server.close()
 
 
 @pytest.fixture
 def daemon(tmp_path, clock, imds):
-    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{max_backoff: 10s, stale_after: 60s}}\n")
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}', max_backoff: 10s, stale_after: 60s}}\n")
     d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     d.start()
     yield d
@@ -65,7 +63,7 @@ def test_polls_stay_on_their_deadlines_even_when_imds_is_slow(daemon, clock, imd
         clock.advance(0.3)
         return 200, {"Content-Type": "application/json"}, '{"DocumentIncarnation": 1, "Events": []}'
 
-    imds.add_callback(responses.GET, SE, callback=slow)
+    imds.add_callback("GET", SE, slow)
     start = clock.monotonic()
     while daemon.polls < 600:
         daemon.tick()
@@ -80,12 +78,12 @@ def test_failures_back_off_up_to_max_backoff_then_the_cadence_returns(daemon, cl
         times.append(clock.monotonic())
         return 503, {}, "Service Unavailable"
 
-    imds.add_callback(responses.GET, SE, callback=failing)
+    imds.add_callback("GET", SE, failing)
     run_for(daemon, clock, 120)
     gaps = poll_times(times)
     assert gaps[0] >= 1.0 and max(gaps) <= 10.0 + 1e-6, "exponential, capped at imds.max_backoff"
     assert len(times) < 25, "120 s of outage cost well under 120 requests"
-    imds.replace(responses.GET, SE, json=doc())
+    imds.replace("GET", SE, json=doc())
     daemon.next_poll = clock.monotonic()
     before = len(imds.calls)
     run_for(daemon, clock, 10)
@@ -99,7 +97,7 @@ def test_retry_after_is_honoured(daemon, clock, imds):
         times.append(clock.monotonic())
         return 429, {"Retry-After": "7"}, "Too many requests"
 
-    imds.add_callback(responses.GET, SE, callback=limited)
+    imds.add_callback("GET", SE, limited)
     run_for(daemon, clock, 20)
     assert all(g >= 7 for g in poll_times(times))
 
@@ -116,14 +114,14 @@ def test_a_400_is_reported_as_error_with_the_body_and_not_hammered(daemon, clock
 
 
 def test_imds_gone_for_an_hour_is_survived_and_no_event_is_lost(daemon, clock, imds, logs):
-    imds.get(SE, body=requests.ConnectionError("no route to host"))
+    imds.get(SE, body=ConnectionError("no route to host"))
     run_for(daemon, clock, 3600)
     assert daemon.stuck_for() == 0, "/healthz stays 200: the loop kept ticking"
     poll = next(r for r in daemon.health.snapshot() if r.report.property == "poll")
     assert poll.report.state == HealthState.ERROR and "no successful poll" in poll.report.description
     assert daemon.rotation.verdict().in_rotation, "an IMDS outage never takes the VM out of rotation"
     assert len(imds.calls) <= 3600 / 7, "backed off during the outage"
-    imds.replace(responses.GET, SE, json=doc(reboot()))
+    imds.replace("GET", SE, json=doc(reboot()))
     run_for(daemon, clock, 15)
     assert any(e["event"] == "event.appeared" and e["event_id"] == "E1" for e in logs)
     assert any(e["event"] == "poll.recovered" for e in logs)
@@ -134,7 +132,7 @@ def test_a_malformed_document_is_counted_and_the_loop_goes_on(daemon, clock, imd
     imds.get(SE, body="{not json", content_type="application/json")
     run_for(daemon, clock, 5)
     assert any(e["event"] == "poll.failed" for e in logs)
-    imds.replace(responses.GET, SE, json=doc(reboot(), {"EventId": 5}))
+    imds.replace("GET", SE, json=doc(reboot(), {"EventId": 5}))
     daemon.next_poll = clock.monotonic()
     run_for(daemon, clock, 3)
     assert daemon.metrics.events_malformed._value.get() >= 1
@@ -144,13 +142,14 @@ def test_a_malformed_document_is_counted_and_the_loop_goes_on(daemon, clock, imd
 def test_finished_events_leave_memory_and_the_state_file_after_the_retention(tmp_path, clock, imds):
     """state.retention is kept: a finished event stays for `retention` (history, `maintd events --history`),
     then leaves memory and state.json within a quarter of the retention; a present event is never dropped."""
-    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}, retention: 2m}}\n")
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}, retention: 2m}}\n"
+                f"imds: {{endpoint: '{imds.url}'}}\n")
     d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     d.start()
     try:
         imds.get(SE, json=doc(reboot("gone"), reboot("stays")), headers={"Content-Type": "application/json"})
         run_for(d, clock, 2)
-        imds.replace(responses.GET, SE, json=doc(reboot("stays"), incarnation=2),
+        imds.replace("GET", SE, json=doc(reboot("stays"), incarnation=2),
                      headers={"Content-Type": "application/json"})
         run_for(d, clock, 110)
         assert "gone" in (tmp_path / "state.json").read_text(), "kept while within the retention"
@@ -165,13 +164,14 @@ def test_finished_events_leave_memory_and_the_state_file_after_the_retention(tmp
 def test_a_prune_on_a_full_disk_is_reported_and_written_once_space_returns(tmp_path, clock, imds, monkeypatch):
     """Pruning while the disk is full: the loop goes on, the failed write is counted and shown as
     state/write Error, and the pruned state reaches state.json once space returns."""
-    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}, retention: 1m}}\n")
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}, retention: 1m}}\n"
+                f"imds: {{endpoint: '{imds.url}'}}\n")
     d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     d.start()
     try:
         imds.get(SE, json=doc(reboot("gone")), headers={"Content-Type": "application/json"})
         run_for(d, clock, 2)
-        imds.replace(responses.GET, SE, json=doc(incarnation=2), headers={"Content-Type": "application/json"})
+        imds.replace("GET", SE, json=doc(incarnation=2), headers={"Content-Type": "application/json"})
         run_for(d, clock, 2)
         real_replace = os.replace
 

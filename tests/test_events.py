@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.events import DocumentError, parse_document, parse_not_before
+from agent.events import (MAX_DESCRIPTION, MAX_EVENTS, MAX_RESOURCES, DocumentError, parse_document, parse_event,
+                          parse_not_before)
 
 FULL = {
     "DocumentIncarnation": 2,
@@ -174,3 +175,48 @@ def test_a_boolean_duration_is_not_mistaken_for_a_number_by_reuse():
     """true == 1 in Python; DurationInSeconds true is still no duration (-1), even right after a 1."""
     one = parse_document({"Events": [_ev("a", DurationInSeconds=1)]})
     assert parse_document({"Events": [_ev("a", DurationInSeconds=True)]}, one).events[0].duration_seconds == -1
+
+
+def _event(**fields):
+    return {"EventId": "E1", "EventType": "Reboot", "EventStatus": "Scheduled", **fields}
+
+
+def test_a_huge_description_is_cut_with_a_marker_and_nul_characters_are_dropped():
+    """A 20 MB Description must not become 20 MB log lines, state writes or hook environments; a NUL
+    would make every exec hook fail; what was cut is said, and cutting again changes nothing."""
+    (huge, nul) = parse_document({"Events": [_event(Description="x" * 20_000_000),
+                                             _event(EventId="E2", Description="live\0 migration")]}).events
+    assert len(huge.description) <= MAX_DESCRIPTION and huge.description.endswith("more characters]")
+    assert parse_event(huge.to_json()).description == huge.description
+    assert nul.description == "live migration"
+
+
+@pytest.mark.parametrize("field, value", [("EventId", "E" * 129), ("EventId", "E\n1"), ("EventType", "R" * 129),
+                                          ("EventStatus", "S\x00")])
+def test_an_identifying_field_too_long_or_not_printable_skips_the_event(field, value):
+    """EventId, EventType and EventStatus are short printable text or the event is skipped (and said why)."""
+    doc = parse_document({"Events": [_event(**{field: value})]})
+    assert doc.events == () and field in doc.skipped[0].reason
+    assert doc.skipped[0].event_id in (None, "E1"), "an unusable EventId is never carried on"
+
+
+def test_oversized_short_fields_fall_back_to_their_defaults():
+    """ResourceType, EventSource and NotBefore that are absurdly long read as absent."""
+    (e,) = parse_document({"Events": [_event(ResourceType="V" * 500, EventSource="P" * 500,
+                                             NotBefore="Mon, 19 Sep 2016 18:29:47 GMT" + " " * 500)]}).events
+    assert (e.resource_type, e.source, e.not_before, e.not_before_raw) == ("VirtualMachine", "Platform", None, "")
+
+
+def test_resources_names_too_long_are_dropped_and_too_many_names_skip_the_event_by_id():
+    """A name longer than any VM name is dropped; more than MAX_RESOURCES names skips the event, its
+    EventId kept so the tracker keeps what it knew of it."""
+    (e,) = parse_document({"Events": [_event(Resources=["vm1", "v" * 300, "vm\x002"])]}).events
+    assert e.resources == ("vm1",)
+    doc = parse_document({"Events": [_event(Resources=[f"vm{i}" for i in range(MAX_RESOURCES + 1)])]})
+    assert doc.events == () and doc.skipped[0].event_id == "E1" and "Resources" in doc.skipped[0].reason
+
+
+def test_a_document_with_more_events_than_any_vm_sees_is_malformed_as_a_whole():
+    """Past MAX_EVENTS the document is refused (the poll fails) instead of logging every one."""
+    with pytest.raises(DocumentError, match="events"):
+        parse_document({"Events": [{}] * (MAX_EVENTS + 1)})

@@ -99,7 +99,7 @@ def test_the_daemon_reports_unusable_token_files_and_never_opens_reads(tmp_path,
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path / 'state'}}}\n"
                 f"coordination: {{token_file: {peer}}}\nserver: {{token_file: {server}}}\n")
     d = build(cfg, clock, boot_id="b", notifier=Notifier({}))
-    assert d.peer_token() not in (None, "") and d.server_token() not in (None, "s3cret")
+    assert d.parts.peer_token() not in (None, "") and d.parts.server_token() not in (None, "s3cret")
     errors = {e.report.property for e in d.health.snapshot()
               if e.report.source_id == "config" and e.state == HealthState.ERROR}
     assert errors == {"coordination.token_file", "server.token_file"}

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 
 import pytest
-import responses
 
 from agent.cli import _events_table
 from agent.config import loads
 from agent.daemon import build
 from agent.systemd import Notifier
 from tests.e2e.harness import http
+from tests.imds_server import FakeImds
 
 WAY_OUT = "ckpt failed (exit status 1); on_failure: block — approve by hand with `maintd approve E1`"
 
@@ -25,11 +24,12 @@ def api(tmp_path, clock):
         {"EventId": "E1", "EventType": "Reboot", "ResourceType": "VirtualMachine", "Resources": ["vm1"],
          "EventStatus": "Scheduled", "NotBefore": nb, "Description": "", "EventSource": "Platform",
          "DurationInSeconds": -1}]}
+    imds = FakeImds()
+    imds.get("/metadata/scheduledevents", json=document)
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nserver: {{listen: '127.0.0.1:0'}}\n"
+                f"imds: {{endpoint: '{imds.url}'}}\n"
                 "handlers:\n  - {name: ckpt, type: exec, phases: [scheduled], command: [/bin/false]}\n")
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as imds:
-        imds.add_passthru("http://127.0.0.1")
-        imds.get(re.compile(r"http://169\.254\.169\.254/metadata/scheduledevents.*"), json=document)
+    try:
         d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
         d.start()
         d.tick()
@@ -38,6 +38,8 @@ def api(tmp_path, clock):
         session = http()
         yield lambda path: session.get(d.server.url + path, timeout=5).json()
         d.shutdown()
+    finally:
+        imds.close()
 
 
 def test_a_blocking_failure_says_how_to_get_out(api):

@@ -7,14 +7,13 @@ import email.utils
 from datetime import datetime, timedelta, timezone
 
 import pytest
-import responses
 
 from agent.clock import FakeClock
 from agent.config import loads
 from agent.daemon import build
 from agent.state import read_journal
 from agent.systemd import Notifier
-from tests.test_daemon import SE, imds  # noqa: F401 (IMDS mocked for the daemon's life; approvals succeed)
+from tests.test_daemon import SE, imds  # noqa: F401 (IMDS scripted for the daemon's life; approvals succeed)
 UTC = timezone.utc
 MONDAY_10 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 NIGHTLY = """
@@ -51,8 +50,8 @@ def make(tmp_path, clock, imds):
     started = []
 
     def make(extra: str, *events, hook: str = "true"):
-        imds.upsert(responses.GET, SE, json={"DocumentIncarnation": 1, "Events": list(events)})
-        text = (f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path / 'state'}}}\n"
+        imds.upsert("GET", SE, json={"DocumentIncarnation": 1, "Events": list(events)})
+        text = (f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path / 'state'}}}\nimds: {{endpoint: '{imds.url}'}}\n"
                 f"handlers:\n  - {{name: checkpoint, type: exec, phases: [scheduled], command: [/bin/sh, -c, '{hook}']}}\n"
                 + extra)
         path = tmp_path / "maintd.yaml"
@@ -82,7 +81,7 @@ def run_until(d, clock, when):
 
 
 def approvals(imds):
-    return [c for c in imds.calls if c.request.method == "POST"]
+    return [c for c in imds.calls if c.method == "POST"]
 
 
 def plan_of(d, eid):
@@ -203,7 +202,7 @@ def test_a_restart_keeps_held_work_held(make, clock, imds):
 def test_a_held_event_that_vanishes_drops_its_work(make, clock, imds):
     d = make(NIGHTLY + "prepare:\n  lead_time: 30m\n", event())
     run_until(d, clock, MONDAY_10 + timedelta(seconds=2))
-    imds.upsert(responses.GET, SE, json={"DocumentIncarnation": 2, "Events": []})
+    imds.upsert("GET", SE, json={"DocumentIncarnation": 2, "Events": []})
     run_until(d, clock, MONDAY_10 + timedelta(seconds=4))
     run_until(d, clock, at("2026-01-05T21:31:00"))
     assert ran(d) is None and plan_of(d, "E1") is None
@@ -259,7 +258,7 @@ def test_a_moved_notbefore_moves_the_preparation(make, clock, imds):
               "end: 2026-01-20T00:00:00Z}}\n  - {name: default, approval: auto}\nprepare: {lead_time: 2h}\n")
     d = make(freeze, event(not_before=at("2026-01-07T12:00:00")))
     run_until(d, clock, MONDAY_10 + timedelta(seconds=2))
-    imds.upsert(responses.GET, SE, json={"DocumentIncarnation": 2,
+    imds.upsert("GET", SE, json={"DocumentIncarnation": 2,
                                          "Events": [event(not_before=at("2026-01-06T12:00:00"))]})
     run_until(d, clock, MONDAY_10 + timedelta(seconds=4))
     assert plan_of(d, "E1")["prepare_at"] == "2026-01-06T10:00:00Z"

@@ -2,7 +2,9 @@
 
 Kinds that hold a request back (`latency`, `first_call_delay`, `hang`) combine with one kind that
 answers in IMDS's place (`status`, `proxy_504`, `malformed`, `wrong_content_type`, `reset`,
-`reset_mid_body`). Spans (`duration`, `delay`) are emulated seconds, scaled by the time scale.
+`reset_mid_body`, and the hostile ones: `trickle` sends the true answer one byte every `delay`,
+`deep_json` an Events list nested 100 000 deep, `oversize` a valid document padded to 8 MiB).
+Spans (`duration`, `delay`) are emulated seconds, scaled by the time scale.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import threading
 from dataclasses import dataclass, field
 
 DELAY_KINDS = ("latency", "first_call_delay", "hang")
-ANSWER_KINDS = ("status", "proxy_504", "malformed", "wrong_content_type", "reset", "reset_mid_body")
+ANSWER_KINDS = ("status", "proxy_504", "malformed", "wrong_content_type", "reset", "reset_mid_body", "trickle",
+                "deep_json", "oversize")
 FAULT_KINDS = DELAY_KINDS + ANSWER_KINDS
 ERROR_TEXT = {404: "Not found", 410: "Gone", 429: "Too many requests", 500: "Internal server error",
               503: "Service unavailable"}
@@ -20,12 +23,19 @@ PROXY_504 = (b"<html><head><title>504 Gateway Timeout</title></head><body><h1>50
              b"<p>The proxy server did not receive a timely response from the upstream server.</p></body></html>")
 MALFORMED = b'{"DocumentIncarnation": 7, "Events": [{"EventId": "5E3A'
 """A truncated document (its Content-Length is right: the JSON itself is cut)."""
+DEEP_JSON = b'{"DocumentIncarnation": 9, "Events": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 CAPTIVE_PAGE = b"<html><body><h1>Welcome</h1><p>Please sign in to continue.</p></body></html>"
 
 
 def error_body(status: int) -> dict[str, str]:
     """IMDS's JSON error body for a status."""
     return {"error": ERROR_TEXT.get(status) or http.HTTPStatus(status).phrase}
+
+
+def oversize() -> bytes:
+    """A valid document (no events) padded to 8 MiB, too large for a sane client to read: a client that
+    read it would lose every event."""
+    return b'{"DocumentIncarnation": 9, "Events": [], "Padding": "' + b"x" * (8 << 20) + b'"}'
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import io
 import ipaddress
 import json
 import select
@@ -23,8 +24,9 @@ import uuid
 from typing import Any, Callable
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-from agent.emulator.faults import CAPTIVE_PAGE, DELAY_KINDS, MALFORMED, PROXY_504, Fault, error_body
 from agent.emulator.admin import Host, admin
+from agent.emulator.faults import (CAPTIVE_PAGE, DEEP_JSON, DELAY_KINDS, MALFORMED, PROXY_504, Fault, error_body,
+                                   oversize)
 from agent.emulator.model import API_VERSIONS, NEWEST_VERSIONS, RecordedRequest, UnknownEventError
 
 SE_PATH = "/metadata/scheduledevents"
@@ -139,7 +141,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if url.path.startswith("/admin/"):
             return self._admin(url, body)
         self._record = emu.record(self.server.vm, self.command, url.path, url.query, dict(self.headers.items()), body)
-        if self._faults(url.path):
+        if self._faults(url, body):
             self._imds(url, body)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _handle
@@ -161,20 +163,38 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # --- faults ------------------------------------------------------------------------------
 
-    def _faults(self, path: str) -> bool:
+    def _faults(self, url: SplitResult, body: bytes) -> bool:
         """Act out this request's faults; False when one has answered it or dropped the connection."""
         emu = self.server.emulator
-        for fault in emu.take_faults(self.server.vm, path, self.command):
+        for fault in emu.take_faults(self.server.vm, url.path, self.command):
             if fault.kind == "hang":
                 if not self._hang(fault):
                     return self._drop()
             elif fault.kind in DELAY_KINDS:
                 if emu.stopping.wait(emu.model.real(fault.delay)):
                     return self._drop()
+            elif fault.kind == "trickle":
+                self._trickle(url, body, fault)
+                return False
             else:
                 self._misbehave(fault)
                 return False
         return True
+
+    def _trickle(self, url: SplitResult, body: bytes, fault: Fault) -> None:
+        """The true answer, one byte every `delay` (emulated) seconds, until done or the client leaves."""
+        emu = self.server.emulator
+        real, self.wfile = self.wfile, io.BytesIO()
+        try:
+            self._imds(url, body)
+            answer = self.wfile.getvalue()  # type: ignore[attr-defined]
+        finally:
+            self.wfile = real
+        for i in range(len(answer)):
+            if emu.stopping.wait(emu.model.real(fault.delay)) or self._peer_closed():
+                self._drop()
+                return
+            self.wfile.write(answer[i:i + 1])
 
     def _hang(self, fault: Fault) -> bool:
         """Answer nothing until the fault is cleared or expires (True: go on) or the client gives up (False)."""
@@ -204,6 +224,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(200, MALFORMED)
         elif kind == "wrong_content_type":
             self._send(200, CAPTIVE_PAGE, "text/html; charset=utf-8")
+        elif kind in ("deep_json", "oversize"):
+            self._send(200, DEEP_JSON if kind == "deep_json" else oversize())
         else:
             if kind == "reset_mid_body":
                 self.send_response(200)

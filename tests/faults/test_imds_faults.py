@@ -23,6 +23,9 @@ FAULTS = {
     "wrong content type": ({"kind": "wrong_content_type"}, "200"),
     "connection reset": ({"kind": "reset"}, "error"),
     "reset mid-body": ({"kind": "reset_mid_body"}, "error"),
+    "trickle": ({"kind": "trickle", "delay": 0.5}, "error"),
+    "deep json": ({"kind": "deep_json"}, "200"),
+    "oversize": ({"kind": "oversize"}, "error"),
 }
 WAIT_FOR_GO = "import os, time\nwhile not os.path.exists(os.environ['GO']): time.sleep(0.05)\n"
 
