@@ -1,11 +1,21 @@
-"""Exactly one VM approves an event, and only once every affected VM is ready.
+"""Exactly one VM approves an event, and only once every affected VM is ready — with O(N) requests.
 
-Rank = position of this VM in the event's Resources; rank 0 leads. Peers are asked
-`GET {peer}/v1/events/{EventId}` at most once per poll interval and never twice at a time; `ready`
-is final for an event, so a ready peer is not asked again. Requests to one peer go one after
-another in that peer's lane (`agent.lanes`), so the threads asking follow the number of peers, not
-events × peers. A VM of rank r approves in the leader's place only when every lower-ranked peer has been
-unreachable for `takeover_after`. The POST is recorded before (`sending`) and after (`sent` or
+Rank = position of this VM in the event's Resources; rank 0 leads. The rules (who asks whom and
+when, takeover, peer timeout) are pure functions in `coordination_rules`; this module applies them,
+sends the requests through `peers.PeerClient` and keeps the bookkeeping:
+
+- the acting leader asks each peer it has not heard ready from at once, then with backoff up to
+  `peer_recheck_max`; `ready` is final, a ready peer is not asked again;
+- a follower that becomes ready pushes that to the acting leader (`POST .../peer-ready`, retried
+  until taken), which checks it with one ask at once (a push is a hint, never trusted, and honoured
+  at most once per poll interval per peer);
+- a follower asks only the peers ranked before it, up to the first that answers, every
+  `liveness_interval`; it approves in the leader's place only when every lower-ranked peer has
+  been unreachable (since its last answer) for `takeover_after`.
+
+Requests to one peer go one after another in that peer's lane (`agent.lanes`), so the threads
+asking follow the number of peers, not events × peers. Peers are addressed through `addressing`
+(static map, `peers_file`, template). The POST is recorded before (`sending`) and after (`sent` or
 `failed`) in the state store: a restart never re-sends a `sent` approval, and a `sending` one
 (crash between POST and record) is sent again only if the event is still Scheduled after
 RETRY_FAILED_AFTER seconds — time for IMDS to show the first one took effect; a repeat would be
@@ -21,47 +31,46 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import requests
-from requests.adapters import HTTPAdapter
-
 from agent import logs
+from agent.addressing import Address, Identity, resolve
 from agent.clock import Clock
+from agent.coordination_rules import (
+    NO_GATES,
+    Gates,
+    Held,
+    PeerState,
+    acting_leader,
+    failed_since,
+    hint_accepted,
+    liveness_interval,
+    lower_reachable,
+    not_ready,
+    readiness_due,
+    watch_chain,
+)
 from agent.errors import ImdsError
-from agent.gates import NO_GATES, GateChecker, Gates, Held
+from agent.gates import GateChecker
+from agent.health import HealthState, HealthStore
 from agent.imds import is_transient
 from agent.lanes import Lanes
-from agent.metrics import EVENT_TYPES, Metrics
-from agent.retry import retrying as retrying_on
+from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
+from agent.peers import INVALID, Answer, PeerClient, UNREACHABLE
+from agent.peersfile import PeersFile
 from agent.policy import Decision, Profile, decide
+from agent.retry import retrying as retrying_on
 from agent.state import Store
 from agent.tracker import Tracked
 
 APPROVAL_KEY = "approval"
-GATE_NAMES = ("fleet", "prometheus")
 RETRY_FAILED_AFTER = 10.0
 """Seconds before an approval whose retries all failed is tried again (the event may still be Scheduled)."""
-
-
-@dataclass
-class PeerState:
-    """What this VM knows of one peer for one event."""
-
-    ready: bool = False
-    answered: bool = False
-    last_ok: float | None = None
-    failing_since: float | None = None
-    last_asked: float = float("-inf")
-    in_flight: bool = False
-    detail: str = ""
-
-    def unreachable_for(self, now: float) -> float:
-        """Seconds the peer has failed to answer (0 when it answered last time)."""
-        return now - self.failing_since if self.failing_since is not None else 0.0
+SHOWN_PEERS = 50
+"""Peers listed per event in views (counts cover all of them)."""
 
 
 @dataclass
 class EventCoordination:
-    """Per-event bookkeeping: peers and the last decision."""
+    """Per-event bookkeeping: peers, the last decision, and this VM's readiness push."""
 
     peers: dict[str, PeerState] = field(default_factory=dict)
     decision: Decision | None = None
@@ -70,6 +79,11 @@ class EventCoordination:
     sending: bool = False
     failed_at: float | None = None
     held: Held | None = None
+    leader: str | None = None
+    told: str | None = None
+    push_to: str | None = None
+    push_at: float = float("-inf")
+    pushing: bool = False
 
 
 class Coordinator:
@@ -79,15 +93,16 @@ class Coordinator:
                  metrics: Metrics, token_reader: Callable[[], str | None] = lambda: None,
                  poll_interval: float = 1.0, on_change: Callable[[], None] = lambda: None,
                  gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
-                 warning_as_error: bool = False) -> None:
+                 warning_as_error: bool = False, health: HealthStore | None = None) -> None:
         self.settings = settings
         self.approve_fn = approve
         self.store = store
         self.clock = clock
         self.metrics = metrics
-        self.token_reader = token_reader
         self.poll_interval = poll_interval
         self.on_change = on_change
+        self.health = health
+        self.identity: Identity | None = None
         self.log = logs.get("coordinator")
         self.cancel = threading.Event()
         self._lock = threading.Lock()
@@ -95,92 +110,124 @@ class Coordinator:
         self._futures: set[concurrent.futures.Future[None]] = set()
         self._peer_lanes = Lanes(settings.max_concurrency, "peer")
         self._approver = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="approve")
-        self.session = requests.Session()
-        self.session.trust_env = False
-        adapter = HTTPAdapter(pool_connections=settings.max_concurrency, pool_maxsize=settings.max_concurrency,
-                              max_retries=0)
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
+        self._peers_file = PeersFile(settings.peers_file)
+        self._file_peers: dict[str, str] = {}
+        self.client = PeerClient(token_reader, settings.request_timeout, settings.max_concurrency)
         self.gates = gates
         self.warning_as_error = warning_as_error
-        self.gate_checker = GateChecker(self.session, self.peer_url, token_reader, local_health,
-                                        settings.request_timeout, settings.max_concurrency)
+        self.gate_checker = GateChecker(self.client, lambda name: self.address(name).url, local_health,
+                                        settings.max_concurrency, metrics)
+
+    # --- addressing ---------------------------------------------------------------------
+
+    def address(self, name: str) -> Address:
+        """Where a peer is asked: `peers`, then `peers_file`, then the `peer_url` template."""
+        return resolve(name, peers=self.settings.peers, peers_file=self._file_peers,
+                       template=self.settings.peer_url, me=self.identity)
+
+    def _refresh_addressing(self) -> None:
+        """Follow a reload of the settings and a change of the peers file (a bad file keeps the last good map)."""
+        self.client.timeout = self.settings.request_timeout
+        if self._peers_file.path != self.settings.peers_file:
+            self._peers_file = PeersFile(self.settings.peers_file)
+        self._file_peers, changed = self._peers_file.current()
+        if not changed:
+            return
+        problem = self._peers_file.problem
+        if problem:
+            self.log.warning("peers_file.invalid", problem=problem, kept_entries=len(self._file_peers))
+            if self.health:
+                self.health.set("coordination", "peers_file", HealthState.WARNING,
+                                f"{problem}; using the last good map ({len(self._file_peers)} peers)")
+        else:
+            self.log.info("peers_file.loaded", path=self._peers_file.path, entries=len(self._file_peers))
+            if self.health:
+                self.health.remove("coordination", "peers_file")
 
     # --- peers --------------------------------------------------------------------------
 
-    def peer_url(self, name: str) -> str:
-        """Base URL of a peer: the static map (case-insensitive) wins over the template."""
-        for key, url in self.settings.peers.items():
-            if key.casefold() == name.casefold():
-                return url.rstrip("/")
-        return self.settings.peer_url.format(name=name).rstrip("/")
-
     def _ask(self, event_id: str, name: str, peer: PeerState) -> None:
-        url = f"{self.peer_url(name)}/v1/events/{event_id}"
-        token = self.token_reader()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        outcome, ready, detail = "unreachable", False, ""
-        try:
-            response = self.session.get(url, headers=headers, timeout=self.settings.request_timeout)
-            if response.status_code == 200:
-                body = response.json()
-                ready = bool(body.get("ready")) if isinstance(body, dict) else False
-                outcome = "ready" if ready else "not_ready"
-                detail = "ready" if ready else "preparing"
-            elif response.status_code == 404:
-                outcome, detail = "not_ready", "has not seen the event yet"
-            else:
-                detail = f"answered {response.status_code}"
-        except (requests.RequestException, ValueError) as exc:
-            detail = type(exc).__name__
+        address = self.address(name)
+        if address.url is None:
+            answer = Answer(UNREACHABLE, address.problem)
+        else:
+            answer = self.client.ask(address.url, event_id)
+            self.metrics.peer_requests.labels(answer.outcome).inc()
         now = self.clock.monotonic()
-        self.metrics.peer_requests.labels(outcome).inc()
         with self._lock:
             peer.in_flight = False
-            peer.detail = detail
-            newly_ready = ready and not peer.ready
-            if outcome == "unreachable":
-                if peer.failing_since is None:
-                    peer.failing_since = now
+            changed = peer.detail != answer.detail
+            peer.url, peer.via, peer.detail = address.url, address.via, answer.detail
+            newly_ready = answer.ready and not peer.ready
+            if not answer.reachable:
+                peer.failing_since = failed_since(peer, now)
             else:
                 peer.answered, peer.last_ok, peer.failing_since = True, now, None
-                peer.ready = peer.ready or ready
+            peer.ready = peer.ready or answer.ready
+            peer.asks = 0 if peer.ready else peer.asks + 1
+        if changed and (answer.outcome == INVALID or address.url is None):
+            self.log.warning("peer.bad_address" if address.url is None else "peer.invalid_answer",
+                             event_id=event_id, peer=name, detail=answer.detail)
         if newly_ready:
             self.on_change()
 
+    def _submit_ask(self, event_id: str, name: str, peer: PeerState, now: float) -> None:
+        with self._lock:
+            if peer.in_flight:
+                return
+            peer.in_flight, peer.last_asked, peer.hinted = True, now, False
+        self._peer_lanes.submit(name.casefold(), functools.partial(self._ask, event_id, name, peer))
+
     def hint(self, event_id: str, name: str) -> bool:
-        """A peer says it became ready: ask it again at once (its word is checked, not trusted)."""
+        """A peer says it became ready: ask it again at once (its word is checked, not trusted; rate-limited)."""
+        now = self.clock.monotonic()
         with self._lock:
             state = self._events.get(event_id)
             peer = next((p for n, p in state.peers.items() if n.casefold() == name.casefold()), None) if state else None
-            if peer is None or peer.ready:
+            if peer is None or not hint_accepted(peer, now, self.poll_interval):
                 return False
-            peer.last_asked = float("-inf")
+            peer.hinted, peer.hint_at = True, now
         self.on_change()
         return True
 
-    def tell_leader(self, event_id: str, leader: str, vm_name: str) -> None:
-        """Tell the event's leader that this VM is ready, so it need not wait for its next round of asking."""
+    def _push(self, event_id: str, state: EventCoordination, leader: str, vm_name: str, now: float) -> None:
+        """Tell the acting leader this VM is ready (retried every liveness interval until it takes it)."""
+        state.push_to, state.push_at, state.pushing = leader, now, True
+
         def post() -> None:
-            token = self.token_reader()
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
-            try:
-                self.session.post(f"{self.peer_url(leader)}/v1/events/{event_id}/peer-ready", json={"vm": vm_name},
-                                  headers=headers, timeout=self.settings.request_timeout)
-            except requests.RequestException as exc:  # only a hint: the leader asks anyway
-                self.log.debug("peer.hint_failed", event_id=event_id, leader=leader, error=type(exc).__name__)
+            url = self.address(leader).url
+            ok = url is not None and self.client.push_ready(url, event_id, vm_name)
+            if url is not None:
+                self.metrics.peer_requests.labels("pushed" if ok else "push_failed").inc()
+            with self._lock:
+                state.pushing = False
+                state.told = leader if ok else state.told
 
         self._peer_lanes.submit(leader.casefold(), post)
 
-    def _refresh(self, event_id: str, names: list[str], state: EventCoordination) -> None:
-        now = self.clock.monotonic()
-        for name in names:
-            with self._lock:
-                peer = state.peers.setdefault(name, PeerState())
-                if peer.ready or peer.in_flight or now - peer.last_asked < self.poll_interval:
-                    continue
-                peer.in_flight, peer.last_asked = True, now
-            self._peer_lanes.submit(name.casefold(), functools.partial(self._ask, event_id, name, peer))
+    def _peer(self, state: EventCoordination, name: str) -> PeerState:
+        with self._lock:
+            return state.peers.setdefault(name, PeerState())
+
+    def _exchange(self, event_id: str, state: EventCoordination, vm_name: str, lower: list[str],
+                  higher: list[str], readiness: bool, locally_ready: bool, now: float) -> None:
+        """This tick's requests for one event: watch the leader chain, ask for readiness or push it."""
+        every = liveness_interval(self.poll_interval, self.settings.takeover_after)
+        for name in watch_chain(lower, state.peers):
+            peer = self._peer(state, name)
+            if now - peer.last_asked >= every:
+                self._submit_ask(event_id, name, peer, now)
+        state.leader = acting_leader(lower, state.peers)
+        if not readiness:
+            return
+        if state.leader is None:
+            for name in higher:
+                peer = self._peer(state, name)
+                if readiness_due(peer, now, self.poll_interval, self.settings.peer_recheck_max):
+                    self._submit_ask(event_id, name, peer, now)
+        elif locally_ready and state.told != state.leader and not state.pushing \
+                and (state.push_to != state.leader or now - state.push_at >= every):
+            self._push(event_id, state, state.leader, vm_name, now)
 
     def _track(self, future: "concurrent.futures.Future[None]") -> None:
         with self._lock:
@@ -204,8 +251,10 @@ class Coordinator:
 
     def tick(self, tracked: dict[str, Tracked], vm_name: str, profile: Profile, dry_run: bool,
              local_pending: Callable[[Tracked], list[str]]) -> None:
-        """Refresh peers and decide for every Scheduled event naming this VM; send approvals due."""
+        """Exchange with peers and decide for every Scheduled event naming this VM; send approvals due."""
         now = self.clock.monotonic()
+        self._refresh_addressing()
+        s = self.settings
         leading: dict[str, int] = {}
         for event_id in [e for e in self._events if e not in tracked]:
             del self._events[event_id]
@@ -217,18 +266,19 @@ class Coordinator:
             mode, rule = profile.approval_for(t.event)
             state.mode, state.rule = mode, rule
             others = [r for r in t.event.resources if r.casefold() != vm_name.casefold()]
-            lower = others[:rank]
+            lower, higher = others[:rank], others[rank:]
+            pending = local_pending(t) if mode == "auto" else []
             if t.event.status == "Scheduled" and mode in ("auto", "immediate") and not self._sent(event_id):
-                self._refresh(event_id, others if mode == "auto" else lower, state)
-            lower_reachable = [n for n in lower if self._counts_as_present(state, n, now, self.settings.takeover_after)]
-            if rank == 0 or not lower_reachable:
+                self._exchange(event_id, state, vm_name, lower, higher, mode == "auto", not pending, now)
+            reachable = lower_reachable(lower, state.peers, now, s.takeover_after)
+            if not reachable:
                 leading[t.event.type_label] = leading.get(t.event.type_label, 0) + 1
             decision = decide(
                 mode=mode, status=t.event.status, rank=rank, already_sent=self._sent(event_id),
                 manual_requested=self.store.result(event_id, "manual_approval") is not None,
-                local_pending=local_pending(t) if mode == "auto" else [],
-                peers_not_ready=self._not_ready(state, others[rank:], now),
-                lower_ranked_reachable=lower_reachable if mode != "manual" else [],
+                local_pending=pending,
+                peers_not_ready=not_ready(higher, state.peers, now, s.unreachable_peers, s.peer_timeout),
+                lower_ranked_reachable=reachable if mode != "manual" else [],
                 dry_run=dry_run)
             self._note(event_id, t, state, decision)
             if decision.approve and not state.sending and state.failed_at is None and self._unconfirmed(event_id):
@@ -247,24 +297,6 @@ class Coordinator:
         for gate in GATE_NAMES:
             self.metrics.gate_blocked.labels(gate).set(
                 1 if any(s.held and s.held.gate == gate for s in self._events.values()) else 0)
-
-    def _counts_as_present(self, state: EventCoordination, name: str, now: float, after: float) -> bool:
-        peer = state.peers.get(name)
-        if peer is None or peer.failing_since is None:
-            return True
-        return peer.unreachable_for(now) < after
-
-    def _not_ready(self, state: EventCoordination, names: list[str], now: float) -> list[str]:
-        waiting = []
-        for name in names:
-            peer = state.peers.get(name)
-            if peer is not None and peer.ready:
-                continue
-            if (self.settings.unreachable_peers == "ignore" and peer is not None
-                    and peer.unreachable_for(now) >= self.settings.peer_timeout):
-                continue
-            waiting.append(name)
-        return waiting
 
     def _sent(self, event_id: str) -> bool:
         rec = self.store.result(event_id, APPROVAL_KEY)
@@ -300,9 +332,13 @@ class Coordinator:
     def _send(self, event_id: str, vm_name: str, reason: str, gates: Gates = NO_GATES,
               resources: tuple[str, ...] = ()) -> None:
         state = self._events.get(event_id) or EventCoordination()
-        if self._gate(event_id, state, gates, resources, vm_name):
+        try:
+            if not self._gate(event_id, state, gates, resources, vm_name):
+                self._post(event_id, state, vm_name, reason)
+        finally:
             state.sending = False
-            return
+
+    def _post(self, event_id: str, state: EventCoordination, vm_name: str, reason: str) -> None:
         try:
             self.store.record(event_id, APPROVAL_KEY, {"status": "sending", "by": vm_name,
                                                        "at": self.clock.now().isoformat(), "reason": reason})
@@ -331,8 +367,6 @@ class Coordinator:
             self.log.info("approval.sent", event_id=event_id, by=vm_name, reason=reason, attempts=attempts)
             self._record(event_id, {"status": "sent", "by": vm_name, "reason": reason, "attempts": attempts,
                                     "at": self.clock.now().isoformat()}, "approval.sent")
-        finally:
-            state.sending = False
 
     def _record(self, event_id: str, value: dict[str, Any], journal: str) -> None:
         try:
@@ -350,22 +384,49 @@ class Coordinator:
             return {"approval": approval}
         now = self.clock.monotonic()
         with self._lock:
-            peers = {n: {"ready": p.ready, "detail": p.detail,
+            peers = {n: {"ready": p.ready, "detail": p.detail, "url": p.url, "via": p.via,
                          "unreachable_seconds": round(p.unreachable_for(now), 1) if p.failing_since is not None else 0}
-                     for n, p in list(state.peers.items())[:50]}
+                     for n, p in list(state.peers.items())[:SHOWN_PEERS]}
         return {
             "approval": approval,
             "approval_mode": state.mode,
             "approval_rule": state.rule,
             "approval_decision": state.decision.reason if state.decision else None,
             "approval_held": {"gate": state.held.gate, "reason": state.held.reason} if state.held else None,
+            "acting_leader": state.leader,
+            "readiness_pushed_to": state.told,
             "peers_ready": sum(1 for p in state.peers.values() if p.ready),
             "peers_known": len(state.peers),
             "peers": peers,
         }
+
+    def status(self, tracked: dict[str, Tracked], vm_name: str | None) -> dict[str, Any]:
+        """How peers are addressed, for `maintd status`: the sources, and each peer of every pending event."""
+        me = self.identity
+        events: dict[str, dict[str, str]] = {}
+        for event_id, t in list(tracked.items()):
+            state = self._events.get(event_id)
+            if t.event.status != "Scheduled" or vm_name is None or t.event.rank(vm_name) is None:
+                continue
+            rows = {}
+            for name in [r for r in t.event.resources if r.casefold() != (vm_name or "").casefold()][:SHOWN_PEERS]:
+                peer = state.peers.get(name) if state else None
+                address = self.address(name)
+                answer = ("ready" if peer.ready else peer.detail or "asked") if peer else "not asked by this VM"
+                rows[name] = f"{address.url or address.problem} (via {address.via}): {answer}"
+            events[event_id] = rows
+        return {"coordination": {
+            "peer_url": self.settings.peer_url,
+            "peers_static": len(self.settings.peers),
+            "peers_file": self._peers_file.path,
+            "peers_file_entries": len(self._file_peers),
+            "peers_file_problem": self._peers_file.problem,
+            "identity": {"name": me.name, "computer_name": me.computer_name, "scale_set": me.scale_set} if me else None,
+        }, "peers": events}
 
     def stop(self) -> None:
         """Cut retries short and stop the worker pools."""
         self.cancel.set()
         self._peer_lanes.shutdown()
         self._approver.shutdown(wait=False, cancel_futures=True)
+        self.client.close()

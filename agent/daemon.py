@@ -130,7 +130,8 @@ class Daemon:
                                        clock=clock, metrics=self.metrics, token_reader=self.peer_token,
                                        poll_interval=config.imds.poll_interval, on_change=self.wake_coordination,
                                        gates=config.gates, local_health=self._health_json,
-                                       warning_as_error=config.health.consider_warning_as_error)
+                                       warning_as_error=config.health.consider_warning_as_error,
+                                       health=self.health)  # fleet: peers_file problems in health
         self.profile: Profile = self._update_profile()
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
 
@@ -166,7 +167,9 @@ class Daemon:
         retrying = retrying_on(self.clock, retry_if=is_transient, attempts=attempts, cancel=self.stop_requested,
                                maximum=min(10.0, self.config.imds.max_backoff))
         try:
-            self.vm_name = retrying(self.imds.compute_name)
+            identity = retrying(self.imds.compute_identity)  # fleet: the whole identity, for peer addressing
+            self.vm_name = identity.name
+            self.coordinator.identity = identity  # fleet
         except ImdsError as exc:
             self.log.error("identity.failed", error=str(exc), body=exc.body[:200] or None,
                            hint="set identity.name in the config if IMDS compute metadata is not available")
@@ -446,10 +449,7 @@ class Daemon:
             self.health.remove("handlers", handler)
         tracked = self.tracked.get(event_id)
         if phase == "scheduled" and tracked is not None and self.vm_name and self.runner.is_ready(tracked):
-            self.wake_coordination()
-            rank = tracked.event.rank(self.vm_name)
-            if rank:
-                self.coordinator.tell_leader(event_id, tracked.event.resources[0], self.vm_name)
+            self.wake_coordination()  # fleet: the coordinator's tick pushes readiness to the acting leader
 
     def _health_json(self) -> dict[str, Any]:
         return self.health.to_json(self.config.health.consider_warning_as_error)
@@ -469,7 +469,8 @@ class Daemon:
         """Profile fields for /v1/status."""
         nxt = self.profile_next_change
         return {"profile": self.profile.name, "profile_approval": self.profile.approval,
-                "profile_next_change": nxt.isoformat().replace("+00:00", "Z") if nxt else None}
+                "profile_next_change": nxt.isoformat().replace("+00:00", "Z") if nxt else None,
+                **self.coordinator.status(self.tracked, self.vm_name)}  # fleet: peer addressing
 
     def extra_event_view(self, event_id: str) -> dict[str, Any]:
         """Coordination fields for /v1/events/{id}."""

@@ -1,4 +1,4 @@
-"""The only code that talks to IMDS: Scheduled Events GET and POST, and this VM's compute name.
+"""The only code that talks to IMDS: Scheduled Events GET and POST, and this VM's compute identity.
 
 One keep-alive `requests.Session` with `trust_env = False`, so HTTP(S)_PROXY never redirects IMDS
 calls (IMDS must not be reached through a proxy). Every request sends `Metadata: true`. The poll
@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 
 import requests
 
+from agent import jsonsafe
+from agent.addressing import Identity, identity_from_compute
 from agent.clock import Clock
 from agent.errors import ImdsError, ImdsRequestRejected, ImdsUnavailable
 from agent.events import Document, DocumentError, parse_document
@@ -25,6 +27,7 @@ from agent.metrics import Metrics
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute"
+COMPUTE_MAX_BYTES = 1024 * 1024
 MIN_REQUEST_GAP = 0.25
 """Seconds between two requests to a real IMDS: 4 req/s, under its shared per-VM limit of 5."""
 
@@ -170,18 +173,15 @@ class ImdsClient:
                                  timeout=self.timeout, json_body={"StartRequests": [{"EventId": e} for e in event_ids]})
         self._raise_for(response)
 
-    def compute_name(self) -> str:
-        """This VM's `compute.name` (what Resources lists); raises ImdsError."""
+    def compute_identity(self) -> Identity:
+        """This VM's `compute.name` (what Resources lists), computer name and scale set; raises ImdsError."""
         response = self._request("compute", "GET", COMPUTE_PATH, params={"api-version": self.compute_api_version},
                                  timeout=max(self.timeout, 10.0))
         self._raise_for(response)
         try:
-            name = response.json().get("name")
-        except (ValueError, AttributeError) as exc:
-            raise ImdsUnavailable(f"compute metadata is not a JSON object: {exc}", response.status_code) from exc
-        if not isinstance(name, str) or not name:
-            raise ImdsUnavailable("compute metadata has no name", response.status_code)
-        return name
+            return identity_from_compute(jsonsafe.loads(response.content, max_bytes=COMPUTE_MAX_BYTES))
+        except ValueError as exc:
+            raise ImdsUnavailable(f"compute metadata is not usable: {exc}", response.status_code) from exc
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 from agent.configschema import boolean, choice, duration, integer, list_of, named_list, opt, optional, parse_section, section, text
 from agent.errors import ConfigValueError
 from agent.events import Event
-from agent.gates import Gates
+from agent.coordination_rules import Gates
 from agent.schedule import FixedDate, Recurrence, Selection, parse_fixed_date, parse_recurrence, select, validate_profiles
 
 APPROVAL_MODES = ("auto", "immediate", "manual", "never")

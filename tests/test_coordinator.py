@@ -193,13 +193,24 @@ def test_a_ready_hint_makes_the_leader_ask_again_at_once_and_approve_without_wai
     assert len(changes) >= 2, "the hint and the peer turning ready each wake the loop"
 
 
-def test_a_non_leader_tells_the_leader_when_it_becomes_ready(tmp_path, clock, peers):
+def test_a_ready_follower_pushes_to_the_leader_until_it_takes_it_and_then_never_again(tmp_path, clock, peers):
+    """vm2 (rank 1) pushes its readiness once it is ready, retries a failed push later, stops after success."""
     coord, _, _ = setup(tmp_path, clock)
-    peers.post(f"{peer('vm1')}/v1/events/E1/peer-ready", json={"asked_again": True}, status=202)
-    coord.tell_leader("E1", "vm1", "vm2")
-    assert coord.wait_idle(5)
-    call = next(c for c in peers.calls if c.request.method == "POST")
-    assert json.loads(call.request.body) == {"vm": "vm2"}
+    t = tracked(clock, ["vm1", "vm2", "vm3"])
+    answer(peers, "vm1", ready=False)
+    push = f"{peer('vm1')}/v1/events/E1/peer-ready"
+    peers.post(push, status=503)
+    step(coord, t, "vm2", pending=lambda t: ["checkpoint"])
+    assert not [c for c in peers.calls if c.request.method == "POST"], "no push while still preparing"
+    step(coord, t, "vm2")
+    peers.replace(responses.POST, push, json={"asked_again": True}, status=202)
+    for _ in range(10):
+        clock.advance(1)
+        step(coord, t, "vm2")
+    posts = [c for c in peers.calls if c.request.method == "POST"]
+    assert [c.response.status_code for c in posts] == [503, 202]
+    assert json.loads(posts[-1].request.body) == {"vm": "vm2"}
+    assert coord.view("E1")["readiness_pushed_to"] == "vm1"
 
 
 def test_many_events_ask_a_peer_one_request_at_a_time_and_peers_in_parallel(tmp_path, clock, peers):

@@ -9,6 +9,7 @@ import requests
 import responses
 from responses import matchers
 
+from agent.addressing import Identity
 from agent.errors import ImdsRequestRejected, ImdsUnavailable
 from agent.imds import ImdsClient, next_poll_delay, parse_retry_after
 from agent.metrics import Metrics
@@ -151,11 +152,12 @@ def test_approve_posts_start_requests(imds, client):
     client.approve(["ABC"])
 
 
-def test_compute_name(imds, client):
-    """The VM's own name comes from compute metadata."""
-    imds.get(f"{BASE}/metadata/instance/compute", json={"name": "vmss_7", "vmId": "x"},
+def test_compute_identity(imds, client):
+    """The VM's own name, computer name and scale set come from compute metadata."""
+    imds.get(f"{BASE}/metadata/instance/compute", json={"name": "vmss_7", "vmId": "x", "vmScaleSetName": "vmss",
+                                                       "osProfile": {"computerName": "vmss000007"}},
              match=[matchers.query_param_matcher({"api-version": "2021-02-01"})])
-    assert client.compute_name() == "vmss_7"
+    assert client.compute_identity() == Identity("vmss_7", "vmss000007", "vmss")
 
 
 def test_requests_to_real_imds_are_spaced_under_its_rate_limit(imds, client, clock):
