@@ -143,6 +143,10 @@ class Coordinator:
             self.log.info("peers_file.loaded", path=self._peers_file.path, entries=len(self._file_peers))
             if self.health:
                 self.health.remove("coordination", "peers_file")
+            with self._lock:  # a fixed address is tried at once, not after the backoff built up on the old one
+                for state in self._events.values():
+                    for peer in state.peers.values():
+                        peer.hinted = not peer.ready
 
     # --- peers --------------------------------------------------------------------------
 
