@@ -2,25 +2,18 @@
 
 Rank = position of this VM in the event's Resources; rank 0 leads. The rules (who asks whom and
 when, takeover, peer timeout) are pure functions in `coordination_rules`; this module applies them,
-sends the requests through `peers.PeerClient` and keeps the bookkeeping:
+sends the requests through `peers.PeerClient` (one lane per peer, `agent.lanes`, so the asking
+threads follow the number of peers, not events × peers) and keeps the bookkeeping. The acting
+leader asks each peer it has not heard ready from, with backoff; a follower that becomes ready
+pushes that to the acting leader (retried until taken), which checks it with one ask; a follower
+otherwise only watches the lower-ranked peers, to take over once all of them have been unreachable
+for `takeover_after`. Peers are addressed through `directory`.
 
-- the acting leader asks each peer it has not heard ready from at once, then with backoff up to
-  `peer_recheck_max`; `ready` is final, a ready peer is not asked again;
-- a follower that becomes ready pushes that to the acting leader (`POST .../peer-ready`, retried
-  until taken), which checks it with one ask at once (a push is a hint, never trusted, and honoured
-  at most once per poll interval per peer);
-- a follower asks only the peers ranked before it, up to the first that answers, every
-  `liveness_interval`; it approves in the leader's place only when every lower-ranked peer has
-  been unreachable (since its last answer) for `takeover_after`.
-
-Requests to one peer go one after another in that peer's lane (`agent.lanes`), so the threads
-asking follow the number of peers, not events × peers. Peers are addressed through `addressing`
-(static map, `peers_file`, template). The POST is recorded before (`sending`) and after (`sent` or
-`failed`) in the state store: a restart never re-sends a `sent` approval, and a `sending` one
-(crash between POST and record) is sent again only if the event is still Scheduled after
-RETRY_FAILED_AFTER seconds — time for IMDS to show the first one took effect; a repeat would be
-harmless (IMDS answers 200) but is avoided. The loop calls `tick` only right after a successful
-poll, so no approval is ever sent on stale data.
+The POST is recorded before (`sending`) and after (`sent` or `failed`) in the state store: a
+restart never re-sends a `sent` approval, and a `sending` one (crash between POST and record) is
+sent again only if the event is still Scheduled after RETRY_FAILED_AFTER seconds — time for IMDS to
+show the first one took effect; a repeat would be harmless (IMDS answers 200) but is avoided. The
+loop calls `tick` only right after a successful poll, so no approval is ever sent on stale data.
 """
 
 from __future__ import annotations
@@ -32,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from agent import logs
-from agent.addressing import Address, Identity, resolve
+from agent.addressing import Address, Identity
 from agent.clock import Clock
 from agent.coordination_rules import (
     NO_GATES,
@@ -50,12 +43,12 @@ from agent.coordination_rules import (
 )
 from agent.errors import ImdsError
 from agent.gates import GateChecker
-from agent.health import HealthState, HealthStore
+from agent.directory import SHOWN_PEERS, PeerDirectory
+from agent.health import HealthStore
 from agent.imds import is_transient
 from agent.lanes import Lanes
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 from agent.peers import INVALID, Answer, PeerClient, UNREACHABLE
-from agent.peersfile import PeersFile
 from agent.policy import Decision, Profile, decide
 from agent.retry import retrying as retrying_on
 from agent.state import Store
@@ -64,8 +57,6 @@ from agent.tracker import Tracked
 APPROVAL_KEY = "approval"
 RETRY_FAILED_AFTER = 10.0
 """Seconds before an approval whose retries all failed is tried again (the event may still be Scheduled)."""
-SHOWN_PEERS = 50
-"""Peers listed per event in views (counts cover all of them)."""
 
 
 @dataclass
@@ -101,8 +92,7 @@ class Coordinator:
         self.metrics = metrics
         self.poll_interval = poll_interval
         self.on_change = on_change
-        self.health = health
-        self.identity: Identity | None = None
+        self.directory = PeerDirectory(lambda: self.settings, health)
         self.log = logs.get("coordinator")
         self.cancel = threading.Event()
         self._lock = threading.Lock()
@@ -110,8 +100,6 @@ class Coordinator:
         self._futures: set[concurrent.futures.Future[None]] = set()
         self._peer_lanes = Lanes(settings.max_concurrency, "peer")
         self._approver = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="approve")
-        self._peers_file = PeersFile(settings.peers_file)
-        self._file_peers: dict[str, str] = {}
         self.client = PeerClient(token_reader, settings.request_timeout, settings.max_concurrency)
         self.gates = gates
         self.warning_as_error = warning_as_error
@@ -120,30 +108,24 @@ class Coordinator:
 
     # --- addressing ---------------------------------------------------------------------
 
+    @property
+    def identity(self) -> Identity | None:
+        """This VM's compute identity (set by the daemon once IMDS told it), for scale-set addressing."""
+        return self.directory.identity
+
+    @identity.setter
+    def identity(self, value: Identity | None) -> None:
+        self.directory.identity = value
+
     def address(self, name: str) -> Address:
-        """Where a peer is asked: `peers`, then `peers_file`, then the `peer_url` template."""
-        return resolve(name, peers=self.settings.peers, peers_file=self._file_peers,
-                       template=self.settings.peer_url, me=self.identity)
+        """Where a peer is asked (see `directory`)."""
+        return self.directory.address(name)
 
     def _refresh_addressing(self) -> None:
-        """Follow a reload of the settings and a change of the peers file (a bad file keeps the last good map)."""
+        """Follow a reload and the peers file; a fixed address is tried at once, not after the old backoff."""
         self.client.timeout = self.settings.request_timeout
-        if self._peers_file.path != self.settings.peers_file:
-            self._peers_file = PeersFile(self.settings.peers_file)
-        self._file_peers, changed = self._peers_file.current()
-        if not changed:
-            return
-        problem = self._peers_file.problem
-        if problem:
-            self.log.warning("peers_file.invalid", problem=problem, kept_entries=len(self._file_peers))
-            if self.health:
-                self.health.set("coordination", "peers_file", HealthState.WARNING,
-                                f"{problem}; using the last good map ({len(self._file_peers)} peers)")
-        else:
-            self.log.info("peers_file.loaded", path=self._peers_file.path, entries=len(self._file_peers))
-            if self.health:
-                self.health.remove("coordination", "peers_file")
-            with self._lock:  # a fixed address is tried at once, not after the backoff built up on the old one
+        if self.directory.refresh():
+            with self._lock:
                 for state in self._events.values():
                     for peer in state.peers.values():
                         peer.hinted = not peer.ready
@@ -406,27 +388,9 @@ class Coordinator:
 
     def status(self, tracked: dict[str, Tracked], vm_name: str | None) -> dict[str, Any]:
         """How peers are addressed, for `maintd status`: the sources, and each peer of every pending event."""
-        me = self.identity
-        events: dict[str, dict[str, str]] = {}
-        for event_id, t in list(tracked.items()):
-            state = self._events.get(event_id)
-            if t.event.status != "Scheduled" or vm_name is None or t.event.rank(vm_name) is None:
-                continue
-            rows = {}
-            for name in [r for r in t.event.resources if r.casefold() != (vm_name or "").casefold()][:SHOWN_PEERS]:
-                peer = state.peers.get(name) if state else None
-                address = self.address(name)
-                answer = ("ready" if peer.ready else peer.detail or "asked") if peer else "not asked by this VM"
-                rows[name] = f"{address.url or address.problem} (via {address.via}): {answer}"
-            events[event_id] = rows
-        return {"coordination": {
-            "peer_url": self.settings.peer_url,
-            "peers_static": len(self.settings.peers),
-            "peers_file": self._peers_file.path,
-            "peers_file_entries": len(self._file_peers),
-            "peers_file_problem": self._peers_file.problem,
-            "identity": {"name": me.name, "computer_name": me.computer_name, "scale_set": me.scale_set} if me else None,
-        }, "peers": events}
+        with self._lock:
+            known = {event_id: dict(state.peers) for event_id, state in self._events.items()}
+        return self.directory.status(tracked, vm_name, known)
 
     def stop(self) -> None:
         """Cut retries short and stop the worker pools."""
