@@ -126,16 +126,18 @@ class Address:
     problem: str = ""
 
 
-def _lookup(table: Mapping[str, str], name: str) -> str | None:
-    return table.get(name) or next((u for k, u in table.items() if k.casefold() == name.casefold()), None)
+def folded(table: Mapping[str, str]) -> dict[str, str]:
+    """A map keyed by case-folded names, as `resolve` looks names up."""
+    return {k.casefold(): v for k, v in table.items()}
 
 
 def resolve(name: str, *, peers: Mapping[str, str], peers_file: Mapping[str, str], template: str,
             me: Identity | None) -> Address:
-    """The peer's base URL: `peers`, then the peers file (keyed by Resources or computer name), then the template."""
+    """The peer's base URL: `peers`, then the peers file (both `folded`, keyed by Resources or computer name),
+    then the template."""
     fields = peer_fields(name, me)
     for via, table in (("peers", peers), ("peers_file", peers_file)):
-        url = _lookup(table, name) or _lookup(table, fields["computer_name"])
+        url = table.get(name.casefold()) or table.get(fields["computer_name"].casefold())
         if url is not None:
             return Address(url.rstrip("/"), via)
     try:

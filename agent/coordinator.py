@@ -169,7 +169,8 @@ class Coordinator:
         now = self.clock.monotonic()
         with self._lock:
             state = self._events.get(event_id)
-            peer = next((p for n, p in state.peers.items() if n.casefold() == name.casefold()), None) if state else None
+            peer = (state.peers.get(name) or next((p for n, p in state.peers.items() if n.casefold() == name.casefold()),
+                                                  None)) if state else None
             if peer is None or not hint_accepted(peer, now, self.poll_interval):
                 return False
             peer.hinted, peer.hint_at = True, now

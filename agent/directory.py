@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from agent import logs
-from agent.addressing import Address, Identity, resolve
+from agent.addressing import Address, Identity, folded, resolve
 from agent.coordination_rules import PeerState
 from agent.health import HealthState, HealthStore
 from agent.peersfile import PeersFile
@@ -31,19 +31,23 @@ class PeerDirectory:
         self.log = logs.get("coordinator")
         self._file = PeersFile(settings().peers_file)
         self._file_peers: dict[str, str] = {}
+        self._static: tuple[dict[str, str], dict[str, str]] = ({}, {})
 
     def address(self, name: str) -> Address:
         """Where a peer is asked: `peers`, then `peers_file`, then the `peer_url` template."""
         s = self.settings()
-        return resolve(name, peers=s.peers, peers_file=self._file_peers, template=s.peer_url, me=self.identity)
+        if s.peers is not self._static[0]:
+            self._static = (s.peers, folded(s.peers))
+        return resolve(name, peers=self._static[1], peers_file=self._file_peers, template=s.peer_url, me=self.identity)
 
     def refresh(self) -> bool:
         """Follow a reload of the settings and a change of the peers file; True when a new good map is in force."""
         if self._file.path != self.settings().peers_file:
-            self._file = PeersFile(self.settings().peers_file)
-        self._file_peers, changed = self._file.current()
+            self._file, self._file_peers = PeersFile(self.settings().peers_file), {}
+        peers, changed = self._file.current()
         if not changed:
             return False
+        self._file_peers = folded(peers)
         problem = self._file.problem
         if problem:
             self.log.warning("peers_file.invalid", problem=problem, kept_entries=len(self._file_peers))

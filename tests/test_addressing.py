@@ -10,6 +10,7 @@ from agent.addressing import (
     Identity,
     base36,
     event_url,
+    folded,
     from_template,
     identity_from_compute,
     peer_fields,
@@ -81,8 +82,8 @@ def test_a_bad_template_is_refused_at_load():
 
 def test_lookup_order_static_map_then_peers_file_then_template_by_name_or_computer_name():
     kw = dict(template="http://{computer_name}:8088", me=WEB_15)
-    assert resolve("web_3", peers={"WEB_3": "http://a/"}, peers_file={"web_3": "http://b"}, **kw).url == "http://a"
-    via_file = resolve("web_3", peers={}, peers_file={"web000003": "http://10.0.0.3:8088"}, **kw)
+    assert resolve("web_3", peers=folded({"WEB_3": "http://a/"}), peers_file={"web_3": "http://b"}, **kw).url == "http://a"
+    via_file = resolve("WEB_3", peers={}, peers_file=folded({"Web000003": "http://10.0.0.3:8088"}), **kw)
     assert (via_file.url, via_file.via) == ("http://10.0.0.3:8088", "peers_file")
     unaddressable = resolve("flex_ab12cd34", peers={}, peers_file={}, template="http://{name}:8088", me=WEB_15)
     assert unaddressable.url is None and "peers_file" in unaddressable.problem

@@ -6,7 +6,12 @@ import pytest
 import requests
 import responses
 
+from agent.config import CoordinationConfig
+from agent.coordinator import Coordinator
+from agent.health import HealthStore
+from agent.metrics import Metrics
 from agent.peers import INVALID
+from agent.state import Store
 from tests.test_coordinator import answer, peer, setup, step, tracked
 
 VMS = [f"vm{i}" for i in range(1, 7)]
@@ -130,3 +135,28 @@ def test_a_healthy_fleet_of_six_sends_one_post(tmp_path, clock, peers):
     run(coord, t, "vm1", clock, 5)
     assert sent == [["E1"]]
     assert len(peers.calls) == len(VMS) - 1
+
+
+def test_peers_file_problems_are_reported_in_health_and_a_fix_is_used_at_once(tmp_path, clock, peers, logs):
+    """A broken peers file keeps the last good map (Warning health report); the fixed one is asked at once."""
+    path = tmp_path / "peers.yaml"
+    path.write_text("vm2: http://old.invalid:1\n")
+    health = HealthStore(clock)
+    sent: list = []
+    coord = Coordinator(CoordinationConfig(peers_file=str(path)), approve=sent.append, store=Store(tmp_path, clock),
+                        clock=clock, metrics=Metrics(), health=health)
+    peers.get("http://old.invalid:1/v1/events/E1", body=requests.ConnectionError("down"))
+    peers.get("http://new.invalid:2/v1/events/E1", json={"ready": True})
+    t = tracked(clock, ["vm1", "vm2"])
+    run(coord, t, "vm1", clock, 20)
+    path.write_text("vm2: [broken\n")
+    step(coord, t, "vm1")
+    assert any(e.report.source_id == "coordination" for e in health.snapshot()), "a Warning report names the file"
+    assert coord.address("vm2").url == "http://old.invalid:1"
+    path.write_text("vm2: http://new.invalid:2\n")
+    step(coord, t, "vm1")
+    step(coord, t, "vm1")
+    assert sent == [["E1"]], "the new address was asked at once, not after the backoff"
+    assert not any(e.report.source_id == "coordination" for e in health.snapshot())
+    assert [e["event"] for e in logs if e["event"].startswith("peers_file.")] == \
+        ["peers_file.loaded", "peers_file.invalid", "peers_file.loaded"]
