@@ -152,12 +152,11 @@ class PeerState:
     """What this VM knows of one peer for one event (mutated by the coordinator under its lock)."""
 
     ready: bool = False
-    answered: bool = False
     last_ok: float | None = None
     failing_since: float | None = None
     last_asked: float = float("-inf")
     asks: int = 0
-    """Readiness asks since the peer last answered ready (drives the backoff)."""
+    """Asks so far that did not find the peer ready (drives the backoff)."""
     hinted: bool = False
     hint_at: float = float("-inf")
     in_flight: bool = False
@@ -196,6 +195,17 @@ def readiness_due(peer: PeerState, now: float, poll_interval: float, recheck_max
     if peer.ready or peer.in_flight:
         return False
     return peer.hinted or now - peer.last_asked >= recheck_delay(peer.asks, poll_interval, recheck_max)
+
+
+def liveness_due(peer: PeerState, now: float, every: float) -> bool:
+    """Whether a follower should ask a peer of its leader chain now (ready or not: it may have died since)."""
+    return not peer.in_flight and now - peer.last_asked >= every
+
+
+def push_due(leader: str, told: str | None, last_target: str | None, last_push: float, now: float,
+             every: float) -> bool:
+    """Whether a ready follower should push to the acting leader now: until one took it, every `every`."""
+    return told != leader and (last_target != leader or now - last_push >= every)
 
 
 def hint_accepted(peer: PeerState, now: float, poll_interval: float) -> bool:

@@ -35,9 +35,11 @@ from agent.coordination_rules import (
     acting_leader,
     failed_since,
     hint_accepted,
+    liveness_due,
     liveness_interval,
     lower_reachable,
     not_ready,
+    push_due,
     readiness_due,
     watch_chain,
 )
@@ -148,7 +150,7 @@ class Coordinator:
             if not answer.reachable:
                 peer.failing_since = failed_since(peer, now)
             else:
-                peer.answered, peer.last_ok, peer.failing_since = True, now, None
+                peer.last_ok, peer.failing_since = now, None
             peer.ready = peer.ready or answer.ready
             peer.asks = 0 if peer.ready else peer.asks + 1
         if changed and (answer.outcome == INVALID or address.url is None):
@@ -202,7 +204,7 @@ class Coordinator:
         every = liveness_interval(self.poll_interval, self.settings.takeover_after)
         for name in watch_chain(lower, state.peers):
             peer = self._peer(state, name)
-            if now - peer.last_asked >= every:
+            if liveness_due(peer, now, every):
                 self._submit_ask(event_id, name, peer, now)
         state.leader = acting_leader(lower, state.peers)
         if not readiness:
@@ -212,8 +214,8 @@ class Coordinator:
                 peer = self._peer(state, name)
                 if readiness_due(peer, now, self.poll_interval, self.settings.peer_recheck_max):
                     self._submit_ask(event_id, name, peer, now)
-        elif locally_ready and state.told != state.leader and not state.pushing \
-                and (state.push_to != state.leader or now - state.push_at >= every):
+        elif locally_ready and not state.pushing \
+                and push_due(state.leader, state.told, state.push_to, state.push_at, now, every):
             self._push(event_id, state, state.leader, vm_name, now)
 
     def _track(self, future: "concurrent.futures.Future[None]") -> None:

@@ -11,6 +11,7 @@ import requests
 import responses
 
 from agent.config import CoordinationConfig
+from agent.coordination_rules import PeerState, acting_leader, liveness_interval, push_due, recheck_delay, watch_chain
 from agent.coordinator import Coordinator
 from agent.events import Event
 from agent.metrics import Metrics
@@ -248,3 +249,15 @@ def test_many_events_ask_a_peer_one_request_at_a_time_and_peers_in_parallel(tmp_
     assert len(threads["vm2"] | threads["vm3"]) <= 2, "more asking threads than peers"
     step(coord, events, "vm1")
     assert sorted(eid for batch in sent for eid in batch) == sorted(events)
+
+
+def test_coordination_rules_cadence_and_chain():
+    """The pure rules: backoff doubles to the cap, the chain stops at the first answering peer, pushes repeat."""
+    assert [recheck_delay(n, 1.0, 10.0) for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+    assert liveness_interval(1.0, 60.0) == 5.0 and liveness_interval(1.0, 2.0) == 1.0
+    down = PeerState(failing_since=0.0)
+    assert watch_chain(["a", "b", "c"], {"a": down}) == ["a", "b"]
+    assert acting_leader(["a", "b"], {"a": down, "b": down}) is None
+    assert push_due("a", None, None, float("-inf"), 0.0, 5.0)
+    assert not push_due("a", None, "a", 0.0, 1.0, 5.0) and push_due("a", None, "a", 0.0, 5.0, 5.0)
+    assert not push_due("a", "a", "a", 0.0, 99.0, 5.0) and push_due("b", "a", "a", 0.0, 1.0, 5.0)
