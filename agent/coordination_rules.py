@@ -229,6 +229,12 @@ def acting_leader(lower: Sequence[str], peers: Mapping[str, PeerState]) -> str |
     return next((n for n in lower if not (peers.get(n) and peers[n].failing)), None)
 
 
+def leads_soon(lower: Sequence[str], peers: Mapping[str, PeerState], now: float, takeover_after: float) -> bool:
+    """Whether this VM asks for readiness: it leads, or every lower-ranked peer has been unreachable for half
+    of `takeover_after` (so it knows who is ready when it takes over, and a leader's blip starts no storm)."""
+    return all(n in peers and peers[n].unreachable_for(now) >= takeover_after / 2 for n in lower)
+
+
 def lower_reachable(lower: Sequence[str], peers: Mapping[str, PeerState], now: float,
                     takeover_after: float) -> list[str]:
     """Lower-ranked peers that still count as present: not failing for `takeover_after` (the takeover rule)."""

@@ -35,6 +35,7 @@ from agent.coordination_rules import (
     acting_leader,
     failed_since,
     hint_accepted,
+    leads_soon,
     liveness_due,
     liveness_interval,
     lower_reachable,
@@ -209,12 +210,12 @@ class Coordinator:
         state.leader = acting_leader(lower, state.peers)
         if not readiness:
             return
-        if state.leader is None:
+        if leads_soon(lower, state.peers, now, self.settings.takeover_after):
             for name in higher:
                 peer = self._peer(state, name)
                 if readiness_due(peer, now, self.poll_interval, self.settings.peer_recheck_max):
                     self._submit_ask(event_id, name, peer, now)
-        elif locally_ready and not state.pushing \
+        elif state.leader is not None and locally_ready and not state.pushing \
                 and push_due(state.leader, state.told, state.push_to, state.push_at, now, every):
             self._push(event_id, state, state.leader, vm_name, now)
 

@@ -160,3 +160,20 @@ def test_peers_file_problems_are_reported_in_health_and_a_fix_is_used_at_once(tm
     assert not any(e.report.source_id == "coordination" for e in health.snapshot())
     assert [e["event"] for e in logs if e["event"].startswith("peers_file.")] == \
         ["peers_file.loaded", "peers_file.invalid", "peers_file.loaded"]
+
+
+def test_a_leader_blip_starts_no_storm_but_a_long_outage_warms_the_next_leader(tmp_path, clock, peers):
+    """vm2 sees the leader fail once: it asks nobody else. Only after half of takeover_after does it
+    start asking the higher-ranked peers, so it knows who is ready when it takes over."""
+    coord, sent, _ = setup(tmp_path, clock)
+    t = tracked(clock, VMS)
+    answer(peers, "vm1", status=0)
+    for name in VMS[2:]:
+        answer(peers, name, ready=True)
+    run(coord, t, "vm2", clock, 25)
+    assert sum(asks(peers, n) for n in VMS[2:]) == 0
+    run(coord, t, "vm2", clock, 10)
+    assert all(asks(peers, n) == 1 for n in VMS[2:])
+    assert sent == []
+    run(coord, t, "vm2", clock, 30)
+    assert sent == [["E1"]]
