@@ -44,14 +44,14 @@ from agent.coordination_rules import (
     readiness_due,
     watch_chain,
 )
+from agent.directory import SHOWN_PEERS, PeerDirectory
 from agent.errors import ImdsError
 from agent.gates import GateChecker
-from agent.directory import SHOWN_PEERS, PeerDirectory
 from agent.health import HealthStore
 from agent.imds import is_transient
 from agent.lanes import Lanes
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
-from agent.peers import INVALID, Answer, PeerClient, UNREACHABLE
+from agent.peers import INVALID, UNREACHABLE, Answer, PeerClient
 from agent.policy import Decision, Profile, decide
 from agent.retry import retrying as retrying_on
 from agent.state import Store

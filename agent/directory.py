@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 
 from agent import logs
 from agent.addressing import Address, Identity, folded, resolve
+from agent.config import CoordinationConfig
 from agent.coordination_rules import PeerState
 from agent.health import HealthState, HealthStore
 from agent.peersfile import PeersFile
@@ -24,7 +25,7 @@ SHOWN_PEERS = 50
 class PeerDirectory:
     """Peer addresses from the settings in force (replaced on reload) and the peers file."""
 
-    def __init__(self, settings: Callable[[], Any], health: HealthStore | None) -> None:
+    def __init__(self, settings: Callable[[], CoordinationConfig], health: HealthStore | None) -> None:
         self.settings = settings
         self.health = health
         self.identity: Identity | None = None
