@@ -78,6 +78,8 @@ class PeerClient:
             return readiness(r.status_code, r.content)
         except (requests.RequestException, ValueError) as exc:
             return Answer(UNREACHABLE, type(exc).__name__)
+        except Exception as exc:  # whatever else the exchange raised, it is not a ready peer; asked again later
+            return Answer(INVALID, f"{type(exc).__name__}: {str(exc)[:80]}")
 
     def push_ready(self, base: str, event_id: str, vm_name: str) -> bool:
         """Tell the peer at `base` (the acting leader) that this VM is ready; True when it took the message."""
@@ -85,7 +87,7 @@ class PeerClient:
             r = self.session.post(event_url(base, event_id, "/peer-ready"), json={"vm": vm_name},
                                   headers=self._headers(), timeout=self.timeout)
             return 200 <= r.status_code < 300
-        except (requests.RequestException, ValueError):
+        except Exception:  # a push is retried until taken; nothing it met may stop the lane
             return False
 
     def health(self, base: str) -> Any:

@@ -177,3 +177,15 @@ def test_a_leader_blip_starts_no_storm_but_a_long_outage_warms_the_next_leader(t
     assert sent == []
     run(coord, t, "vm2", clock, 30)
     assert sent == [["E1"]]
+
+
+def test_an_exception_nobody_foresaw_while_asking_is_not_ready_and_the_peer_is_asked_again(tmp_path, clock, peers):
+    """Finding 7 for peers: a TypeError deep in the exchange is `invalid`, and the peer is not stuck in flight."""
+    coord, sent, _ = setup(tmp_path, clock)
+    t = tracked(clock, ["vm1", "vm2"])
+    peers.get(f"{peer('vm2')}/v1/events/E1", body=TypeError("odd"))
+    run(coord, t, "vm1", clock, 3)
+    assert coord.metrics.peer_requests.labels(INVALID)._value.get() >= 2 and sent == []
+    peers.replace(responses.GET, f"{peer('vm2')}/v1/events/E1", json={"ready": True})
+    run(coord, t, "vm1", clock, 5)
+    assert sent == [["E1"]]
