@@ -15,21 +15,37 @@ from typing import Any
 
 import yaml
 
+from agent import jsonsafe
+
 MAX_BYTES = 4 * 1024 * 1024
 MAX_ENTRIES = 100_000
 URL = re.compile(r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")
 
 
-def parse(text: str) -> dict[str, str]:
-    """The map in a peers file's text; ValueError saying what is wrong."""
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml when present: a 1000-peer file then parses in a few ms on the loop thread, not 100."""
+
+
+def _load(text: str) -> Any:
+    """JSON (bounded, fast) or YAML without aliases (no alias bombs)."""
+    if text.lstrip().startswith("{"):
+        try:
+            return jsonsafe.loads(text, max_bytes=MAX_BYTES)
+        except ValueError:
+            pass  # YAML flow style also starts with {
     try:
-        if any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=yaml.SafeLoader)):
+        if any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=LOADER)):
             raise ValueError("YAML aliases are not accepted")
-        data: Any = yaml.safe_load(text)
+        return yaml.load(text, Loader=LOADER)
     except yaml.YAMLError as exc:
         raise ValueError(f"not YAML: {str(exc).splitlines()[0]}") from None
     except RecursionError:
         raise ValueError("nested too deeply") from None
+
+
+def parse(text: str) -> dict[str, str]:
+    """The map in a peers file's text; ValueError saying what is wrong."""
+    data = _load(text)
     if not isinstance(data, dict):
         raise ValueError(f"expected a mapping of VM name to base URL, got {type(data).__name__}")
     if len(data) > MAX_ENTRIES:

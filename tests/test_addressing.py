@@ -96,7 +96,8 @@ def test_peers_file_is_reread_when_it_changes_and_a_bad_one_keeps_the_last_good_
     path.write_text('{"web_1": "http://10.0.0.4:8088"}')
     assert pf.current() == ({"web_1": "http://10.0.0.4:8088"}, True) and pf.problem is None
     assert pf.current()[1] is False, "unchanged file: not read again"
-    for bad in ("web_1: ftp://x\n", "[1, 2]", "a: &a [1]\nb: *a\n", "web_1: http://x/?steal=1\n", ": :"):
+    for bad in ("web_1: ftp://x\n", "[1, 2]", "a: &a [1]\nb: *a\n", "web_1: http://x/?steal=1\n", ": :",
+                "a: " + "[" * 5000 + "]" * 5000, "{" * 5000 + "}" * 5000, '{"web_1": 5}'):
         path.write_text(bad)
         os.utime(path, ns=(0, len(bad)))
         peers, _ = pf.current()
