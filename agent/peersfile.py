@@ -53,7 +53,9 @@ def parse(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, url in data.items():
         if not isinstance(name, str) or not name or not isinstance(url, str) or not URL.match(url):
-            raise ValueError(f"entry {str(name)[:60]!r}: expected name: http(s)://host[:port][/path], got {str(url)[:80]!r}")
+            shown = repr(url[:80]) if isinstance(url, str) else type(url).__name__
+            raise ValueError(f"entry {name[:60] if isinstance(name, str) else type(name).__name__!r}: "
+                             f"expected name: http(s)://host[:port][/path], got {shown}")
         out[name] = url.rstrip("/")
     return out
 
