@@ -110,6 +110,7 @@ class LocalApi:
                       "write_error": self.store.write_error},
             "profile": lv.profile.name, "profile_approval": lv.profile.approval,
             "profile_next_change": _iso(nxt),
+            **self.coordinator.status(lv.tracked, lv.vm_name),
         }
 
     def _ready(self, tracked: Tracked | None) -> bool:

@@ -17,6 +17,7 @@ import requests
 from agent import __version__
 from agent import config as config_mod
 from agent.errors import ConfigError
+from agent.peersfile import PeersFile
 
 DEFAULT_CONFIG = "/etc/maintd/maintd.yaml"
 EX_CONFIG = 78
@@ -128,7 +129,21 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"{exc}", file=sys.stderr)
         return 1
     print(f"{args.path}: OK ({_summary(cfg)})")
+    print(_addressing(cfg.coordination))
     return 0
+
+
+def _addressing(c: config_mod.CoordinationConfig) -> str:
+    """How peers will be addressed: the static map, the peers file as it reads now, the template."""
+    lines = ["peers are reached through (first match wins):",
+             f"  coordination.peers       {len(c.peers)} static entr{'y' if len(c.peers) == 1 else 'ies'}"]
+    if c.peers_file:
+        peers_file = PeersFile(c.peers_file)
+        found, _ = peers_file.current()
+        lines.append(f"  coordination.peers_file  {c.peers_file}: "
+                     + (f"PROBLEM {peers_file.problem}" if peers_file.problem else f"{len(found)} entries"))
+    lines.append(f"  coordination.peer_url    {c.peer_url} ({{computer_name}} is derived on a Uniform scale set)")
+    return "\n".join(lines)
 
 
 def _summary(cfg: config_mod.Config) -> str:
@@ -237,6 +252,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         return _print_json(body)
     for key, value in body.items():
+        if key == "peers" and isinstance(value, dict):
+            for event_id, peers in value.items():
+                print(f"peers of {event_id}")
+                for name, how in (peers.items() if isinstance(peers, dict) else ()):
+                    print(f"  {name:22} {how}")
+            continue
         if isinstance(value, dict):
             value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
         print(f"{key:24} {value}")

@@ -1,16 +1,19 @@
-"""Exactly one VM approves an event, and only once every affected VM is ready.
+"""Exactly one VM approves an event, and only once every affected VM is ready — with O(N) requests.
 
-Rank = position of this VM in the event's Resources; rank 0 leads. Peers are asked
-`GET {peer}/v1/events/{EventId}` at most once per poll interval and never twice at a time; `ready`
-is final for an event, so a ready peer is not asked again. Requests to one peer go one after
-another in that peer's lane (`agent.lanes`), so the threads asking follow the number of peers, not
-events × peers. A VM of rank r approves in the leader's place only when every lower-ranked peer has been
-unreachable for `takeover_after`. The POST is recorded before (`sending`) and after (`sent` or
-`failed`) in the state store: a restart never re-sends a `sent` approval, and a `sending` one
-(crash between POST and record) is sent again only if the event is still Scheduled after
-RETRY_FAILED_AFTER seconds — time for IMDS to show the first one took effect; a repeat would be
-harmless (IMDS answers 200) but is avoided. The loop calls `tick` only right after a successful
-poll, so no approval is ever sent on stale data.
+Rank = position of this VM in the event's Resources; rank 0 leads. The rules (who asks whom and
+when, takeover, peer timeout) are pure functions in `coordination_rules`; this module applies them,
+sends the requests through `peers.PeerClient` (one lane per peer, `agent.lanes`, so the asking
+threads follow the number of peers, not events × peers) and keeps the bookkeeping. The acting
+leader asks each peer it has not heard ready from, with backoff; a follower that becomes ready
+pushes that to the acting leader (retried until taken), which checks it with one ask; a follower
+otherwise only watches the lower-ranked peers, to take over once all of them have been unreachable
+for `takeover_after`. Peers are addressed through `directory`.
+
+The POST is recorded before (`sending`) and after (`sent` or `failed`) in the state store: a
+restart never re-sends a `sent` approval, and a `sending` one (crash between POST and record) is
+sent again only if the event is still Scheduled after RETRY_FAILED_AFTER seconds — time for IMDS to
+show the first one took effect; a repeat would be harmless (IMDS answers 200) but is avoided. The
+loop calls `tick` only right after a successful poll, so no approval is ever sent on stale data.
 """
 
 from __future__ import annotations
@@ -21,47 +24,47 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import requests
-from requests.adapters import HTTPAdapter
-
 from agent import logs
+from agent.addressing import Address, Identity
 from agent.clock import Clock
+from agent.coordination_rules import (
+    NO_GATES,
+    Gates,
+    Held,
+    PeerState,
+    acting_leader,
+    failed_since,
+    hint_accepted,
+    leads_soon,
+    liveness_due,
+    liveness_interval,
+    lower_reachable,
+    not_ready,
+    push_due,
+    readiness_due,
+    watch_chain,
+)
+from agent.directory import SHOWN_PEERS, PeerDirectory
 from agent.errors import ImdsError
-from agent.gates import NO_GATES, GateChecker, Gates, Held
+from agent.gates import GateChecker
+from agent.health import HealthStore
 from agent.imds import is_transient
 from agent.lanes import Lanes
-from agent.metrics import EVENT_TYPES, Metrics
-from agent.retry import retrying as retrying_on
+from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
+from agent.peers import INVALID, UNREACHABLE, Answer, PeerClient
 from agent.policy import Decision, Profile, decide
+from agent.retry import retrying as retrying_on
 from agent.state import Store
 from agent.tracker import Tracked
 
 APPROVAL_KEY = "approval"
-GATE_NAMES = ("fleet", "prometheus")
 RETRY_FAILED_AFTER = 10.0
 """Seconds before an approval whose retries all failed is tried again (the event may still be Scheduled)."""
 
 
 @dataclass
-class PeerState:
-    """What this VM knows of one peer for one event."""
-
-    ready: bool = False
-    answered: bool = False
-    last_ok: float | None = None
-    failing_since: float | None = None
-    last_asked: float = float("-inf")
-    in_flight: bool = False
-    detail: str = ""
-
-    def unreachable_for(self, now: float) -> float:
-        """Seconds the peer has failed to answer (0 when it answered last time)."""
-        return now - self.failing_since if self.failing_since is not None else 0.0
-
-
-@dataclass
 class EventCoordination:
-    """Per-event bookkeeping: peers and the last decision."""
+    """Per-event bookkeeping: peers, the last decision, and this VM's readiness push."""
 
     peers: dict[str, PeerState] = field(default_factory=dict)
     decision: Decision | None = None
@@ -70,6 +73,11 @@ class EventCoordination:
     sending: bool = False
     failed_at: float | None = None
     held: Held | None = None
+    leader: str | None = None
+    told: str | None = None
+    push_to: str | None = None
+    push_at: float = float("-inf")
+    pushing: bool = False
 
 
 class Coordinator:
@@ -79,15 +87,15 @@ class Coordinator:
                  metrics: Metrics, token_reader: Callable[[], str | None] = lambda: None,
                  poll_interval: float = 1.0, on_change: Callable[[], None] = lambda: None,
                  gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
-                 warning_as_error: bool = False) -> None:
+                 warning_as_error: bool = False, health: HealthStore | None = None) -> None:
         self.settings = settings
         self.approve_fn = approve
         self.store = store
         self.clock = clock
         self.metrics = metrics
-        self.token_reader = token_reader
         self.poll_interval = poll_interval
         self.on_change = on_change
+        self.directory = PeerDirectory(lambda: self.settings, health)
         self.log = logs.get("coordinator")
         self.cancel = threading.Event()
         self._lock = threading.Lock()
@@ -95,92 +103,121 @@ class Coordinator:
         self._futures: set[concurrent.futures.Future[None]] = set()
         self._peer_lanes = Lanes(settings.max_concurrency, "peer")
         self._approver = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="approve")
-        self.session = requests.Session()
-        self.session.trust_env = False
-        adapter = HTTPAdapter(pool_connections=settings.max_concurrency, pool_maxsize=settings.max_concurrency,
-                              max_retries=0)
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
+        self.client = PeerClient(token_reader, settings.request_timeout, settings.max_concurrency)
         self.gates = gates
         self.warning_as_error = warning_as_error
-        self.gate_checker = GateChecker(self.session, self.peer_url, token_reader, local_health,
-                                        settings.request_timeout, settings.max_concurrency)
+        self.gate_checker = GateChecker(self.client, lambda name: self.address(name).url, local_health,
+                                        settings.max_concurrency, metrics)
+
+    # --- addressing ---------------------------------------------------------------------
+
+    @property
+    def identity(self) -> Identity | None:
+        """This VM's compute identity (set by the daemon once IMDS told it), for scale-set addressing."""
+        return self.directory.identity
+
+    @identity.setter
+    def identity(self, value: Identity | None) -> None:
+        self.directory.identity = value
+
+    def address(self, name: str) -> Address:
+        """Where a peer is asked (see `directory`)."""
+        return self.directory.address(name)
+
+    def _refresh_addressing(self) -> None:
+        """Follow a reload and the peers file; a fixed address is tried at once, not after the old backoff."""
+        self.client.timeout = self.settings.request_timeout
+        if self.directory.refresh():
+            with self._lock:
+                for state in self._events.values():
+                    for peer in state.peers.values():
+                        peer.hinted = not peer.ready
 
     # --- peers --------------------------------------------------------------------------
 
-    def peer_url(self, name: str) -> str:
-        """Base URL of a peer: the static map (case-insensitive) wins over the template."""
-        for key, url in self.settings.peers.items():
-            if key.casefold() == name.casefold():
-                return url.rstrip("/")
-        return self.settings.peer_url.format(name=name).rstrip("/")
-
     def _ask(self, event_id: str, name: str, peer: PeerState) -> None:
-        url = f"{self.peer_url(name)}/v1/events/{event_id}"
-        token = self.token_reader()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        outcome, ready, detail = "unreachable", False, ""
-        try:
-            response = self.session.get(url, headers=headers, timeout=self.settings.request_timeout)
-            if response.status_code == 200:
-                body = response.json()
-                ready = bool(body.get("ready")) if isinstance(body, dict) else False
-                outcome = "ready" if ready else "not_ready"
-                detail = "ready" if ready else "preparing"
-            elif response.status_code == 404:
-                outcome, detail = "not_ready", "has not seen the event yet"
-            else:
-                detail = f"answered {response.status_code}"
-        except (requests.RequestException, ValueError) as exc:
-            detail = type(exc).__name__
+        address = self.address(name)
+        if address.url is None:
+            answer = Answer(UNREACHABLE, address.problem)
+        else:
+            answer = self.client.ask(address.url, event_id)
+            self.metrics.peer_requests.labels(answer.outcome).inc()
         now = self.clock.monotonic()
-        self.metrics.peer_requests.labels(outcome).inc()
         with self._lock:
             peer.in_flight = False
-            peer.detail = detail
-            newly_ready = ready and not peer.ready
-            if outcome == "unreachable":
-                if peer.failing_since is None:
-                    peer.failing_since = now
+            changed = peer.detail != answer.detail
+            peer.url, peer.via, peer.detail = address.url, address.via, answer.detail
+            newly_ready = answer.ready and not peer.ready
+            if not answer.reachable:
+                peer.failing_since = failed_since(peer, now)
             else:
-                peer.answered, peer.last_ok, peer.failing_since = True, now, None
-                peer.ready = peer.ready or ready
+                peer.last_ok, peer.failing_since = now, None
+            peer.ready = peer.ready or answer.ready
+            peer.asks = 0 if peer.ready else peer.asks + 1
+        if changed and (answer.outcome == INVALID or address.url is None):
+            self.log.warning("peer.bad_address" if address.url is None else "peer.invalid_answer",
+                             event_id=event_id, peer=name, detail=answer.detail)
         if newly_ready:
             self.on_change()
 
+    def _submit_ask(self, event_id: str, name: str, peer: PeerState, now: float) -> None:
+        with self._lock:
+            if peer.in_flight:
+                return
+            peer.in_flight, peer.last_asked, peer.hinted = True, now, False
+        self._peer_lanes.submit(name.casefold(), functools.partial(self._ask, event_id, name, peer))
+
     def hint(self, event_id: str, name: str) -> bool:
-        """A peer says it became ready: ask it again at once (its word is checked, not trusted)."""
+        """A peer says it became ready: ask it again at once (its word is checked, not trusted; rate-limited)."""
+        now = self.clock.monotonic()
         with self._lock:
             state = self._events.get(event_id)
-            peer = next((p for n, p in state.peers.items() if n.casefold() == name.casefold()), None) if state else None
-            if peer is None or peer.ready:
+            peer = (state.peers.get(name) or next((p for n, p in state.peers.items() if n.casefold() == name.casefold()),
+                                                  None)) if state else None
+            if peer is None or not hint_accepted(peer, now, self.poll_interval):
                 return False
-            peer.last_asked = float("-inf")
+            peer.hinted, peer.hint_at = True, now
         self.on_change()
         return True
 
-    def tell_leader(self, event_id: str, leader: str, vm_name: str) -> None:
-        """Tell the event's leader that this VM is ready, so it need not wait for its next round of asking."""
+    def _push(self, event_id: str, state: EventCoordination, leader: str, vm_name: str, now: float) -> None:
+        """Tell the acting leader this VM is ready (retried every liveness interval until it takes it)."""
+        state.push_to, state.push_at, state.pushing = leader, now, True
+
         def post() -> None:
-            token = self.token_reader()
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
-            try:
-                self.session.post(f"{self.peer_url(leader)}/v1/events/{event_id}/peer-ready", json={"vm": vm_name},
-                                  headers=headers, timeout=self.settings.request_timeout)
-            except requests.RequestException as exc:  # only a hint: the leader asks anyway
-                self.log.debug("peer.hint_failed", event_id=event_id, leader=leader, error=type(exc).__name__)
+            url = self.address(leader).url
+            ok = url is not None and self.client.push_ready(url, event_id, vm_name)
+            if url is not None:
+                self.metrics.peer_requests.labels("pushed" if ok else "push_failed").inc()
+            with self._lock:
+                state.pushing = False
+                state.told = leader if ok else state.told
 
         self._peer_lanes.submit(leader.casefold(), post)
 
-    def _refresh(self, event_id: str, names: list[str], state: EventCoordination) -> None:
-        now = self.clock.monotonic()
-        for name in names:
-            with self._lock:
-                peer = state.peers.setdefault(name, PeerState())
-                if peer.ready or peer.in_flight or now - peer.last_asked < self.poll_interval:
-                    continue
-                peer.in_flight, peer.last_asked = True, now
-            self._peer_lanes.submit(name.casefold(), functools.partial(self._ask, event_id, name, peer))
+    def _peer(self, state: EventCoordination, name: str) -> PeerState:
+        with self._lock:
+            return state.peers.setdefault(name, PeerState())
+
+    def _exchange(self, event_id: str, state: EventCoordination, vm_name: str, lower: list[str],
+                  higher: list[str], readiness: bool, locally_ready: bool, now: float) -> None:
+        """This tick's requests for one event: watch the leader chain, ask for readiness or push it."""
+        every = liveness_interval(self.poll_interval, self.settings.takeover_after)
+        for name in watch_chain(lower, state.peers):
+            peer = self._peer(state, name)
+            if liveness_due(peer, now, every):
+                self._submit_ask(event_id, name, peer, now)
+        state.leader = acting_leader(lower, state.peers)
+        if not readiness:
+            return
+        if leads_soon(lower, state.peers, now, self.settings.takeover_after):
+            for name in higher:
+                peer = self._peer(state, name)
+                if readiness_due(peer, now, self.poll_interval, self.settings.peer_recheck_max):
+                    self._submit_ask(event_id, name, peer, now)
+        elif state.leader is not None and locally_ready and not state.pushing \
+                and push_due(state.leader, state.told, state.push_to, state.push_at, now, every):
+            self._push(event_id, state, state.leader, vm_name, now)
 
     def _track(self, future: "concurrent.futures.Future[None]") -> None:
         with self._lock:
@@ -204,8 +241,10 @@ class Coordinator:
 
     def tick(self, tracked: dict[str, Tracked], vm_name: str, profile: Profile, dry_run: bool,
              local_pending: Callable[[Tracked], list[str]]) -> None:
-        """Refresh peers and decide for every Scheduled event naming this VM; send approvals due."""
+        """Exchange with peers and decide for every Scheduled event naming this VM; send approvals due."""
         now = self.clock.monotonic()
+        self._refresh_addressing()
+        s = self.settings
         leading: dict[str, int] = {}
         for event_id in [e for e in self._events if e not in tracked]:
             del self._events[event_id]
@@ -217,18 +256,19 @@ class Coordinator:
             mode, rule = profile.approval_for(t.event)
             state.mode, state.rule = mode, rule
             others = [r for r in t.event.resources if r.casefold() != vm_name.casefold()]
-            lower = others[:rank]
+            lower, higher = others[:rank], others[rank:]
+            pending = local_pending(t) if mode == "auto" else []
             if t.event.status == "Scheduled" and mode in ("auto", "immediate") and not self._sent(event_id):
-                self._refresh(event_id, others if mode == "auto" else lower, state)
-            lower_reachable = [n for n in lower if self._counts_as_present(state, n, now, self.settings.takeover_after)]
-            if rank == 0 or not lower_reachable:
+                self._exchange(event_id, state, vm_name, lower, higher, mode == "auto", not pending, now)
+            reachable = lower_reachable(lower, state.peers, now, s.takeover_after)
+            if not reachable:
                 leading[t.event.type_label] = leading.get(t.event.type_label, 0) + 1
             decision = decide(
                 mode=mode, status=t.event.status, rank=rank, already_sent=self._sent(event_id),
                 manual_requested=self.store.result(event_id, "manual_approval") is not None,
-                local_pending=local_pending(t) if mode == "auto" else [],
-                peers_not_ready=self._not_ready(state, others[rank:], now),
-                lower_ranked_reachable=lower_reachable if mode != "manual" else [],
+                local_pending=pending,
+                peers_not_ready=not_ready(higher, state.peers, now, s.unreachable_peers, s.peer_timeout),
+                lower_ranked_reachable=reachable if mode != "manual" else [],
                 dry_run=dry_run)
             self._note(event_id, t, state, decision)
             if decision.approve and not state.sending and state.failed_at is None and self._unconfirmed(event_id):
@@ -247,24 +287,6 @@ class Coordinator:
         for gate in GATE_NAMES:
             self.metrics.gate_blocked.labels(gate).set(
                 1 if any(s.held and s.held.gate == gate for s in self._events.values()) else 0)
-
-    def _counts_as_present(self, state: EventCoordination, name: str, now: float, after: float) -> bool:
-        peer = state.peers.get(name)
-        if peer is None or peer.failing_since is None:
-            return True
-        return peer.unreachable_for(now) < after
-
-    def _not_ready(self, state: EventCoordination, names: list[str], now: float) -> list[str]:
-        waiting = []
-        for name in names:
-            peer = state.peers.get(name)
-            if peer is not None and peer.ready:
-                continue
-            if (self.settings.unreachable_peers == "ignore" and peer is not None
-                    and peer.unreachable_for(now) >= self.settings.peer_timeout):
-                continue
-            waiting.append(name)
-        return waiting
 
     def _sent(self, event_id: str) -> bool:
         rec = self.store.result(event_id, APPROVAL_KEY)
@@ -300,9 +322,13 @@ class Coordinator:
     def _send(self, event_id: str, vm_name: str, reason: str, gates: Gates = NO_GATES,
               resources: tuple[str, ...] = ()) -> None:
         state = self._events.get(event_id) or EventCoordination()
-        if self._gate(event_id, state, gates, resources, vm_name):
+        try:
+            if not self._gate(event_id, state, gates, resources, vm_name):
+                self._post(event_id, state, vm_name, reason)
+        finally:
             state.sending = False
-            return
+
+    def _post(self, event_id: str, state: EventCoordination, vm_name: str, reason: str) -> None:
         try:
             self.store.record(event_id, APPROVAL_KEY, {"status": "sending", "by": vm_name,
                                                        "at": self.clock.now().isoformat(), "reason": reason})
@@ -331,8 +357,6 @@ class Coordinator:
             self.log.info("approval.sent", event_id=event_id, by=vm_name, reason=reason, attempts=attempts)
             self._record(event_id, {"status": "sent", "by": vm_name, "reason": reason, "attempts": attempts,
                                     "at": self.clock.now().isoformat()}, "approval.sent")
-        finally:
-            state.sending = False
 
     def _record(self, event_id: str, value: dict[str, Any], journal: str) -> None:
         try:
@@ -350,22 +374,31 @@ class Coordinator:
             return {"approval": approval}
         now = self.clock.monotonic()
         with self._lock:
-            peers = {n: {"ready": p.ready, "detail": p.detail,
+            peers = {n: {"ready": p.ready, "detail": p.detail, "url": p.url, "via": p.via,
                          "unreachable_seconds": round(p.unreachable_for(now), 1) if p.failing_since is not None else 0}
-                     for n, p in list(state.peers.items())[:50]}
+                     for n, p in list(state.peers.items())[:SHOWN_PEERS]}
         return {
             "approval": approval,
             "approval_mode": state.mode,
             "approval_rule": state.rule,
             "approval_decision": state.decision.reason if state.decision else None,
             "approval_held": {"gate": state.held.gate, "reason": state.held.reason} if state.held else None,
+            "acting_leader": state.leader,
+            "readiness_pushed_to": state.told,
             "peers_ready": sum(1 for p in state.peers.values() if p.ready),
             "peers_known": len(state.peers),
             "peers": peers,
         }
+
+    def status(self, tracked: dict[str, Tracked], vm_name: str | None) -> dict[str, Any]:
+        """How peers are addressed, for `maintd status`: the sources, and each peer of every pending event."""
+        with self._lock:
+            known = {event_id: dict(state.peers) for event_id, state in self._events.items()}
+        return self.directory.status(tracked, vm_name, known)
 
     def stop(self) -> None:
         """Cut retries short and stop the worker pools."""
         self.cancel.set()
         self._peer_lanes.shutdown()
         self._approver.shutdown(wait=False, cancel_futures=True)
+        self.client.close()

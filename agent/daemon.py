@@ -262,14 +262,11 @@ class Daemon:
             self.log.info("state.pruned", events=len(gone), retention_seconds=self.config.state.retention)
 
     def _handler_result(self, event_id: str, handler: str, phase: str, result: Result) -> None:
-        """On a handler thread: report it; when this VM just became ready, tell the leader."""
+        """On a handler thread: report it; when this VM just became ready, decide (and tell the leader) now."""
         self.report.handler_result(event_id, handler, phase, result)
         tracked = self.tracked.get(event_id)
         if phase == "scheduled" and tracked is not None and self.vm_name and self.runner.is_ready(tracked):
-            self.wake_coordination()
-            rank = tracked.event.rank(self.vm_name)
-            if rank:
-                self.coordinator.tell_leader(event_id, tracked.event.resources[0], self.vm_name)
+            self.wake_coordination()  # the coordinator's tick pushes readiness to the acting leader
 
     def wake_coordination(self) -> None:
         """Decide about approvals now rather than after the next poll (a VM just became ready)."""

@@ -15,7 +15,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from agent.config import Config
 from agent.configschema import describe
-from agent.gates import FleetGate, PrometheusGate
+from agent.coordination_rules import FleetGate, PrometheusGate
 from agent.handlers.registry import _Common, _builtins
 from agent.metrics import Metrics
 from agent.policy import ApprovalRule, Profile

@@ -1,4 +1,4 @@
-"""The only code that talks to IMDS: Scheduled Events GET and POST, and this VM's compute name.
+"""The only code that talks to IMDS: Scheduled Events GET and POST, and this VM's compute identity.
 
 Requests go over `agent.imdsconn` connections opened straight to the endpoint, so HTTP(S)_PROXY never
 redirects IMDS calls (IMDS must not be reached through a proxy). Every request sends `Metadata: true`.
@@ -21,6 +21,7 @@ from typing import Callable
 from urllib.parse import urlencode, urlsplit
 
 from agent import jsonsafe
+from agent.addressing import Identity, identity_from_compute
 from agent.clock import Clock
 from agent.errors import ImdsError, ImdsRequestRejected, ImdsUnavailable
 from agent.events import MAX_NAME, Document, parse_document
@@ -213,19 +214,19 @@ class ImdsClient:
                                 {**HEADERS, "Content-Type": "application/json"}, body)
         self._raise_for(self._once("approve", request, self.timeout))
 
-    def compute_name(self) -> str:
-        """This VM's `compute.name` (what Resources lists); raises ImdsError, whatever the answer holds."""
+    def compute_identity(self) -> Identity:
+        """This VM's `compute.name` (what Resources lists), computer name and scale set; raises ImdsError,
+        whatever the answer holds."""
         reply = self._once("compute", self._get_bytes(COMPUTE_PATH, self.compute_api_version), max(self.timeout, 10.0))
         self._raise_for(reply)
         try:
-            data = jsonsafe.loads(reply.body, max_bytes=MAX_SMALL_BYTES)
+            identity = identity_from_compute(jsonsafe.loads(reply.body, max_bytes=MAX_SMALL_BYTES))
         except Exception as exc:  # noqa: BLE001 - as for the document: any failure to read it fails the request
-            raise ImdsUnavailable(f"compute metadata is not JSON: {type(exc).__name__}: {str(exc)[:200]}",
+            raise ImdsUnavailable(f"compute metadata is not usable: {type(exc).__name__}: {str(exc)[:200]}",
                                   reply.status, _text(reply.body)) from exc
-        name = data.get("name") if isinstance(data, dict) else None
-        if not isinstance(name, str) or not name or len(name) > MAX_NAME or not name.isprintable():
+        if len(identity.name) > MAX_NAME or not identity.name.isprintable():
             raise ImdsUnavailable("compute metadata has no usable name", reply.status, _text(reply.body))
-        return name
+        return identity
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -18,6 +18,8 @@ from agent.outcomes import OUTCOMES
 EVENT_TYPES = (*KNOWN_TYPES, "Other")
 IMDS_ENDPOINTS = ("scheduledevents", "compute", "approve")
 APPROVAL_OUTCOMES = ("sent", "failed", "skipped")
+PEER_OUTCOMES = ("ready", "not_ready", "unreachable", "invalid", "pushed", "push_failed")
+GATE_NAMES = ("fleet", "prometheus")
 
 
 class Metrics:
@@ -73,11 +75,16 @@ class Metrics:
                             ["event_type"], registry=r)
         self.approvals = Counter("maintd_approvals_total", "Approval (StartRequests) attempts by outcome",
                                  ["outcome"], registry=r)
-        self.peer_requests = Counter("maintd_peer_requests_total", "Readiness requests to peers by outcome",
+        self.peer_requests = Counter("maintd_peer_requests_total",
+                                     "Requests to peers by outcome: readiness asks (ready, not_ready, unreachable, "
+                                     "invalid) and readiness pushes to the leader (pushed, push_failed)",
                                      ["outcome"], registry=r)
         self.profile_active = Gauge("maintd_profile_active", "1 for the profile in force", ["profile"], registry=r)
         self.gate_blocked = Gauge("maintd_approval_gate_blocked", "1 while an approval gate holds an approval",
                                   ["gate"], registry=r)
+        self.gate_check_failures = Counter("maintd_gate_check_failures_total",
+                                           "Gate checks that failed or got an answer of the wrong shape", ["gate"],
+                                           registry=r)
         self.state_write_failures = Counter("maintd_state_write_failures_total",
                                             "Failed writes of the state file (full or read-only disk)", registry=r)
         self.state_load_failures = Counter("maintd_state_load_failures_total",
@@ -105,8 +112,10 @@ class Metrics:
             self.imds_requests.labels(endpoint, "200")
         for outcome in APPROVAL_OUTCOMES:
             self.approvals.labels(outcome)
-        for outcome in ("ready", "not_ready", "unreachable"):
+        for outcome in PEER_OUTCOMES:
             self.peer_requests.labels(outcome)
+        for gate in GATE_NAMES:
+            self.gate_check_failures.labels(gate)
         for event_type in EVENT_TYPES:
             self.leader.labels(event_type).set(0)
         for outcome in ("ok", "failed"):

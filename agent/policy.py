@@ -29,8 +29,8 @@ from agent.configschema import (
     text,
 )
 from agent.errors import ConfigValueError
+from agent.coordination_rules import Gates
 from agent.events import KNOWN_TYPES, Event
-from agent.gates import Gates
 from agent.schedule import FixedDate, Recurrence, Selection, parse_fixed_date, parse_recurrence, select, validate_profiles
 from agent.tracker import Transition
 

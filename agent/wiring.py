@@ -102,7 +102,7 @@ class Parts:
             config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store, clock=clock,
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,
             on_change=callbacks.coordination_changed, gates=config.gates, local_health=self.health_json,
-            warning_as_error=config.health.consider_warning_as_error)
+            warning_as_error=config.health.consider_warning_as_error, health=self.health)
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
 
     def peer_token(self) -> str | None:
@@ -157,19 +157,22 @@ class Parts:
 
 
     def resolve_identity(self, attempts: int, cancel: threading.Event) -> str | None:
-        """Ask IMDS for compute.name (tenacity on the injected clock); None, reported, when it cannot tell."""
+        """Ask IMDS for this VM's compute identity (tenacity on the injected clock); its name, or None,
+        reported, when IMDS cannot tell."""
         retrying = retrying_on(self.clock, retry_if=is_transient, attempts=attempts, cancel=cancel,
                                maximum=min(10.0, self.config.imds.max_backoff))
         log = logs.get("daemon")
         try:
-            name: str = retrying(self.imds.compute_name)
+            identity = retrying(self.imds.compute_identity)
         except ImdsError as exc:
             log.error("identity.failed", error=str(exc), body=exc.body[:200] or None,
                       hint="set identity.name in the config if IMDS compute metadata is not available")
             self.health.set("imds", "identity", HealthState.ERROR, f"cannot learn this VM's name from IMDS: {exc}")
             return None
-        self.vm_name = name
-        log.info("identity.resolved", vm_name=name)
+        self.vm_name = name = identity.name
+        self.coordinator.identity = identity  # computer name and scale set: how peers are addressed
+        log.info("identity.resolved", vm_name=name, computer_name=identity.computer_name or None,
+                 scale_set=identity.scale_set or None)
         self.health.set("imds", "identity", HealthState.OK, f"this VM is {name}")
         return name
 

@@ -27,6 +27,18 @@ def test_check_config_exit_codes_and_message(write_config):
     assert "bad.yaml:2" in done.stderr and "poll_intervall" in done.stderr and "poll_interval" in done.stderr
 
 
+def test_check_config_shows_how_peers_are_reached_and_a_broken_peers_file(write_config, tmp_path):
+    peers_file = tmp_path / "peers.yaml"
+    peers_file.write_text("web_1: http://10.0.0.4:8088\nweb_2: http://10.0.0.5:8088\n")
+    cfg = write_config(f"coordination: {{peers_file: {peers_file}, peers: {{db-1: 'http://10.0.1.4:8088'}}}}\n")
+    done = maintd("check-config", str(cfg))
+    assert done.returncode == 0
+    assert "1 static entry" in done.stdout and f"{peers_file}: 2 entries" in done.stdout
+    assert "http://{computer_name}:8088" in done.stdout
+    peers_file.write_text("web_1: nope\n")
+    assert "PROBLEM" in maintd("check-config", str(cfg)).stdout
+
+
 def test_run_refuses_a_bad_config_with_exit_78(write_config):
     bad = write_config("handlers:\n  - {name: x, type: exce, phases: [scheduled]}\n")
     done = maintd("run", "--config", str(bad))

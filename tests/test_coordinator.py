@@ -11,6 +11,7 @@ import requests
 import responses
 
 from agent.config import CoordinationConfig
+from agent.coordination_rules import PeerState, acting_leader, liveness_interval, push_due, recheck_delay, watch_chain
 from agent.coordinator import Coordinator
 from agent.events import Event
 from agent.metrics import Metrics
@@ -193,13 +194,24 @@ def test_a_ready_hint_makes_the_leader_ask_again_at_once_and_approve_without_wai
     assert len(changes) >= 2, "the hint and the peer turning ready each wake the loop"
 
 
-def test_a_non_leader_tells_the_leader_when_it_becomes_ready(tmp_path, clock, peers):
+def test_a_ready_follower_pushes_to_the_leader_until_it_takes_it_and_then_never_again(tmp_path, clock, peers):
+    """vm2 (rank 1) pushes its readiness once it is ready, retries a failed push later, stops after success."""
     coord, _, _ = setup(tmp_path, clock)
-    peers.post(f"{peer('vm1')}/v1/events/E1/peer-ready", json={"asked_again": True}, status=202)
-    coord.tell_leader("E1", "vm1", "vm2")
-    assert coord.wait_idle(5)
-    call = next(c for c in peers.calls if c.request.method == "POST")
-    assert json.loads(call.request.body) == {"vm": "vm2"}
+    t = tracked(clock, ["vm1", "vm2", "vm3"])
+    answer(peers, "vm1", ready=False)
+    push = f"{peer('vm1')}/v1/events/E1/peer-ready"
+    peers.post(push, status=503)
+    step(coord, t, "vm2", pending=lambda t: ["checkpoint"])
+    assert not [c for c in peers.calls if c.request.method == "POST"], "no push while still preparing"
+    step(coord, t, "vm2")
+    peers.replace(responses.POST, push, json={"asked_again": True}, status=202)
+    for _ in range(10):
+        clock.advance(1)
+        step(coord, t, "vm2")
+    posts = [c for c in peers.calls if c.request.method == "POST"]
+    assert [c.response.status_code for c in posts] == [503, 202]
+    assert json.loads(posts[-1].request.body) == {"vm": "vm2"}
+    assert coord.view("E1")["readiness_pushed_to"] == "vm1"
 
 
 def test_many_events_ask_a_peer_one_request_at_a_time_and_peers_in_parallel(tmp_path, clock, peers):
@@ -237,3 +249,15 @@ def test_many_events_ask_a_peer_one_request_at_a_time_and_peers_in_parallel(tmp_
     assert len(threads["vm2"] | threads["vm3"]) <= 2, "more asking threads than peers"
     step(coord, events, "vm1")
     assert sorted(eid for batch in sent for eid in batch) == sorted(events)
+
+
+def test_coordination_rules_cadence_and_chain():
+    """The pure rules: backoff doubles to the cap, the chain stops at the first answering peer, pushes repeat."""
+    assert [recheck_delay(n, 1.0, 10.0) for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+    assert liveness_interval(1.0, 60.0) == 5.0 and liveness_interval(1.0, 2.0) == 1.0
+    down = PeerState(failing_since=0.0)
+    assert watch_chain(["a", "b", "c"], {"a": down}) == ["a", "b"]
+    assert acting_leader(["a", "b"], {"a": down, "b": down}) is None
+    assert push_due("a", None, None, float("-inf"), 0.0, 5.0)
+    assert not push_due("a", None, "a", 0.0, 1.0, 5.0) and push_due("a", None, "a", 0.0, 5.0, 5.0)
+    assert not push_due("a", "a", "a", 0.0, 99.0, 5.0) and push_due("b", "a", "a", 0.0, 1.0, 5.0)

@@ -400,13 +400,26 @@ def test_compute_metadata_names_the_vm(make, session):
     _, urls = make(("vm-1", "vm-2"))
     compute = get(session, urls["vm-2"], "2021-02-01", path="/metadata/instance/compute").json()
     assert compute["name"] == "vm-2" and compute["resourceId"].endswith("/virtualMachines/vm-2")
-    assert all(isinstance(v, str) for v in compute.values())
+    assert all(isinstance(v, str) for v in compute.values() if not isinstance(v, dict))
+    assert all(isinstance(v, str) for v in compute["osProfile"].values())
     leaf = get(session, urls["vm-2"], "2021-02-01", path="/metadata/instance/compute/name",
                params={"format": "text"})
     assert (leaf.status_code, leaf.text, leaf.headers["Content-Type"]) == (200, "vm-2", "text/plain; charset=utf-8")
     assert get(session, urls["vm-2"], "2021-02-01", path="/metadata/instance/compute/name").status_code == 400
     assert get(session, urls["vm-2"], None, path="/metadata/instance/compute").json() == ERR_VERSION
     assert "2021-02-01" in get(session, urls["vm-2"], None, path="/metadata/versions").json()["apiVersions"]
+
+
+def test_a_uniform_scale_set_vm_has_its_scale_set_and_base36_computer_name(make, session):
+    """`web_15` is instance 15 of scale set `web`: computer name web00000f; `vm-1` is a plain VM."""
+    _, urls = make(("web_15", "vm-1"))
+    compute = get(session, urls["web_15"], "2021-02-01", path="/metadata/instance/compute").json()
+    assert (compute["vmScaleSetName"], compute["osProfile"]["computerName"]) == ("web", "web00000f")
+    leaf = get(session, urls["web_15"], "2021-02-01", path="/metadata/instance/compute/osProfile/computerName",
+               params={"format": "text"})
+    assert leaf.text == "web00000f"
+    plain = get(session, urls["vm-1"], "2021-02-01", path="/metadata/instance/compute").json()
+    assert (plain["vmScaleSetName"], plain["osProfile"]["computerName"]) == ("", "vm-1")
 
 
 # --- rate limit and ETag ---------------------------------------------------------------------

@@ -9,9 +9,8 @@ import responses
 from agent.config import CoordinationConfig, loads
 from agent.coordinator import Coordinator
 from agent.errors import ConfigError
-from agent.gates import (
+from agent.coordination_rules import (
     FleetGate,
-    GateChecker,
     Gates,
     PrometheusGate,
     allowed_unhealthy,
@@ -19,7 +18,9 @@ from agent.gates import (
     fleet_verdict,
     peer_state,
 )
+from agent.gates import GateChecker
 from agent.metrics import Metrics
+from agent.peers import PeerClient
 from agent.policy import Profile
 from agent.state import Store
 from tests.test_coordinator import peer, step, tracked
@@ -100,10 +101,9 @@ def test_bad_gates_are_refused_naming_the_key(text, key):
 
 # --- the checker -------------------------------------------------------------------------------
 
-def checker(local=None):
-    s = requests.Session()
-    s.trust_env = False
-    return GateChecker(s, lambda n: peer(n), lambda: None, lambda: local or {"HealthEvents": []}, 1.0, 4)
+def checker(local=None, metrics=None):
+    return GateChecker(PeerClient(lambda: None, 1.0, 4), lambda n: peer(n), lambda: local or {"HealthEvents": []},
+                       4, metrics or Metrics())
 
 
 @responses.activate
@@ -176,4 +176,52 @@ def test_a_profile_without_gates_overrides_nothing_and_one_with_gates_replaces_t
     step(coord, tracked(clock, ["vm1"]), "vm1", profile=strict)
     assert sent == []
     step(coord, tracked(clock, ["vm1"]), "vm1", profile=Profile(name="default", approval="auto"))
+    assert sent == [["E1"]]
+
+
+# --- odd answers (finding 7) ---------------------------------------------------------------------
+
+@responses.activate
+@pytest.mark.parametrize("alerts,query", [({"data": {"alerts": 5}}, None), ({"data": []}, None),
+                                          ({"data": {"alerts": []}}, {"data": {"result": 5}}),
+                                          ({"data": {"alerts": [{"state": "firing", "labels": []}]}},
+                                           {"data": {"result": {"x": 1}}})])
+def test_an_odd_prometheus_answer_holds_is_counted_and_does_not_raise(alerts, query):
+    responses.get(f"{PROM}/api/v1/alerts", json=alerts)
+    responses.get(f"{PROM}/api/v1/query", json=query)
+    metrics = Metrics()
+    held = checker(metrics=metrics).check(Gates(prometheus=PrometheusGate(url=PROM, alerts=("X",), query="up")),
+                                          "E1", ["vm1"], "vm1", False)
+    assert held and held.gate == "prometheus"
+    assert metrics.gate_check_failures.labels("prometheus")._value.get() == 1
+
+
+@responses.activate
+def test_a_peer_health_state_that_is_a_list_makes_it_unhealthy_not_a_crash():
+    responses.get(f"{peer('vm2')}/v1/health", json={"HealthEvents": [{"SourceId": "app", "HealthState": ["Ok"]}]})
+    held = checker().check(Gates(fleet=FleetGate(max_percent_unhealthy=0)), "E1", ["vm1", "vm2"], "vm1", False)
+    assert held and "vm2 (unhealthy)" in held.reason
+
+
+def test_a_gate_that_raises_holds_the_approval_and_is_asked_again_on_the_next_tick(tmp_path, clock, logs):
+    """Anything unforeseen while reading a gate: held, logged, counted; once it answers, the POST goes out."""
+    sent: list[list[str]] = []
+    metrics = Metrics()
+    coord = Coordinator(CoordinationConfig(), approve=sent.append, store=Store(tmp_path, clock), clock=clock,
+                        metrics=metrics, gates=Gates(fleet=FleetGate(max_percent_unhealthy=0)))
+    failing = [True]
+
+    def local_health():
+        if failing[0]:
+            raise TypeError("odd")
+        return {"HealthEvents": []}
+
+    coord.gate_checker.local_health = local_health
+    t = tracked(clock, ["vm1"])
+    step(coord, t, "vm1")
+    assert sent == [] and coord.view("E1")["approval_held"]["gate"] == "fleet"
+    assert metrics.gate_check_failures.labels("fleet")._value.get() == 1
+    assert any(e["event"] == "gate.check_failed" for e in logs)
+    failing[0] = False
+    step(coord, t, "vm1")
     assert sent == [["E1"]]

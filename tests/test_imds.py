@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent.addressing import Identity
 from agent.errors import ImdsRequestRejected, ImdsUnavailable
 from agent.imds import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult, next_poll_delay, parse_retry_after
 from agent.metrics import Metrics
@@ -64,7 +65,7 @@ def test_proxy_variables_are_ignored(imds, client, monkeypatch):
         imds.get("/metadata/instance/compute", json={"name": "vm1"})
         client.get_document()
         client.approve(["E1"])
-        assert client.compute_name() == "vm1"
+        assert client.compute_identity().name == "vm1"
         assert len(imds.calls) == 3 and proxy.calls == [] and proxy.connections == 0
     finally:
         proxy.close()
@@ -215,10 +216,11 @@ def test_approve_posts_start_requests(imds, client):
     assert call.headers["metadata"] == "true" and call.query == {"api-version": "2020-07-01"}
 
 
-def test_compute_name(imds, client):
-    """The VM's own name comes from compute metadata."""
-    imds.get("/metadata/instance/compute", json={"name": "vmss_7", "vmId": "x"})
-    assert client.compute_name() == "vmss_7"
+def test_compute_identity(imds, client):
+    """The VM's own name, computer name and scale set come from compute metadata."""
+    imds.get("/metadata/instance/compute", json={"name": "vmss_7", "vmId": "x", "vmScaleSetName": "vmss",
+                                                 "osProfile": {"computerName": "vmss000007"}})
+    assert client.compute_identity() == Identity("vmss_7", "vmss000007", "vmss")
     assert imds.calls[0].query == {"api-version": "2021-02-01"}
 
 
@@ -234,7 +236,7 @@ def test_compute_answers_that_cannot_be_used_fail_the_request_and_nothing_else(i
     """Any compute answer without a usable name (deep nesting, wrong shape, absurd name) is an ImdsError."""
     imds.get("/metadata/instance/compute", body=body.encode("latin-1"))
     with pytest.raises(ImdsUnavailable):
-        client.compute_name()
+        client.compute_identity()
 
 
 def test_requests_to_real_imds_are_spaced_under_its_rate_limit(imds, clock, monkeypatch):

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from agent import wiring
+from agent.addressing import Identity
 from agent.daemon import build
 from agent.health import HealthState
 from agent.imds import PollResult
@@ -30,8 +31,8 @@ class CountingImds:
         self.polls.append(self.clock.monotonic())
         return PollResult(document=Document(incarnation=1, events=()), unchanged=False, duration=0.0)
 
-    def compute_name(self) -> str:
-        return "vm-auto"
+    def compute_identity(self) -> Identity:
+        return Identity("vm-auto", "vm-auto", "")
 
 
 BASE = "identity: {{name: vm1}}\nstate: {{dir: {dir}}}\n"

@@ -52,6 +52,21 @@ HANG_POLL = 0.02
 """Seconds between checks of a hanging request (fault cleared or expired, client gone, emulator stopping)."""
 
 
+def uniform_names(vm: str) -> tuple[str, str]:
+    """(vmScaleSetName, osProfile.computerName) Azure gives a VM: `web_3` is instance 3 of Uniform scale set
+    `web`, computer name `web` + the id in base 36 on 6 digits (`web000003`); any other name is a plain VM."""
+    scale_set, sep, number = vm.rpartition("_")
+    if not sep or not scale_set or not number.isdigit():
+        return "", vm
+    n, digits = int(number), ""
+    while True:
+        n, d = divmod(n, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
+        if not n:
+            break
+    return scale_set, scale_set + digits.rjust(6, "0")
+
+
 class TokenBucket:
     """IMDS's per-VM limit: `rate` requests per second, bursts up to `rate` (at least one)."""
 
@@ -294,14 +309,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         compute = self.server.compute()
         if path == INSTANCE_PATH:
             return self._json(200, {"compute": compute, "network": {"interface": []}})
-        leaf = path[len(COMPUTE_PATH):].strip("/")
-        if not leaf:
-            return self._json(200, compute)
-        if leaf not in compute:
-            return self._json(404, error_body(404))
+        node: Any = compute
+        for part in [p for p in path[len(COMPUTE_PATH):].split("/") if p]:
+            if not isinstance(node, dict) or part not in node:
+                return self._json(404, error_body(404))
+            node = node[part]
+        if isinstance(node, dict):
+            return self._json(200, node)
         if params.get("format") != "text":
             return self._json(400, ERR_LEAF)
-        self._send(200, compute[leaf].encode(), "text/plain; charset=utf-8")
+        self._send(200, node.encode(), "text/plain; charset=utf-8")
 
     # --- admin -------------------------------------------------------------------------------
 
@@ -348,11 +365,14 @@ class VmServer(http.server.ThreadingHTTPServer):
         """Take a token from this VM's bucket (always True without a rate limit)."""
         return self.bucket is None or self.bucket.take(self.emulator.clock.monotonic())
 
-    def compute(self) -> dict[str, str]:
+    def compute(self) -> dict[str, Any]:
         """`compute` metadata: every primitive a string, as IMDS sends it."""
         group = "maintd-emulator"
+        scale_set, computer_name = uniform_names(self.vm)
         return {"name": self.vm, "location": "westeurope", "vmId": self.vm_id, "vmSize": "Standard_D2s_v5",
-                "osType": "Linux", "zone": "", "vmScaleSetName": "", "platformFaultDomain": "0",
+                "osType": "Linux", "zone": "", "vmScaleSetName": scale_set, "platformFaultDomain": "0",
+                "osProfile": {"adminUsername": "azureuser", "computerName": computer_name,
+                              "disablePasswordAuthentication": "true"},
                 "platformUpdateDomain": str(self.index % 5), "resourceGroupName": group,
                 "subscriptionId": "00000000-0000-0000-0000-000000000000",
                 "resourceId": f"/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/{group}"

@@ -1,0 +1,107 @@
+"""Every HTTP call maintd makes to a peer or a gate: readiness asks, readiness pushes, health reads, Prometheus.
+
+One keep-alive `requests.Session` with `trust_env = False` (a proxy never sits between peers) and
+no adapter-level retries: the coordinator's cadence is the retry. The shared bearer token goes
+only with requests to peer URLs (which `addressing` built from the configured map, file or
+template), never to Prometheus. Answers are parsed with `jsonsafe` (size and depth capped), and
+anything unexpected is an answer of the wrong shape, never an exception for the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from agent import jsonsafe
+from agent.addressing import event_url
+
+MAX_ANSWER_BYTES = 256 * 1024
+MAX_PROMETHEUS_BYTES = 8 * 1024 * 1024
+READY, NOT_READY, UNREACHABLE, INVALID = "ready", "not_ready", "unreachable", "invalid"
+"""Outcomes of a readiness ask (the `outcome` label of maintd_peer_requests_total)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A peer's answer to `GET /v1/events/{id}`: the outcome and a short readable detail."""
+
+    outcome: str
+    detail: str
+
+    @property
+    def ready(self) -> bool:
+        return self.outcome == READY
+
+    @property
+    def reachable(self) -> bool:
+        return self.outcome != UNREACHABLE
+
+
+def readiness(status: int, body: bytes) -> Answer:
+    """What a peer's answer means: ready only for a 200 whose JSON object says `"ready": true`."""
+    if status == 404:
+        return Answer(NOT_READY, "has not seen the event yet")
+    if status != 200:
+        return Answer(UNREACHABLE, f"answered {status}")
+    try:
+        parsed = jsonsafe.loads(body, max_bytes=MAX_ANSWER_BYTES)
+    except ValueError as exc:
+        return Answer(INVALID, f"answer is not JSON: {str(exc)[:80]}")
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("ready"), bool):
+        return Answer(INVALID, 'answer has no "ready": true/false')
+    return Answer(READY, "ready") if parsed["ready"] else Answer(NOT_READY, "preparing")
+
+
+class PeerClient:
+    """HTTP to peers and gates on one session; thread-safe (requests' pool is)."""
+
+    def __init__(self, token_reader: Callable[[], str | None], timeout: float, pool_size: int) -> None:
+        self.token_reader = token_reader
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.session.trust_env = False
+        adapter = HTTPAdapter(pool_connections=pool_size, pool_maxsize=pool_size, max_retries=0)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
+
+    def _headers(self) -> dict[str, str]:
+        token = self.token_reader()
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def ask(self, base: str, event_id: str) -> Answer:
+        """Whether the peer at `base` is ready for the event."""
+        try:
+            r = self.session.get(event_url(base, event_id), headers=self._headers(), timeout=self.timeout)
+            return readiness(r.status_code, r.content)
+        except (requests.RequestException, ValueError) as exc:
+            return Answer(UNREACHABLE, type(exc).__name__)
+        except Exception as exc:  # whatever else the exchange raised, it is not a ready peer; asked again later
+            return Answer(INVALID, f"{type(exc).__name__}: {str(exc)[:80]}")
+
+    def push_ready(self, base: str, event_id: str, vm_name: str) -> bool:
+        """Tell the peer at `base` (the acting leader) that this VM is ready; True when it took the message."""
+        try:
+            r = self.session.post(event_url(base, event_id, "/peer-ready"), json={"vm": vm_name},
+                                  headers=self._headers(), timeout=self.timeout)
+            return 200 <= r.status_code < 300
+        except Exception:  # a push is retried until taken; nothing it met may stop the lane
+            return False
+
+    def health(self, base: str) -> Any:
+        """The peer's `/v1/health` JSON; raises requests.RequestException or ValueError when there is none."""
+        r = self.session.get(f"{base}/v1/health", headers=self._headers(), timeout=self.timeout)
+        r.raise_for_status()
+        return jsonsafe.loads(r.content, max_bytes=MAX_ANSWER_BYTES)
+
+    def prometheus(self, base: str, path: str, timeout: float, params: dict[str, str] | None = None) -> Any:
+        """A Prometheus API answer's JSON (no peer token); raises requests.RequestException or ValueError."""
+        r = self.session.get(f"{base.rstrip('/')}{path}", params=params, timeout=timeout)
+        r.raise_for_status()
+        return jsonsafe.loads(r.content, max_bytes=MAX_PROMETHEUS_BYTES)
+
+    def close(self) -> None:
+        """Close the pooled connections."""
+        self.session.close()

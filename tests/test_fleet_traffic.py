@@ -1,0 +1,191 @@
+"""O(N) coordination: who asks whom, how often, and what a push or a garbage answer changes."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+import responses
+
+from agent.config import CoordinationConfig
+from agent.coordinator import Coordinator
+from agent.health import HealthStore
+from agent.metrics import Metrics
+from agent.peers import INVALID
+from agent.state import Store
+from tests.test_coordinator import answer, peer, setup, step, tracked
+
+VMS = [f"vm{i}" for i in range(1, 7)]
+
+
+@pytest.fixture
+def peers():
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
+        yield rsps
+
+
+def asks(peers, name: str, eid: str = "E1") -> int:
+    return sum(1 for c in peers.calls if c.request.method == "GET" and c.request.url == f"{peer(name)}/v1/events/{eid}")
+
+
+def run(coord, t, vm, clock, seconds: int, pending=lambda t: []) -> None:
+    for _ in range(seconds):
+        step(coord, t, vm, pending=pending)
+        clock.advance(1)
+
+
+def test_the_leader_asks_a_slow_peer_with_backoff_not_every_second(tmp_path, clock, peers):
+    """A peer preparing for two minutes is asked about a dozen times, not 120; nobody else polls it."""
+    coord, sent, _ = setup(tmp_path, clock)
+    t = tracked(clock, VMS)
+    for name in VMS[1:]:
+        answer(peers, name, ready=name != "vm6")
+    run(coord, t, "vm1", clock, 120)
+    assert asks(peers, "vm2") == 1, "a ready peer is asked once"
+    assert 5 <= asks(peers, "vm6") <= 20
+    assert sent == []
+
+
+def test_a_follower_asks_only_the_leader_and_only_every_few_seconds(tmp_path, clock, peers):
+    """vm4 (rank 3) watches the leader alone while it answers: no requests to vm2, vm3, vm5, vm6."""
+    coord, _, _ = setup(tmp_path, clock)
+    t = tracked(clock, VMS)
+    for name in VMS:
+        answer(peers, name, ready=False)
+    peers.post(f"{peer('vm1')}/v1/events/E1/peer-ready", json={"asked_again": True})
+    run(coord, t, "vm4", clock, 60)
+    assert [asks(peers, n) for n in ("vm2", "vm3", "vm5", "vm6")] == [0, 0, 0, 0]
+    assert 10 <= asks(peers, "vm1") <= 15, "every liveness interval (takeover_after / 4, at most 5 s)"
+    assert sum(1 for c in peers.calls if c.request.method == "POST") == 1, "one push to the leader"
+
+
+def test_a_follower_takes_over_within_takeover_after_of_the_leaders_last_answer(tmp_path, clock, peers):
+    """The leader answers, then dies: vm2 approves takeover_after (60 s) after its last answer, not later."""
+    coord, sent, _ = setup(tmp_path, clock)
+    t = tracked(clock, ["vm1", "vm2"])
+    answer(peers, "vm1", ready=True)
+    peers.post(f"{peer('vm1')}/v1/events/E1/peer-ready", json={})
+    run(coord, t, "vm2", clock, 10)
+    last_answer = 5  # asked at 0 and 5; dead from 6 s on
+    peers.replace(responses.GET, f"{peer('vm1')}/v1/events/E1", body=requests.ConnectionError("down"))
+    for second in range(10, 80):
+        step(coord, t, "vm2")
+        if sent:
+            break
+        clock.advance(1)
+    assert sent == [["E1"]]
+    assert last_answer + 60 <= second <= last_answer + 62
+
+
+def test_a_follower_pushes_to_rank_1_once_the_leader_is_gone(tmp_path, clock, peers):
+    """vm3 learns vm1 is unreachable and tells vm2, the next in the chain, that it is ready."""
+    coord, _, _ = setup(tmp_path, clock)
+    t = tracked(clock, ["vm1", "vm2", "vm3"])
+    answer(peers, "vm1", status=0)
+    answer(peers, "vm2", ready=False)
+    peers.post(f"{peer('vm2')}/v1/events/E1/peer-ready", json={"asked_again": True})
+    run(coord, t, "vm3", clock, 5)
+    assert coord.view("E1")["readiness_pushed_to"] == "vm2"
+    assert coord.view("E1")["acting_leader"] == "vm2"
+
+
+def test_a_flood_of_hints_makes_the_leader_ask_at_most_once_per_poll_interval(tmp_path, clock, peers):
+    """Unauthenticated pushes cannot make the leader hammer a peer: 100 hints, one extra ask."""
+    coord, _, _ = setup(tmp_path, clock)
+    t = tracked(clock, ["vm1", "vm2"])
+    answer(peers, "vm2", ready=False)
+    step(coord, t, "vm1")
+    clock.advance(0.5)
+    accepted = 0
+    for _ in range(100):
+        accepted += coord.hint("E1", "vm2")
+        step(coord, t, "vm1")
+    assert accepted == 1 and asks(peers, "vm2") == 2
+
+
+@pytest.mark.parametrize("body", ['{"ready": "yes"}', '[true]', '{"ready": 1}', "ready", "[" * 5000 + "]" * 5000,
+                                  '{"ready": true' + " " * 300_000 + "}"])
+def test_a_garbage_answer_counts_as_not_ready_and_is_counted(tmp_path, clock, peers, body, logs):
+    """A peer answering 200 with nonsense is never ready: no approval, outcome `invalid`, one log line."""
+    coord, sent, _ = setup(tmp_path, clock)
+    t = tracked(clock, ["vm1", "vm2"])
+    peers.get(f"{peer('vm2')}/v1/events/E1", body=body, status=200)
+    run(coord, t, "vm1", clock, 5)
+    assert sent == []
+    assert coord.metrics.peer_requests.labels(INVALID)._value.get() >= 1
+    assert coord.view("E1")["peers"]["vm2"]["ready"] is False
+    assert len([e for e in logs if e["event"] == "peer.invalid_answer"]) == 1
+
+
+def test_resource_names_that_are_not_host_names_get_no_request_and_no_token(tmp_path, clock, peers):
+    """`127.0.0.1:19999/steal?x=` in Resources is never turned into an address: it stays unreachable."""
+    coord, sent, _ = setup(tmp_path, clock)
+    coord.client.token_reader = lambda: "secret"
+    t = tracked(clock, ["vm1", "127.0.0.1:19999/steal?x=", "a/../b"])
+    run(coord, t, "vm1", clock, 3)
+    assert [c.request.url for c in peers.calls] == [] and sent == []
+    assert "not a host name" in coord.view("E1")["peers"]["a/../b"]["detail"]
+
+
+def test_a_healthy_fleet_of_six_sends_one_post(tmp_path, clock, peers):
+    """Every follower ready: the leader approves once, after one ask per peer."""
+    coord, sent, _ = setup(tmp_path, clock)
+    t = tracked(clock, VMS)
+    for name in VMS[1:]:
+        answer(peers, name, ready=True)
+    run(coord, t, "vm1", clock, 5)
+    assert sent == [["E1"]]
+    assert len(peers.calls) == len(VMS) - 1
+
+
+def test_peers_file_problems_are_reported_in_health_and_a_fix_is_used_at_once(tmp_path, clock, peers, logs):
+    """A broken peers file keeps the last good map (Warning health report); the fixed one is asked at once."""
+    path = tmp_path / "peers.yaml"
+    path.write_text("vm2: http://old.invalid:1\n")
+    health = HealthStore(clock)
+    sent: list = []
+    coord = Coordinator(CoordinationConfig(peers_file=str(path)), approve=sent.append, store=Store(tmp_path, clock),
+                        clock=clock, metrics=Metrics(), health=health)
+    peers.get("http://old.invalid:1/v1/events/E1", body=requests.ConnectionError("down"))
+    peers.get("http://new.invalid:2/v1/events/E1", json={"ready": True})
+    t = tracked(clock, ["vm1", "vm2"])
+    run(coord, t, "vm1", clock, 20)
+    path.write_text("vm2: [broken\n")
+    step(coord, t, "vm1")
+    assert any(e.report.source_id == "coordination" for e in health.snapshot()), "a Warning report names the file"
+    assert coord.address("vm2").url == "http://old.invalid:1"
+    path.write_text("vm2: http://new.invalid:2\n")
+    step(coord, t, "vm1")
+    step(coord, t, "vm1")
+    assert sent == [["E1"]], "the new address was asked at once, not after the backoff"
+    assert not any(e.report.source_id == "coordination" for e in health.snapshot())
+    assert [e["event"] for e in logs if e["event"].startswith("peers_file.")] == \
+        ["peers_file.loaded", "peers_file.invalid", "peers_file.loaded"]
+
+
+def test_a_leader_blip_starts_no_storm_but_a_long_outage_warms_the_next_leader(tmp_path, clock, peers):
+    """vm2 sees the leader fail once: it asks nobody else. Only after half of takeover_after does it
+    start asking the higher-ranked peers, so it knows who is ready when it takes over."""
+    coord, sent, _ = setup(tmp_path, clock)
+    t = tracked(clock, VMS)
+    answer(peers, "vm1", status=0)
+    for name in VMS[2:]:
+        answer(peers, name, ready=True)
+    run(coord, t, "vm2", clock, 25)
+    assert sum(asks(peers, n) for n in VMS[2:]) == 0
+    run(coord, t, "vm2", clock, 10)
+    assert all(asks(peers, n) == 1 for n in VMS[2:])
+    assert sent == []
+    run(coord, t, "vm2", clock, 30)
+    assert sent == [["E1"]]
+
+
+def test_an_exception_nobody_foresaw_while_asking_is_not_ready_and_the_peer_is_asked_again(tmp_path, clock, peers):
+    """Finding 7 for peers: a TypeError deep in the exchange is `invalid`, and the peer is not stuck in flight."""
+    coord, sent, _ = setup(tmp_path, clock)
+    t = tracked(clock, ["vm1", "vm2"])
+    peers.get(f"{peer('vm2')}/v1/events/E1", body=TypeError("odd"))
+    run(coord, t, "vm1", clock, 3)
+    assert coord.metrics.peer_requests.labels(INVALID)._value.get() >= 2 and sent == []
+    peers.replace(responses.GET, f"{peer('vm2')}/v1/events/E1", json={"ready": True})
+    run(coord, t, "vm1", clock, 5)
+    assert sent == [["E1"]]
