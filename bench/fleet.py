@@ -101,6 +101,11 @@ class Sampler:
         return {"threads_max": self.threads, "rss_mb_max": round(self.rss_mb, 1)}
 
 
+def rounded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-event rows for the JSON, floats to 3 decimals."""
+    return [{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()} for row in rows]
+
+
 def approval_sent(agents: dict[str, Agent], event_id: str) -> str | None:
     """The VM whose agent logged `approval.sent` for the event, if any did."""
     return next((vm for vm, a in agents.items() if a.events("approval.sent")
@@ -224,7 +229,7 @@ def real_fleet(n: int, events: int, kind: str, rng: random.Random) -> dict[str, 
             "posts_per_event": list(posts.values()),
             "cpu_pct_median": {k: round(statistics.median(e[k] for e in per_event), 1)
                                for k in ("cpu_leader_pct", "cpu_follower_pct", "cpu_followers_median_pct")},
-            "per_event": [{k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()} for e in per_event]}
+            "per_event": rounded(per_event)}
 
 
 # --- part 2: simulated fleet -----------------------------------------------------------------
@@ -413,7 +418,7 @@ def simulated_fleet(n: int, spread: float, events: int, kind: str, rng: random.R
             "leader": {**leader, "cpu_pct_median": round(med("cpu_leader_pct"), 1)},
             "follower_cpu_pct_median": round(med("cpu_follower_pct"), 1),
             "standin_cpu_s": round(standin_cpu, 1), "takeovers": takeovers, "posts_per_event": list(posts.values()),
-            "per_event": [{k: round(v, 3) if isinstance(v, float) else v for k, v in e.items()} for e in per_event]}
+            "per_event": rounded(per_event)}
 
 
 # --- figures and checks ----------------------------------------------------------------------
