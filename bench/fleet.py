@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import yaml
 
-from bench.common import cpu_seconds, percentile, summary, write
+from bench.common import cpu_seconds, summary, write, write_summary
 from tests.e2e.harness import CLEAN_ENV, Agent, Emulator, free_port, http, wait_until
 
 NOT_PEER_ROUTES = frozenset({"metrics", "healthz", "probe"})
@@ -494,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="N=5 and 50 simulated, into bench/results/quick/")
     args = p.parse_args(argv)
     run(args.quick, args.n, args.simulated, args.events, args.addressing)
+    print(f"summary: {write_summary(args.quick)}")
     return 0
 
 
