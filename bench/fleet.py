@@ -315,6 +315,7 @@ def simulated_event(fleet: SimulatedFleet, rng: random.Random, spread: float) ->
     """One event the leader approves once the last simulated peer turns ready; the figures of its window."""
     f, leader, follower = fleet, fleet.leader, fleet.follower
     before = {vm: peer_counts(a) for vm, a in f.agents.items()}
+    asked0 = f.standin.stats("")["requests_by_src"]
     cpu0 = {vm: cpu_seconds(a.proc.pid) for vm, a in f.agents.items()}
     t0, m0 = time.time(), time.monotonic()
     eid = f.add_event(rng, spread)
@@ -329,11 +330,11 @@ def simulated_event(fleet: SimulatedFleet, rng: random.Random, spread: float) ->
     t_post = post_time(f.emu, sender, eid)
     ready = max(stats["last_ready_wall"], hook_ends(f.hooks, eid, [leader, follower]))
     received = {vm: after[vm]["in"] - before[vm]["in"] for vm in f.agents}
+    asked = {src: n - asked0.get(src, 0) for src, n in stats["requests_by_src"].items()}
     # The leader's requests: to simulated peers, and to the real follower (all that the follower received).
-    leader_out = stats["asks"].get("L", 0) + stats["hints_received"].get("L", 0) + received[follower]
+    leader_out = asked.get("L", 0) + received[follower]
     # The follower's: to simulated peers, and to the leader (what it received, less the simulated pushes).
-    follower_out = (stats["asks"].get("F", 0) + stats["hints_received"].get("F", 0)
-                    + received[leader] - stats["pushes"].get("ok", 0))
+    follower_out = asked.get("F", 0) + received[leader] - stats["pushes"].get("ok", 0)
     polls = [r["time"] for r in f.emu.requests(leader) if "scheduledevents" in r["path"] and t0 <= r["time"] <= t_post]
     gaps = [b - a for a, b in zip(polls, polls[1:])]
     n = len(f.names)

@@ -55,6 +55,8 @@ class Standin:
     def __init__(self) -> None:
         self.events: dict[str, SimEvent] = {}
         self.unknown = 0
+        self.by_src: Counter[str] = Counter()
+        """src -> every request to a simulated peer, whatever its path or event (from start)."""
 
     def schedule(self, loop: asyncio.AbstractEventLoop, body: dict[str, Any]) -> dict[str, Any]:
         event = self.events.setdefault(str(body["event_id"]), SimEvent(leaders=list(body.get("leaders", []))))
@@ -95,19 +97,20 @@ class Standin:
 
     def stats(self, event_id: str) -> dict[str, Any]:
         event = self.events.get(event_id)
+        totals = {"requests_by_src": dict(self.by_src), "unknown_requests": self.unknown}
         if event is None:
-            return {"event_id": event_id, "known": False, "unknown_requests": self.unknown}
+            return {"event_id": event_id, "known": False, **totals}
         counts = sorted(event.per_peer.values())
-        return {"event_id": event_id, "known": True, "scheduled": event.scheduled, "ready": len(event.ready_wall),
+        return {"event_id": event_id, "known": True, **totals, "scheduled": event.scheduled, "ready": len(event.ready_wall),
                 "last_ready_wall": max(event.ready_wall.values(), default=None),
                 "asks": dict(event.asks), "asks_after_ready": dict(event.asks_after_ready),
                 "hints_received": dict(event.hints_received), "pushes": dict(event.pushes),
                 "asks_per_peer_max": counts[-1] if counts else 0,
-                "asks_per_peer_median": counts[len(counts) // 2] if counts else 0,
-                "unknown_requests": self.unknown}
+                "asks_per_peer_median": counts[len(counts) // 2] if counts else 0}
 
     def peer(self, method: str, src: str, vm: str, rest: list[str]) -> tuple[int, dict[str, Any]]:
         """A simulated peer's answer to `{method} /{src}/p/{vm}/{rest...}`."""
+        self.by_src[src] += 1
         if len(rest) < 3 or rest[:2] != ["v1", "events"]:
             return 404, {"error": "no such endpoint"}
         event = self.events.get(rest[2])

@@ -65,5 +65,6 @@ def test_simulated_peers_turn_ready_push_to_the_acting_leader_and_are_counted_pe
 
     stats = standin.stats("E1")
     assert stats["asks"] == {"L": 2, "F": 1}
+    assert stats["requests_by_src"] == {"L": 3, "F": 1}  # every request, whatever its event or path
     assert stats["ready"] == 1 and stats["last_ready_wall"] is not None
     assert stats["pushes"] == {"ok": 1}
