@@ -155,10 +155,10 @@ def start_agents(specs: dict[str, Callable[[], Agent]]) -> dict[str, Agent]:
         futures = {vm: pool.submit(make) for vm, make in specs.items()}
         concurrent.futures.wait(futures.values())
     agents = {vm: f.result() for vm, f in futures.items() if f.exception() is None}
-    failed = [f.exception() for f in futures.values() if f.exception() is not None]
-    if failed:
+    errors = [e for e in (f.exception() for f in futures.values()) if e is not None]
+    if errors:
         stop_all(agents)
-        raise failed[0]  # type: ignore[misc]
+        raise errors[0]
     return agents
 
 

@@ -57,6 +57,8 @@ class Standin:
         self.unknown = 0
         self.by_src: Counter[str] = Counter()
         """src -> every request to a simulated peer, whatever its path or event (from start)."""
+        self._pushing: set[asyncio.Task[None]] = set()
+        """Pushes under way (the loop keeps only weak references to tasks)."""
 
     def schedule(self, loop: asyncio.AbstractEventLoop, body: dict[str, Any]) -> dict[str, Any]:
         event = self.events.setdefault(str(body["event_id"]), SimEvent(leaders=list(body.get("leaders", []))))
@@ -69,7 +71,9 @@ class Standin:
     def _turn_ready(self, loop: asyncio.AbstractEventLoop, event_id: str, vm: str) -> None:
         event = self.events[event_id]
         event.ready_wall[vm] = time.time()
-        loop.create_task(self._push(event, event_id, vm))
+        task = loop.create_task(self._push(event, event_id, vm))
+        self._pushing.add(task)
+        task.add_done_callback(self._pushing.discard)
 
     async def _push(self, event: SimEvent, event_id: str, vm: str) -> None:
         """Tell the acting leader: the first leader that takes the connection (a dead one refuses it)."""
