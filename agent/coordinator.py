@@ -257,7 +257,7 @@ class Coordinator:
             state.mode, state.rule = mode, rule
             others = [r for r in t.event.resources if r.casefold() != vm_name.casefold()]
             lower, higher = others[:rank], others[rank:]
-            pending = local_pending(t) if mode == "auto" else []
+            pending = local_pending(t) if mode in ("auto", "manual") else []
             if t.event.status == "Scheduled" and mode in ("auto", "immediate") and not self._sent(event_id):
                 self._exchange(event_id, state, vm_name, lower, higher, mode == "auto", not pending, now)
             reachable = lower_reachable(lower, state.peers, now, s.takeover_after)

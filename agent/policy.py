@@ -196,6 +196,8 @@ def decide(*, mode: str, status: str, rank: int | None, already_sent: bool, manu
     if mode == "manual":
         if not manual_requested:
             return Decision(False, "waiting for an operator: maintd approve EVENT_ID")
+        if local_pending:  # the operator's go starts a held preparation; the event waits until it is done
+            return Decision(False, f"approved by an operator; waiting for local handlers: {', '.join(local_pending)}")
         return Decision(not dry_run, "approved by an operator" + (" (dry run: not sent)" if dry_run else ""))
     if lower_ranked_reachable:
         return Decision(False, f"not the leader: {', '.join(lower_ranked_reachable[:5])} ranked before this VM")
@@ -208,8 +210,6 @@ def decide(*, mode: str, status: str, rank: int | None, already_sent: bool, manu
     if dry_run:
         return Decision(False, "dry run: approval not sent")
     return Decision(True, "every affected VM is ready" if mode == "auto" else "immediate by policy")
-
-
 
 def phase_for(tr: Transition) -> str | None:
     """The handler phase a transition starts (None when there is none)."""

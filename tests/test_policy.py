@@ -54,6 +54,7 @@ BASE = dict(mode="auto", status="Scheduled", rank=0, already_sent=False, manual_
     ({"mode": "never"}, False, "never"),
     ({"mode": "manual"}, False, "maintd approve"),
     ({"mode": "manual", "manual_requested": True}, True, "operator"),
+    ({"mode": "manual", "manual_requested": True, "local_pending": ["drain"]}, False, "waiting for local handlers: drain"),
     ({"local_pending": ["checkpoint"]}, False, "checkpoint"),
     ({"peers_not_ready": ["vm2"]}, False, "vm2"),
     ({"lower_ranked_reachable": ["vm0"], "rank": 1}, False, "not the leader"),
