@@ -2,9 +2,10 @@
 
 The loop polls once per `imds.poll_interval` (deadline += interval, so 3600 polls take 3600 s
 ± one interval) and never waits on a handler, a peer or the disk: handlers and peer requests run on
-worker threads and report back through the state store. The IMDS request itself runs on a
-worker too, so the loop keeps pinging the systemd watchdog during IMDS's slow first answer and a
-SIGTERM is acted on at once. Signal handlers only set flags; the loop acts on them next tick.
+worker threads and report back through the state store. The IMDS request runs on the loop's own
+thread with one deadline for the whole exchange (a stop interrupts it at once); only IMDS's slow
+first answer, longer than a watchdog interval, waits on a thread of its own while the loop keeps
+pinging the systemd watchdog. Signal handlers only set flags; the loop acts on them next tick.
 
 The parts are built in `wiring.py`; what the loop reports (logs, metrics, health) is worded in
 `report.py`; what the HTTP API shows is read from the `LoopView` the loop publishes each tick.
@@ -12,7 +13,6 @@ The parts are built in `wiring.py`; what the loop reports (logs, metrics, health
 
 from __future__ import annotations
 
-import concurrent.futures
 import signal
 import threading
 from typing import Any
@@ -72,7 +72,6 @@ class Daemon:
         self._second_stop = threading.Event()
         self.reload_requested = threading.Event()
         self._coordinate_soon = threading.Event()
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="imds")
         self.profile: Profile | None = None
         self._update_profile()
         self.view = self._publish()
@@ -192,17 +191,31 @@ class Daemon:
         return transitions
 
     def _fetch(self) -> PollResult:
-        """Run the GET on the worker, pinging the watchdog while it is under way."""
-        future = self._pool.submit(self.parts.imds.get_document)
-        while True:
+        """The GET on the loop's own thread (it ends by its own deadline, or at once on a stop); only a
+        call longer than a watchdog interval (IMDS's slow first answer) waits on a thread of its own
+        while the loop keeps pinging the watchdog."""
+        imds = self.parts.imds
+        ping = self.notifier.watchdog_interval
+        if ping is None or imds.next_timeout <= ping:
+            return imds.get_document()
+        outcome: list[Any] = []
+
+        def call() -> None:
             try:
-                return future.result(timeout=1.0)
-            except concurrent.futures.TimeoutError:
-                self.notifier.watchdog(self.clock.monotonic())
-                self.last_tick = self.clock.monotonic()
-                self._publish()
-                if self.stop_requested.is_set():
-                    raise ImdsError("stopping during a poll") from None
+                outcome.append(imds.get_document())
+            except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it
+                outcome.append(exc)
+
+        worker = threading.Thread(target=call, name="imds-first", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(ping)
+            self.notifier.watchdog(self.clock.monotonic())
+            self.last_tick = self.clock.monotonic()
+            self._publish()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
 
     def _poll_succeeded(self, result: PollResult) -> list[Transition]:
         self.report.poll_succeeded()
@@ -332,7 +345,6 @@ class Daemon:
             self.tcp_probe.stop()
         if self.server is not None:
             self.server.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
         self.log.info("daemon.stopped", polls=self.polls)
 
 

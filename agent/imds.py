@@ -168,10 +168,15 @@ class ImdsClient:
             raise ImdsRequestRejected(f"IMDS rejected the request ({status})", status, body)
         raise ImdsUnavailable(f"IMDS answered {status}", status, body, retry_after)
 
+    @property
+    def next_timeout(self) -> float:
+        """The timeout of the next poll: `first_timeout` until IMDS has answered once, then `timeout`."""
+        return self.timeout if self._answered else max(self.timeout, self.first_timeout)
+
     def get_document(self) -> PollResult:
         """Poll Scheduled Events once within its timeout (connect, headers, body); raises ImdsError on any
         failure, including any answer that cannot be read as a document (never retries)."""
-        timeout = self.timeout if self._answered else max(self.timeout, self.first_timeout)
+        timeout = self.next_timeout
         start = self.clock.monotonic()
         reply = self._request("scheduledevents", self._poll, self._poll_request, timeout=timeout,
                               max_body=MAX_DOCUMENT_BYTES)

@@ -189,3 +189,39 @@ def test_a_prune_on_a_full_disk_is_reported_and_written_once_space_returns(tmp_p
         assert "gone" not in (tmp_path / "state.json").read_text()
     finally:
         d.shutdown()
+
+
+def test_the_watchdog_is_pinged_while_imds_takes_its_time_with_the_first_answer(tmp_path, imds):
+    """IMDS may take minutes to answer the first call: systemd must keep hearing from maintd meanwhile
+    (WatchdogSec would otherwise kill it), while steady polls run on the loop's own thread."""
+    import socket
+    import time
+
+    from agent.clock import SystemClock
+
+    address = str(tmp_path / "notify")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(address)
+    listener.settimeout(0.01)
+
+    def slow(call):
+        time.sleep(0.6)
+        return 200, {"Content-Type": "application/json"}, '{"DocumentIncarnation": 1, "Events": []}'
+
+    imds.add_callback("GET", SE, slow)
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n")
+    d = build(cfg, SystemClock(), boot_id="b", notifier=Notifier({"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "200000"}))
+    d.start()
+    try:
+        d.tick()
+        assert d.polls == 1
+        pings = 0
+        while True:
+            try:
+                pings += listener.recv(4096).count(b"WATCHDOG=1")
+            except TimeoutError:
+                break
+        assert pings >= 4, "pinged about every 0.1 s during the 0.6 s answer"
+    finally:
+        d.shutdown()
+        listener.close()
