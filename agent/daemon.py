@@ -26,12 +26,13 @@ from agent.errors import ImdsError
 from agent.events import Document
 from agent.handlers.base import Result
 from agent.health import HealthState
-from agent.imds import PollResult, next_poll_delay
+from agent.cadence import Cadence
+from agent.imds import PollResult
 from agent.metrics import Metrics
 from agent.policy import Profile, in_force
 from agent.report import Reporter
 from agent.server import ApiServer
-from agent.systemd import Notifier
+from agent.systemd import Notifier, call_pinging
 from agent.tcpprobe import TcpProbe
 from agent.tracker import Tracked, Transition, diff
 from agent.wiring import STOP_DRAIN, Callbacks, Parts, serve
@@ -61,12 +62,8 @@ class Daemon:
         self.vm_name: str | None = p.vm_name
         self.tracked: dict[str, Tracked] = {}
         self.document: Document | None = None
-        self.failures = 0
-        self.next_poll = clock.monotonic()
-        self.last_success: float | None = None
+        self.cadence = Cadence(next_poll=clock.monotonic(), started_at=clock.monotonic())
         self.last_tick = clock.monotonic()
-        self.started_at = clock.monotonic()
-        self.polls = 0
         self._pruned_at = float("-inf")
         self.stop_requested = threading.Event()
         self._second_stop = threading.Event()
@@ -75,14 +72,7 @@ class Daemon:
         self.profile: Profile | None = None
         self._update_profile()
         self.view = self._publish()
-        self.metrics.loop_last_tick.set_function(lambda: self._wall_time(self.view.last_tick))
-        self.metrics.poll_last_success.set_function(lambda: self._wall_time(self.view.last_success))
-
-    def _wall_time(self, monotonic: float | None) -> float:
-        """Unix time of a moment on the monotonic clock (0 for never): metrics computed when scraped."""
-        if monotonic is None:
-            return 0.0
-        return self.clock.now().timestamp() - (self.clock.monotonic() - monotonic)
+        self.report.follow_loop(lambda: self.view.last_tick, lambda: self.view.last_success)
 
     @property
     def config(self) -> Config:
@@ -98,7 +88,8 @@ class Daemon:
         assert self.profile is not None
         self.view = LoopView(config=self.config, vm_name=self.vm_name, tracked=self.tracked,
                              incarnation=self.document.incarnation if self.document else None,
-                             failures=self.failures, polls=self.polls, last_success=self.last_success,
+                             failures=self.cadence.failures, polls=self.cadence.polls,
+                             last_success=self.cadence.last_success,
                              last_tick=self.last_tick, profile=self.profile,
                              profile_next_change=self.profile_next_change)
         return self.view
@@ -132,7 +123,7 @@ class Daemon:
             self._sleep_until_due()
 
     def _sleep_until_due(self) -> None:
-        wait = self.next_poll - self.clock.monotonic()
+        wait = self.cadence.next_poll - self.clock.monotonic()
         if self.notifier.watchdog_interval is not None:
             wait = min(wait, self.notifier.watchdog_interval)
         if wait > 0 and not (self.stop_requested.is_set() or self.reload_requested.is_set()
@@ -147,81 +138,53 @@ class Daemon:
             self.reload_requested.clear()
             self.reload()
         transitions: list[Transition] = []
-        if now >= self.next_poll:
+        if now >= self.cadence.next_poll:
             self._coordinate_soon.clear()
             transitions = self._poll_and_schedule(now)
         elif self._coordinate_soon.is_set():
             self._coordinate_soon.clear()
-            if self.last_success is not None and now - self.last_success <= 2 * self.config.imds.poll_interval:
+            last = self.cadence.last_success
+            if last is not None and now - last <= 2 * self.config.imds.poll_interval:
                 self._coordinate()
         assert self.profile is not None
         self.preparation.tick(self.tracked, self.profile.name)
         self._prune_state(now)
         self.report.state_write_status(self.store)
-        self.report.imds_health(self.config.imds, self.failures, self.last_success, self.started_at)
+        c = self.cadence
+        self.report.imds_health(self.config.imds, c.failures, c.last_success, c.started_at)
         self._publish()
         self.notifier.watchdog(self.clock.monotonic())
         return transitions
 
     def _poll_and_schedule(self, now: float) -> list[Transition]:
-        interval = self.config.imds.poll_interval
+        interval, backoff = self.config.imds.poll_interval, self.config.imds.max_backoff
         if self.vm_name is None:
             self.resolve_identity(attempts=1)
             if self.vm_name is None:
-                self.failures += 1
-                self.next_poll = now + next_poll_delay(self.failures, interval, self.config.imds.max_backoff, None)
+                self.cadence.failed(now, interval, backoff)
                 return []
-        transitions: list[Transition] = []
-        retry_after = None
         try:
             result = self._fetch()
         except ImdsError as exc:
-            self.failures += 1
-            self.report.poll_failed(exc, self.failures)
-            retry_after = exc.retry_after
-        else:
-            transitions = self._poll_succeeded(result)
-        if self.failures:
-            self.next_poll = self.clock.monotonic() + next_poll_delay(
-                self.failures, interval, self.config.imds.max_backoff, retry_after)
-        else:
-            self.next_poll += interval
-            if self.next_poll < self.clock.monotonic() - interval:
-                self.next_poll = self.clock.monotonic()  # fell behind (suspend, slow call): no burst of catch-up polls
-        return transitions
+            self.cadence.failed(self.clock.monotonic(), interval, backoff, exc.retry_after)
+            self.report.poll_failed(exc, self.cadence.failures)
+            return []
+        self.cadence.succeeded(self.clock.monotonic(), interval)
+        return self._poll_succeeded(result)
 
     def _fetch(self) -> PollResult:
-        """The GET on the loop's own thread (it ends by its own deadline, or at once on a stop); only a
-        call longer than a watchdog interval (IMDS's slow first answer) waits on a thread of its own
-        while the loop keeps pinging the watchdog."""
+        """The GET on the loop's own thread (its deadline bounds it, a stop interrupts it); only IMDS's
+        slow first answer waits on a thread of its own while the loop keeps pinging the watchdog."""
         imds = self.parts.imds
-        ping = self.notifier.watchdog_interval
-        if ping is None or imds.next_timeout <= ping:
-            return imds.get_document()
-        outcome: list[Any] = []
+        return call_pinging(imds.get_document, self.notifier, self.clock.monotonic, imds.next_timeout,
+                            self._alive)
 
-        def call() -> None:
-            try:
-                outcome.append(imds.get_document())
-            except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it
-                outcome.append(exc)
-
-        worker = threading.Thread(target=call, name="imds-first", daemon=True)
-        worker.start()
-        while worker.is_alive():
-            worker.join(ping)
-            self.notifier.watchdog(self.clock.monotonic())
-            self.last_tick = self.clock.monotonic()
-            self._publish()
-        if isinstance(outcome[0], BaseException):
-            raise outcome[0]
-        return outcome[0]
+    def _alive(self) -> None:
+        self.last_tick = self.clock.monotonic()
+        self._publish()
 
     def _poll_succeeded(self, result: PollResult) -> list[Transition]:
         self.report.poll_succeeded()
-        self.failures = 0
-        self.polls += 1
-        self.last_success = self.clock.monotonic()
         transitions = [] if result.unchanged or result.document is None else self.process_document(result.document)
         self._coordinate()
         return transitions
@@ -345,7 +308,7 @@ class Daemon:
             self.tcp_probe.stop()
         if self.server is not None:
             self.server.close()
-        self.log.info("daemon.stopped", polls=self.polls)
+        self.log.info("daemon.stopped", polls=self.cadence.polls)
 
 
 def build(config: Config, clock: Clock, *, config_path: str | None = None, metrics: Metrics | None = None,

@@ -4,7 +4,7 @@ Requests go over `agent.imdsconn` connections opened straight to the endpoint, s
 redirects IMDS calls (IMDS must not be reached through a proxy). Every request sends `Metadata: true`.
 Answers are bounded before they are parsed (size, nesting depth, field sizes) and anything that
 cannot be read is a failed request, never an exception the caller did not ask for. The poll loop is
-its own retry: `get_document` never retries; `next_poll_delay` says how long to wait after a failure
+its own retry: `get_document` never retries; `cadence.next_poll_delay` says how long to wait after a failure
 (exponential with jitter, capped, honouring Retry-After).
 """
 
@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import email.utils
 import json
-import random
 import threading
 from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
 from urllib.parse import urlencode, urlsplit
 
 from agent import jsonsafe
@@ -66,23 +64,6 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return min(max(0.0, (when - now).total_seconds()), MAX_RETRY_AFTER)
-
-
-def next_poll_delay(failures: int, interval: float, max_backoff: float, retry_after: float | None,
-                    rand: Callable[[], float] = random.random) -> float:
-    """Delay before the next poll after `failures` failed polls in a row (0 = the normal cadence).
-
-    Exponential (interval × 2^(failures-1)) with ±25 % jitter, capped at `max_backoff` but never
-    below the interval; a Retry-After from IMDS is honoured even beyond the cap.
-    """
-    if failures <= 0:
-        return interval
-    base = min(max_backoff, interval * (2 ** min(failures - 1, 30)))
-    delay = max(interval, base * (0.75 + 0.5 * rand()))
-    delay = min(delay, max(max_backoff, interval))
-    if retry_after is not None:
-        delay = max(delay, retry_after)
-    return delay
 
 
 def _is_loopback(endpoint: str) -> bool:

@@ -7,7 +7,7 @@ state store's write status) into log lines, metrics and health reports. It decid
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from agent import logs
 from agent.clock import Clock
@@ -45,6 +45,17 @@ class Reporter:
         self._failing = False
         self._state_failing = False
         self._state_failures_seen = 0
+
+    def follow_loop(self, last_tick: Callable[[], float], last_success: Callable[[], float | None]) -> None:
+        """The loop's tick and last successful poll as Unix times, computed when scraped (no per-poll work)."""
+        self.metrics.loop_last_tick.set_function(lambda: self._wall_time(last_tick()))
+        self.metrics.poll_last_success.set_function(lambda: self._wall_time(last_success()))
+
+    def _wall_time(self, monotonic: float | None) -> float:
+        """Unix time of a moment on the monotonic clock (0 for never)."""
+        if monotonic is None:
+            return 0.0
+        return self.clock.now().timestamp() - (self.clock.monotonic() - monotonic)
 
     # --- polls --------------------------------------------------------------------------
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
-from typing import Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 SD_LISTEN_FDS_START = 3
+T = TypeVar("T")
 HOOK_ENV_STRIP = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
 """Variables hooks must not inherit: a child could otherwise ping or confuse systemd."""
 
@@ -64,6 +66,32 @@ class Notifier:
             return
         self._last_ping = now
         self.send("WATCHDOG=1")
+
+
+def call_pinging(fn: Callable[[], T], notifier: Notifier, now: Callable[[], float], timeout: float,
+                 on_ping: Callable[[], None] = lambda: None) -> T:
+    """`fn()`, on this thread when `timeout` fits between two watchdog pings; otherwise on a thread of its
+    own while this one keeps pinging (and calls `on_ping`), so a long call never gets maintd killed."""
+    ping = notifier.watchdog_interval
+    if ping is None or timeout <= ping:
+        return fn()
+    outcome: list[Any] = []
+
+    def call() -> None:
+        try:
+            outcome.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller, which raises it
+            outcome.append(exc)
+
+    worker = threading.Thread(target=call, name="long-call", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(ping)
+        notifier.watchdog(now())
+        on_ping()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]  # type: ignore[no-any-return]
 
 
 def listen_fds(environ: Mapping[str, str] | None = None) -> list[socket.socket]:

@@ -65,7 +65,7 @@ def test_polls_stay_on_their_deadlines_even_when_imds_is_slow(daemon, clock, imd
 
     imds.add_callback("GET", SE, slow)
     start = clock.monotonic()
-    while daemon.polls < 600:
+    while daemon.cadence.polls < 600:
         daemon.tick()
         daemon._sleep_until_due()
     assert abs((clock.monotonic() - start) - 600) <= 1.0
@@ -84,7 +84,7 @@ def test_failures_back_off_up_to_max_backoff_then_the_cadence_returns(daemon, cl
     assert gaps[0] >= 1.0 and max(gaps) <= 10.0 + 1e-6, "exponential, capped at imds.max_backoff"
     assert len(times) < 25, "120 s of outage cost well under 120 requests"
     imds.replace("GET", SE, json=doc())
-    daemon.next_poll = clock.monotonic()
+    daemon.cadence.next_poll = clock.monotonic()
     before = len(imds.calls)
     run_for(daemon, clock, 10)
     assert len(imds.calls) - before in (10, 11), "back to one poll per second after the first success"
@@ -133,7 +133,7 @@ def test_a_malformed_document_is_counted_and_the_loop_goes_on(daemon, clock, imd
     run_for(daemon, clock, 5)
     assert any(e["event"] == "poll.failed" for e in logs)
     imds.replace("GET", SE, json=doc(reboot(), {"EventId": 5}))
-    daemon.next_poll = clock.monotonic()
+    daemon.cadence.next_poll = clock.monotonic()
     run_for(daemon, clock, 3)
     assert daemon.metrics.events_malformed._value.get() >= 1
     assert "E1" in daemon.tracked
@@ -180,7 +180,7 @@ def test_a_prune_on_a_full_disk_is_reported_and_written_once_space_returns(tmp_p
 
         monkeypatch.setattr(os, "replace", full)
         run_for(d, clock, 60 + 60 / 4 + 2)
-        assert d.store.result("gone", "approval") is None and d.polls > 70, "pruned in memory; the loop went on"
+        assert d.store.result("gone", "approval") is None and d.cadence.polls > 70, "pruned in memory; the loop went on"
         assert d.metrics.state_write_failures._value.get() >= 1
         assert any(e.report.property == "write" and e.state == HealthState.ERROR for e in d.health.snapshot())
         assert "gone" in (tmp_path / "state.json").read_text(), "the disk refused the pruned state"
@@ -214,7 +214,7 @@ def test_the_watchdog_is_pinged_while_imds_takes_its_time_with_the_first_answer(
     d.start()
     try:
         d.tick()
-        assert d.polls == 1
+        assert d.cadence.polls == 1
         pings = 0
         while True:
             try:

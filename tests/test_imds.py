@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from agent.addressing import Identity
 from agent.errors import ImdsRequestRejected, ImdsUnavailable
-from agent.imds import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult, next_poll_delay, parse_retry_after
+from agent.cadence import next_poll_delay
+from agent.imds import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult, parse_retry_after
 from agent.metrics import Metrics
 from tests.imds_server import FakeImds, Raw
 

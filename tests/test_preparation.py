@@ -72,7 +72,7 @@ def run_until(d, clock, when):
     while clock.now() < when:
         gap = (when - clock.now()).total_seconds()
         clock.advance(min(gap, 1.0) if gap <= 5 else gap - 5)
-        d.next_poll = min(d.next_poll, clock.monotonic())
+        d.cadence.next_poll = min(d.cadence.next_poll, clock.monotonic())
         d.tick()
     d.runner.wait_idle(10)
     d.coordinator.wait_idle(10)
@@ -159,7 +159,7 @@ def test_a_window_that_closes_before_the_vm_is_ready_sends_nothing(make, clock, 
     assert d.store.result("E1", "preparation")["reason"] == "window"
     for _ in range(7 * 60):  # the whole slot passes while the checkpoint runs
         clock.advance(1)
-        d.next_poll = clock.monotonic()
+        d.cadence.next_poll = clock.monotonic()
         d.tick()
     gate.write_text("")
     run_until(d, clock, at("2026-01-05T22:07:00"))

@@ -20,6 +20,7 @@ class CountingImds:
     """Stands in for the IMDS client: an empty document, and the (fake) time of every poll."""
 
     made: list["CountingImds"] = []
+    next_timeout = 1.0
 
     def __init__(self, config: Any, clock: Any, *_: Any) -> None:
         self.endpoint = config.imds.endpoint
