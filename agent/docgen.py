@@ -16,7 +16,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from agent.config import Config
 from agent.configschema import describe
 from agent.coordination_rules import FleetGate, PrometheusGate
-from agent.handlers.registry import _Common, _builtins
+from agent.handlers.registry import CommonKeys, builtin_types
 from agent.metrics import Metrics
 from agent.policy import ApprovalRule, Profile
 from agent.rules import RuleSpec
@@ -42,8 +42,8 @@ def reference() -> str:
              table([r for r in describe(Config) if r[0].split(".")[0] not in LIST_SECTIONS]), ""]
     parts += ["#### `gates` (and `profiles[].gates`, which replaces it while the profile is in force)", "",
               table(describe(FleetGate, "gates.fleet.") + describe(PrometheusGate, "gates.prometheus.")), ""]
-    parts += ["#### `handlers[]`: keys every handler has", "", table(describe(_Common)), ""]
-    for name, cls in sorted(_builtins().items()):
+    parts += ["#### `handlers[]`: keys every handler has", "", table(describe(CommonKeys)), ""]
+    for name, cls in sorted(builtin_types().items()):
         rows = describe(cls.Options)
         phases = ", ".join(cls.supported_phases())
         parts += [f"#### `handlers[]` of `type: {name}` (phases: {phases})", "",

@@ -6,7 +6,17 @@
     ├── ImdsError              one IMDS call failed (status or transport); never escapes the loop
     │   ├── ImdsRequestRejected  400/405: maintd's request is wrong, retrying will not help
     │   └── ImdsUnavailable      connection error, timeout, 404/410/429/5xx: transient
-    └── StateError             the state file could not be read or written
+    ├── StateError             the state file could not be read or written
+    ├── HttpError              an HTTP request to maintd's server gets an error answer (status, headers)
+    └── BadInput (ValueError)  input from a party maintd does not control is refused
+        ├── UnsafeJson           too large or too deeply nested to parse
+        ├── DocumentError        a Scheduled Events document unusable as a whole
+        └── HealthReportRefused  a health report the store will not keep
+            ├── StaleReport, ReservedSource, TooManyReports
+
+Private control-flow exceptions inside one module (`_PositionedError`, `_Retryable`, `_Closed`) and
+the connection module's `Timeout`/`TooLarge` (turned into `ImdsError` before they leave
+`imds.py`) stay where they are raised.
 """
 
 from __future__ import annotations
@@ -79,3 +89,42 @@ class ImdsUnavailable(ImdsError):
 
 class StateError(MaintdError):
     """The state store could not be persisted (read-only or full disk)."""
+
+
+class HttpError(MaintdError):
+    """A request that gets an error answer: status, message, extra headers; `close` ends the connection."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, *, close: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+        self.close = close
+
+
+class BadInput(MaintdError, ValueError):
+    """Input from a party maintd does not control (IMDS, a peer, an HTTP client, a file) is refused."""
+
+
+class UnsafeJson(BadInput):
+    """Text refused before parsing: too large or too deeply nested."""
+
+
+class DocumentError(BadInput):
+    """The Scheduled Events document as a whole is unusable (not JSON, not an object, no Events list)."""
+
+
+class HealthReportRefused(BadInput):
+    """A health report the store will not keep."""
+
+
+class StaleReport(HealthReportRefused):
+    """A report's SequenceNumber is not greater than the one already stored for its (SourceId, Property)."""
+
+
+class ReservedSource(HealthReportRefused):
+    """A report's SourceId starts with `System.`, which Service Fabric reserves for its own components."""
+
+
+class TooManyReports(HealthReportRefused):
+    """The store already holds its maximum number of reports; a new (SourceId, Property) is refused."""

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from agent.errors import DocumentError
+
 
 KNOWN_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 KNOWN_STATUSES = ("Scheduled", "Started")
@@ -41,10 +43,6 @@ MAX_ID = 128
 """Longest EventId, EventType, EventStatus, ResourceType, EventSource or NotBefore read (an EventId is 36)."""
 MAX_DESCRIPTION = 4_096
 """Longest Description kept, its cut marker included."""
-
-
-class DocumentError(ValueError):
-    """The document as a whole is unusable (not JSON, not an object, no Events list)."""
 
 
 @dataclass(frozen=True)

@@ -19,24 +19,13 @@ from typing import Any, Callable
 
 from agent.clock import Clock
 from agent.configschema import parse_duration_text
+from agent.errors import ReservedSource, StaleReport, TooManyReports
 
 RESERVED_PREFIX = "System."
 MAX_DESCRIPTION = 4096
 _TRUNCATED = " [Truncated]"
 
 SourceFilter = Callable[[str], bool]
-
-
-class StaleReport(ValueError):
-    """A report's SequenceNumber is not greater than the one already stored for its (SourceId, Property)."""
-
-
-class ReservedSource(ValueError):
-    """A report's SourceId starts with `System.`, which Service Fabric reserves for its own components."""
-
-
-class TooManyReports(ValueError):
-    """The store already holds its maximum number of reports; a new (SourceId, Property) is refused."""
 
 
 class HealthState(enum.IntEnum):

@@ -14,22 +14,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from agent.errors import HttpError
+
 MAX_LINE = 8 * 1024
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
 _TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _VERSION = re.compile(rb"^HTTP/(\d)\.(\d)$")
-
-
-class HttpError(Exception):
-    """A request that gets an error answer: status, message, extra headers; `close` ends the connection."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, *, close: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
-        self.close = close
 
 
 @dataclass

@@ -13,15 +13,13 @@ import json
 from itertools import accumulate
 from typing import Any
 
+from agent.errors import UnsafeJson
+
 MAX_DEPTH = 32
 """Deepest nesting accepted: IMDS documents are 4 deep, peer and gate answers under 10."""
 
 _NOT_SYNTAX = bytes(b for b in range(256) if b not in b'[]{}"')
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
-
-
-class UnsafeJson(ValueError):
-    """Text refused before parsing: too large or too deeply nested."""
 
 
 def depth(data: bytes) -> int:

@@ -16,7 +16,7 @@ from agent.handlers.base import PHASES, Handler, HandlerSpec, Services
 ENTRY_POINT_GROUP = "maintd.handlers"
 
 
-def _builtins() -> dict[str, type[Handler]]:
+def builtin_types() -> dict[str, type[Handler]]:
     from agent.handlers.drain import DrainHandler
     from agent.handlers.exec import ExecHandler
     from agent.handlers.health import HealthHandler
@@ -31,7 +31,7 @@ def plugins() -> dict[str, type[Handler]]:
     Only called for a type that is not built in: scanning every installed distribution's metadata
     costs several MB of memory that a config using built-ins need not pay.
     """
-    builtins = _builtins()
+    builtins = builtin_types()
     found: dict[str, type[Handler]] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in builtins or ep.name in found:
@@ -49,7 +49,7 @@ def plugins() -> dict[str, type[Handler]]:
 
 def handler_type(name: Any) -> type[Handler] | None:
     """The class for a handler type name: a built-in, else a plugin, else None."""
-    builtins = _builtins()
+    builtins = builtin_types()
     if isinstance(name, str) and name in builtins:
         return builtins[name]
     return plugins().get(name) if isinstance(name, str) else None
@@ -57,11 +57,11 @@ def handler_type(name: Any) -> type[Handler] | None:
 
 def available() -> dict[str, type[Handler]]:
     """Every handler type: built-ins, then plugins."""
-    return {**_builtins(), **plugins()}
+    return {**builtin_types(), **plugins()}
 
 
 @dataclasses.dataclass(frozen=True)
-class _Common:
+class CommonKeys:
     name: str = opt(text(r"^[A-Za-z0-9_.-]{1,64}$", "letters, digits, _ . - (up to 64)"), doc="unique handler name")
     type: str = opt(text(), doc="handler type (drain, exec, webhook, health, or a plugin)")
     phases: tuple[str, ...] = opt(list_of(choice(*PHASES), min_len=1, unique=True), doc="phases it runs in")
@@ -80,7 +80,7 @@ class _Common:
     max_attempts: int = opt(integer(1, 10), 3, "most runs of one phase when crashes keep interrupting it")
 
 
-COMMON_KEYS = tuple(f.name for f in dataclasses.fields(_Common))
+COMMON_KEYS = tuple(f.name for f in dataclasses.fields(CommonKeys))
 
 
 def _parse_one(item: Any) -> HandlerSpec:
@@ -101,7 +101,7 @@ def _parse_one(item: Any) -> HandlerSpec:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigValueError(str(key), f"unknown key for a {kind} handler{hint}; known keys: {', '.join(known)}")
-    common = parse_section(_Common, {k: v for k, v in item.items() if k in COMMON_KEYS})
+    common = parse_section(CommonKeys, {k: v for k, v in item.items() if k in COMMON_KEYS})
     options: Any = parse_section(cls.Options, {k: v for k, v in item.items() if k in option_keys})
     unsupported = [p for p in common.phases if p not in cls.supported_phases()]
     if unsupported:
