@@ -239,6 +239,25 @@ class HealthStore:
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._sequence = 0
         self._lock = threading.Lock()
+        self._listeners: tuple[Callable[[], None], ...] = ()
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (outside the lock, on the changing thread; it must not block) after every
+        change of the stored reports: a report stored, replaced, removed or pruned."""
+        self._listeners += (listener,)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    def next_expiry_in(self) -> float | None:
+        """Seconds until the next stored report's TimeToLive runs out (it then counts as Error with no
+        call to this store); None when no report is waiting to expire."""
+        with self._lock:
+            mono = self.clock.monotonic()
+            waits = [e.expires_at - mono for e in self._entries.values() if e.expires_at is not None
+                     and e.expires_at > mono]
+        return min(waits, default=None)
 
     def report(self, r: HealthReport) -> None:
         """Store an external report; raises StaleReport, ReservedSource, TooManyReports or ValueError."""
@@ -250,7 +269,7 @@ class HealthStore:
                              "(for example the current time in milliseconds)")
         key = (r.source_id, r.property)
         with self._lock:
-            self._prune_locked()
+            self._prune_locked()  # the change below is announced anyway
             previous = self._entries.get(key)
             if previous is not None and r.sequence_number <= previous.sequence_number:
                 raise StaleReport(f"SequenceNumber: {r.sequence_number} is stale; the report stored for "
@@ -260,6 +279,7 @@ class HealthStore:
                 raise TooManyReports(f"the store already holds {self.max_reports} reports; remove some or reuse "
                                      "a (SourceId, Property)")
             self._store_locked(key, r, r.sequence_number, previous)
+        self._changed()
 
     def set(self, source_id: str, property: str, state: HealthState, description: str = "",
             ttl: float | None = None, remove_when_expired: bool = False) -> None:
@@ -274,6 +294,7 @@ class HealthStore:
             self._sequence = max(self._sequence, previous.sequence_number if previous else 0) + 1
             r = HealthReport(source_id, property, state, description, ttl, remove_when_expired, self._sequence)
             self._store_locked(key, r, self._sequence, previous)
+        self._changed()
 
     def _store_locked(self, key: tuple[str, str], r: HealthReport, sequence: int, previous: _Entry | None) -> None:
         now = self.clock.now()
@@ -283,25 +304,32 @@ class HealthStore:
     def remove(self, source_id: str, property: str) -> None:
         """Forget the report for (source_id, property), if any."""
         with self._lock:
-            self._entries.pop((source_id, property), None)
+            removed = self._entries.pop((source_id, property), None) is not None
+        if removed:
+            self._changed()
 
     def prune(self) -> None:
         """Drop the expired reports that asked to be removed when expired."""
         with self._lock:
-            self._prune_locked()
+            pruned = self._prune_locked()
+        if pruned:
+            self._changed()
 
-    def _prune_locked(self) -> None:
+    def _prune_locked(self) -> bool:
+        """Drop the expired reports that asked for it; whether there were any."""
         mono = self.clock.monotonic()
-        for key in [k for k, e in self._entries.items()
-                    if e.report.remove_when_expired and e.expires_at is not None and mono >= e.expires_at]:
+        gone = [k for k, e in self._entries.items()
+                if e.report.remove_when_expired and e.expires_at is not None and mono >= e.expires_at]
+        for key in gone:
             del self._entries[key]
+        return bool(gone)
 
     def snapshot(self) -> list[HealthEvent]:
         """Every current report, expiry evaluated now, sorted by (SourceId, Property)."""
         with self._lock:
-            self._prune_locked()
+            pruned = self._prune_locked()
             mono = self.clock.monotonic()
-            return [
+            events = [
                 HealthEvent(
                     report=e.report,
                     sequence_number=e.sequence_number,
@@ -313,6 +341,9 @@ class HealthStore:
                 )
                 for _, e in sorted(self._entries.items())
             ]
+        if pruned:
+            self._changed()
+        return events
 
     def _evaluated(self, consider_warning_as_error: bool, sources: SourceFilter | None,
                    events: list[HealthEvent]) -> list[tuple[HealthState, HealthEvent]]:
