@@ -242,8 +242,7 @@ class HealthStore:
         self._listeners: tuple[Callable[[], None], ...] = ()
 
     def subscribe(self, listener: Callable[[], None]) -> None:
-        """Call `listener` (outside the lock, on the changing thread; it must not block) after every
-        change of the stored reports: a report stored, replaced, removed or pruned."""
+        """Call `listener` (outside the lock; it must not block) after a report is stored, removed or pruned."""
         self._listeners += (listener,)
 
     def _changed(self) -> None:
@@ -251,13 +250,10 @@ class HealthStore:
             listener()
 
     def next_expiry_in(self) -> float | None:
-        """Seconds until the next stored report's TimeToLive runs out (it then counts as Error with no
-        call to this store); None when no report is waiting to expire."""
+        """Seconds until a report's TimeToLive runs out (a change nobody announces); None: none will."""
         with self._lock:
             mono = self.clock.monotonic()
-            waits = [e.expires_at - mono for e in self._entries.values() if e.expires_at is not None
-                     and e.expires_at > mono]
-        return min(waits, default=None)
+            return min((e.expires_at - mono for e in self._entries.values() if (e.expires_at or 0) > mono), default=None)
 
     def report(self, r: HealthReport) -> None:
         """Store an external report; raises StaleReport, ReservedSource, TooManyReports or ValueError."""
@@ -269,7 +265,7 @@ class HealthStore:
                              "(for example the current time in milliseconds)")
         key = (r.source_id, r.property)
         with self._lock:
-            self._prune_locked()  # the change below is announced anyway
+            self._prune_locked()
             previous = self._entries.get(key)
             if previous is not None and r.sequence_number <= previous.sequence_number:
                 raise StaleReport(f"SequenceNumber: {r.sequence_number} is stale; the report stored for "
@@ -327,9 +323,9 @@ class HealthStore:
     def snapshot(self) -> list[HealthEvent]:
         """Every current report, expiry evaluated now, sorted by (SourceId, Property)."""
         with self._lock:
-            pruned = self._prune_locked()
+            self._prune_locked()  # the TTL wake-up of `next_expiry_in` makes a watcher look: no announcement
             mono = self.clock.monotonic()
-            events = [
+            return [
                 HealthEvent(
                     report=e.report,
                     sequence_number=e.sequence_number,
@@ -341,9 +337,6 @@ class HealthStore:
                 )
                 for _, e in sorted(self._entries.items())
             ]
-        if pruned:
-            self._changed()
-        return events
 
     def _evaluated(self, consider_warning_as_error: bool, sources: SourceFilter | None,
                    events: list[HealthEvent]) -> list[tuple[HealthState, HealthEvent]]:
