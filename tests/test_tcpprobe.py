@@ -17,7 +17,7 @@ def connects(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
             return True
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):  # reset: it reached the backlog as the port closed
         return False
 
 
