@@ -26,9 +26,9 @@ from agent.errors import StateError
 from agent.events import Event, parse_event
 from agent.handlers.base import Context, Handler, Result, Services, Settings
 from agent.lanes import Lanes
-from agent.outcomes import CANCELED, FAILED, INTERRUPTED, OK, RUNNING, SKIPPED, TIMED_OUT
+from agent.outcomes import CANCELED, FAILED, INTERRUPTED, OK, RUNNING, SKIPPED
 from agent.policy import Profile, phase_for
-from agent.runrecords import attempt_of, blocks, interrupted_verdict, why_not_ready
+from agent.runrecords import attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
 from agent.tracker import Tracked, Transition
 
 DEADLINE_MARGIN = 5.0
@@ -234,19 +234,7 @@ class Runner:
         thread = threading.Thread(target=target, name=f"h-{handler.spec.name}", daemon=True)
         thread.start()
         thread.join(allowed + 5.0)
-        result = box[0] if box else None
-        if result is not None and result.outcome == OK:
-            return result
-        if ctx.event_gone:
-            if result is None:
-                return Result(CANCELED, "the event left the document; the handler did not return and was abandoned")
-            if result.outcome != CANCELED:
-                return Result(CANCELED, f"the event left the document during the run ({result.outcome}: "
-                                        f"{result.detail})", result.exit_code, result.output)
-            return result
-        if self.stopping.is_set():
-            return None
-        return result or Result(TIMED_OUT, f"still running after {allowed:.0f}s; abandoned")
+        return run_result(box[0] if box else None, ctx.event_gone, self.stopping.is_set(), allowed)
 
     def _finish(self, handler: Handler, phase: str, event: Event, key: str, result: Result, duration: float,
                 started: datetime) -> None:

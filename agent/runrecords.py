@@ -1,18 +1,37 @@
-"""Pure rules over a handler's stored run record (`{"outcome", "attempt", "detail", ...}`): the
-attempt it counts, whether an interrupted run runs again (and why not), whether a scheduled-phase
-result still keeps the VM from being ready, and the not-ready reason in words that say what to do.
-No I/O: the runner reads and writes the records, these decide.
+"""Pure rules over a handler's run and its stored record (`{"outcome", "attempt", "detail", ...}`):
+what a run that returned, hung or was cut comes to, the attempt a record counts, whether an
+interrupted run runs again (and why not), whether a scheduled-phase result still keeps the VM from
+being ready, and the not-ready reason in words that say what to do. No I/O: the runner runs the
+handlers and reads and writes the records; these decide.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from agent.handlers.base import HandlerSpec
+from agent.handlers.base import HandlerSpec, Result
 from agent.outcomes import CANCELED, FAILED, INTERRUPTED, OK, RUNNING, SKIPPED, TIMED_OUT
 
 DETAIL_SHOWN = 200
 """Characters of a result's detail quoted in a not-ready reason."""
+
+
+def run_result(result: Result | None, event_gone: bool, stopping: bool, allowed: float) -> Result | None:
+    """What a run comes to: its own result (None when it did not return within its budget); canceled
+    when the event left the document meanwhile (unless it ended ok); None (abandoned, settled at the
+    next start) when maintd is stopping; otherwise timed out when it did not return."""
+    if result is not None and result.outcome == OK:
+        return result
+    if event_gone:
+        if result is None:
+            return Result(CANCELED, "the event left the document; the handler did not return and was abandoned")
+        if result.outcome != CANCELED:
+            return Result(CANCELED, f"the event left the document during the run ({result.outcome}: "
+                                    f"{result.detail})", result.exit_code, result.output)
+        return result
+    if stopping:
+        return None
+    return result or Result(TIMED_OUT, f"still running after {allowed:.0f}s; abandoned")
 
 
 def attempt_of(record: dict[str, Any] | None) -> int:
