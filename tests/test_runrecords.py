@@ -21,6 +21,7 @@ SPEC = HandlerSpec(name="drain", type="drain", phases=("scheduled",), max_attemp
      "interrupted; rerun_interrupted: false"),
 ])
 def test_an_interrupted_run_goes_again_only_while_it_can(spec, attempt, current, again, detail):
+    """Again only for a configured handler, in the event's phase, with rerun_interrupted and attempts left."""
     assert interrupted_verdict(spec, attempt, current) == (again, detail)
 
 
@@ -29,15 +30,18 @@ def test_an_interrupted_run_goes_again_only_while_it_can(spec, attempt, current,
     (TIMED_OUT, "continue", False), ("running", "continue", True),
 ])
 def test_what_keeps_the_vm_from_being_ready(outcome, on_failure, blocking):
+    """Anything but ok blocks, unless the run ended and the handler says on_failure: continue."""
     assert blocks({"outcome": outcome} if outcome else None, on_failure) is blocking
 
 
 def test_the_not_ready_reason_says_what_to_do():
+    """A failed blocking handler names its detail and the command that approves by hand."""
     assert why_not_ready("drain", {"outcome": FAILED, "detail": "lb said no"}, 3, "E1") == \
         "drain failed (lb said no); on_failure: block — approve by hand with `maintd approve E1`"
 
 
 def test_a_run_comes_to_its_result_or_canceled_or_abandoned_or_timed_out():
+    """ok stands; a gone event cancels; a stop abandons (settled at restart); a hung run times out."""
     ok, failed = Result(OK, "done"), Result(FAILED, "exit 1", 1)
     assert run_result(ok, True, True, 60) is ok, "an ok run stands, whatever happened meanwhile"
     assert run_result(failed, True, False, 60).outcome == CANCELED

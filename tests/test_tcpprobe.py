@@ -95,6 +95,7 @@ def served(rotation):
 
 
 def test_a_drain_closes_the_port_at_once_and_an_undrain_opens_it(served, rotation, clock):
+    """`maintd drain` refuses the LB's next connect without waiting for a poll; undrain accepts again."""
     probe, _ = served
     assert connects(probe.port)
     rotation.drain("manual", "maintenance", clock.now())
@@ -104,6 +105,7 @@ def test_a_drain_closes_the_port_at_once_and_an_undrain_opens_it(served, rotatio
 
 
 def test_a_health_error_takes_the_port_down_and_its_removal_brings_it_back(served, rotation):
+    """Health changes count like drains: an Error report takes the VM out, its removal brings it back."""
     probe, _ = served
     rotation.health.set("app", "db", HealthState.ERROR, "replica lag")
     assert until(lambda: not connects(probe.port))
