@@ -51,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from agent.clock import SystemClock
     from agent.daemon import build
     from agent.errors import StateError
-    from agent.state import check_dir
+    from agent.statefile import check_dir
     from agent.systemd import listen_fds
 
     path = _config_path(args)
@@ -303,7 +303,7 @@ def _events_table(events: list[dict[str, Any]]) -> str:
 
 def cmd_events(args: argparse.Namespace) -> int:
     if args.history:
-        from agent.state import read_journal
+        from agent.journal import read_journal
 
         try:
             directory = with_state_env(config_mod.load(_config_path(args), check_perms=False)).state.dir

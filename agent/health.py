@@ -228,6 +228,21 @@ class HealthStore:
         self._entries: dict[tuple[str, str], _Entry] = {}
         self._sequence = 0
         self._lock = threading.Lock()
+        self._listeners: tuple[Callable[[], None], ...] = ()
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (outside the lock; it must not block) after a report is stored, removed or pruned."""
+        self._listeners += (listener,)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    def next_expiry_in(self) -> float | None:
+        """Seconds until a report's TimeToLive runs out (a change nobody announces); None: none will."""
+        with self._lock:
+            mono = self.clock.monotonic()
+            return min((e.expires_at - mono for e in self._entries.values() if (e.expires_at or 0) > mono), default=None)
 
     def report(self, r: HealthReport) -> None:
         """Store an external report; raises StaleReport, ReservedSource, TooManyReports or ValueError."""
@@ -249,6 +264,7 @@ class HealthStore:
                 raise TooManyReports(f"the store already holds {self.max_reports} reports; remove some or reuse "
                                      "a (SourceId, Property)")
             self._store_locked(key, r, r.sequence_number, previous)
+        self._changed()
 
     def set(self, source_id: str, property: str, state: HealthState, description: str = "",
             ttl: float | None = None, remove_when_expired: bool = False) -> None:
@@ -263,6 +279,7 @@ class HealthStore:
             self._sequence = max(self._sequence, previous.sequence_number if previous else 0) + 1
             r = HealthReport(source_id, property, state, description, ttl, remove_when_expired, self._sequence)
             self._store_locked(key, r, self._sequence, previous)
+        self._changed()
 
     def _store_locked(self, key: tuple[str, str], r: HealthReport, sequence: int, previous: _Entry | None) -> None:
         now = self.clock.now()
@@ -272,23 +289,30 @@ class HealthStore:
     def remove(self, source_id: str, property: str) -> None:
         """Forget the report for (source_id, property), if any."""
         with self._lock:
-            self._entries.pop((source_id, property), None)
+            removed = self._entries.pop((source_id, property), None) is not None
+        if removed:
+            self._changed()
 
     def prune(self) -> None:
         """Drop the expired reports that asked to be removed when expired."""
         with self._lock:
-            self._prune_locked()
+            pruned = self._prune_locked()
+        if pruned:
+            self._changed()
 
-    def _prune_locked(self) -> None:
+    def _prune_locked(self) -> bool:
+        """Drop the expired reports that asked for it; whether there were any."""
         mono = self.clock.monotonic()
-        for key in [k for k, e in self._entries.items()
-                    if e.report.remove_when_expired and e.expires_at is not None and mono >= e.expires_at]:
+        gone = [k for k, e in self._entries.items()
+                if e.report.remove_when_expired and e.expires_at is not None and mono >= e.expires_at]
+        for key in gone:
             del self._entries[key]
+        return bool(gone)
 
     def snapshot(self) -> list[HealthEvent]:
         """Every current report, expiry evaluated now, sorted by (SourceId, Property)."""
         with self._lock:
-            self._prune_locked()
+            self._prune_locked()  # the TTL wake-up of `next_expiry_in` makes a watcher look: no announcement
             mono = self.clock.monotonic()
             return [
                 HealthEvent(

@@ -10,51 +10,29 @@ another address rather than being refused, so a load balancer's probe always get
 Cheap answers (the probe, /healthz) are made on the loop itself, so they never wait for a busy
 worker; the rest runs on a small worker pool whose answers come back through a socketpair. The
 loop blocks in `select` until a connection, data, the next deadline or `close()`: no periodic
-wake-up while idle.
+wake-up while idle. A connection's state, parsing and deadlines are `httpconn`'s.
 """
 
 from __future__ import annotations
 
 import collections
-import heapq
-import itertools
+import errno
 import os
 import selectors
 import socket
 import stat
-import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-import errno
-import ipaddress
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 from agent import logs
-from agent.httpwire import HttpError, Request, head_end, parse_head
+from agent.httpconn import BUSY, LINGER, READ, WRITE, Conn, Deadlines, Drops, try_send
+from agent.httpwire import HttpError, Request
 
-DROP_LOG_EVERY = 60.0
-"""Seconds between two `http.connection_dropped` log lines of one reason (the metric counts each)."""
-LINGER = 1.0
+LINGER_SECONDS = 1.0
 """Seconds a closing connection keeps reading (and dropping) what the client still sends, so the
 kernel does not reset the connection before the client has read the answer."""
-_LOCAL = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
-_READ, _BUSY, _WRITE, _LINGER = range(4)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a client is this host itself: exactly 127.0.0.1 or ::1 (also IPv4-mapped).
-
-    Other 127.0.0.0/8 sources are not trusted: they are how container port forwarders and
-    network namespaces reach the host, i.e. someone else.
-    """
-    try:
-        addr = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
-        addr = addr.ipv4_mapped
-    return addr in _LOCAL
 
 
 class App(Protocol):
@@ -70,19 +48,45 @@ class App(Protocol):
         """The answer to a request that could not be read (malformed, too large, too slow, server busy)."""
 
 
-class _Conn:
-    __slots__ = ("sock", "client", "uid", "gid", "local", "buf", "state", "deadline", "out", "request", "accepted")
+class Workers:
+    """The worker pool for answers that may block, and their way back to the loop: a queue, and a
+    socketpair whose readable end wakes the loop's `select`."""
 
-    def __init__(self, sock: socket.socket, client: str, creds: tuple[int, int] | None, now: float) -> None:
-        self.sock, self.client = sock, client
-        self.uid, self.gid = creds if creds else (None, None)
-        self.local = creds is not None or is_loopback(client)
-        self.buf = bytearray()
-        self.state = _READ
-        self.deadline = now
-        self.out = memoryview(b"")
-        self.request: Request | None = None
-        self.accepted = now
+    def __init__(self, workers: int, answer: Callable[[Request], tuple[bytes, bool]]) -> None:
+        self.answer = answer
+        self.max_queued = workers * 16
+        self.queued = 0
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)
+        self._done: collections.deque[tuple[Conn, bytes, bool]] = collections.deque()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="http-worker")
+
+    def submit(self, conn: Conn, request: Request) -> None:
+        self.queued += 1
+        self._pool.submit(self._work, conn, request)
+
+    def _work(self, conn: Conn, request: Request) -> None:
+        data, close = self.answer(request)
+        self._done.append((conn, data, close))
+        self.wake()
+
+    def wake(self) -> None:
+        try_send(self.wake_w, b"x")
+
+    def answers(self) -> Iterator[tuple[Conn, bytes, bool]]:
+        """The answers workers have finished (on the loop, once `wake_r` is readable)."""
+        try:
+            while self.wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        while self._done:
+            self.queued -= 1
+            yield self._done.popleft()
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class EventLoopServer:
@@ -92,30 +96,22 @@ class EventLoopServer:
                  per_client: int, max_connections: int, workers: int = 4,
                  on_drop: Callable[[str], None] = lambda reason: None) -> None:
         self.app = app
-        self.on_drop = on_drop
         self.request_timeout = request_timeout
         self.max_body = max_body
         self.per_client = per_client
         self.max_connections = max_connections
-        self.max_queued = workers * 16
         self.log = logs.get("server")
+        self._dropped = Drops(on_drop)
         self._sel = selectors.DefaultSelector()
         self._listeners = listeners
         for sock in listeners:
             sock.setblocking(False)
             self._sel.register(sock, selectors.EVENT_READ, self._accept)
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, self._woken)
-        self._conns: dict[int, _Conn] = {}
+        self._workers = Workers(workers, app.answer)
+        self._sel.register(self._workers.wake_r, selectors.EVENT_READ, self._woken)
+        self._conns: dict[int, Conn] = {}
         self._per_client: collections.Counter[str] = collections.Counter()
-        self._deadlines: list[tuple[float, int, _Conn]] = []
-        self._seq = itertools.count()
-        self._done: collections.deque[tuple[_Conn, bytes, bool]] = collections.deque()
-        self._queued = 0
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="http-worker")
-        self._drops: dict[str, tuple[float, int]] = {}
+        self._deadlines = Deadlines()
         self._stop = False
         self._paused = False
         self._thread: threading.Thread | None = None
@@ -138,17 +134,17 @@ class EventLoopServer:
     def close(self, timeout: float = 1.0) -> None:
         """Stop serving within `timeout` seconds: the listeners and every connection are closed."""
         self._stop = True
-        self._wake()
+        self._workers.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._workers.shutdown()
 
     # --- the loop ------------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
             while not self._stop:
-                for key, mask in self._sel.select(self._timeout()):
+                for key, mask in self._sel.select(self._deadlines.timeout()):
                     try:
                         key.data(key.fileobj, mask)
                     except Exception as exc:  # a bug costs one connection, never the server
@@ -159,7 +155,7 @@ class EventLoopServer:
         finally:
             for conn in list(self._conns.values()):
                 self._close(conn)
-            for sock in (*self._listeners, self._wake_r, self._wake_w):
+            for sock in (*self._listeners, self._workers.wake_r, self._workers.wake_w):
                 sock.close()
             self._sel.close()
 
@@ -172,27 +168,11 @@ class EventLoopServer:
             except (OSError, KeyError, ValueError):
                 pass
 
-    def _timeout(self) -> float | None:
-        """Seconds until the next deadline, None (block) when no connection has one."""
-        while self._deadlines:
-            deadline, _, conn = self._deadlines[0]
-            if conn.deadline == deadline and conn.sock.fileno() >= 0 and conn.state != _BUSY:
-                return max(0.0, deadline - time.monotonic())
-            heapq.heappop(self._deadlines)
-        return None
-
-    def _set_deadline(self, conn: _Conn, seconds: float) -> None:
-        conn.deadline = time.monotonic() + seconds
-        heapq.heappush(self._deadlines, (conn.deadline, next(self._seq), conn))
-
     def _expire(self, now: float) -> None:
-        while self._deadlines and self._deadlines[0][0] <= now:
-            deadline, _, conn = heapq.heappop(self._deadlines)
-            if conn.deadline != deadline or conn.sock.fileno() < 0 or conn.state == _BUSY:
-                continue
+        for conn in self._deadlines.expired(now):
             try:
-                if conn.state == _READ and (conn.buf or conn.request is not None):
-                    self._dropped("request_timeout", conn.client)
+                if conn.state == READ and conn.waiting_for_more():
+                    self._dropped("request_timeout", conn.client, len(self._conns))
                     self._send(conn, self.app.refuse(HttpError(408, "the request did not arrive in time", close=True)),
                                True)
                 else:
@@ -213,18 +193,10 @@ class EventLoopServer:
                 if exc.errno in (errno.EMFILE, errno.ENFILE) and not self._evict():
                     self._pause(True)
                 return
-            sock.setblocking(False)
-            creds = None
-            if sock.family == socket.AF_UNIX:
-                _, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-                client, creds = "", (uid, gid)
-            else:
-                client = addr[0]
-                # headers and body leave in one write, but a client's delayed ACK must never hold an answer
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, client, creds, time.monotonic())
+            conn = Conn.accepted_from(sock, addr, time.monotonic())
+            client = conn.client
             if not conn.local and self._per_client[client] >= self.per_client:
-                self._dropped("per_client", client)
+                self._dropped("per_client", client, len(self._conns))
                 sock.close()
                 continue
             if len(self._conns) >= self.max_connections and not self._evict():
@@ -233,38 +205,26 @@ class EventLoopServer:
             self._conns[sock.fileno()] = conn
             self._per_client[client] += 1
             self._sel.register(sock, selectors.EVENT_READ, self._readable)
-            self._set_deadline(conn, self.request_timeout)
+            self._deadlines.set(conn, self.request_timeout)
 
     def _evict(self) -> bool:
         """Close the oldest non-local connection that waits for a request; False when there is none."""
-        waiting = [c for c in self._conns.values() if c.state == _READ and not c.local]
+        waiting = [c for c in self._conns.values() if c.state == READ and not c.local]
         if not waiting:
             return False
         oldest = min(waiting, key=lambda c: c.accepted)
-        self._dropped("evicted", oldest.client)
+        self._dropped("evicted", oldest.client, len(self._conns))
         self._close(oldest)
         return True
 
-    def _dropped(self, reason: str, client: str) -> None:
-        """Count a protective close; log the first of a reason, then at most once per DROP_LOG_EVERY."""
-        self.on_drop(reason)
-        now = time.monotonic()
-        last, since = self._drops.get(reason, (float("-inf"), 0))
-        if now - last < DROP_LOG_EVERY:
-            self._drops[reason] = (last, since + 1)
-            return
-        self._drops[reason] = (now, 0)
-        self.log.warning("http.connection_dropped", reason=reason, client=client, more_since_last_line=since,
-                         open_connections=len(self._conns))
-
-    def _close(self, conn: _Conn) -> None:
+    def _close(self, conn: Conn) -> None:
         if conn.sock.fileno() < 0:
             return
         self._conns.pop(conn.sock.fileno(), None)
         self._per_client[conn.client] -= 1
         if self._per_client[conn.client] <= 0:
             del self._per_client[conn.client]
-        if conn.state != _BUSY:
+        if conn.state != BUSY:
             self._sel.unregister(conn.sock)
         conn.sock.close()
         self._pause(False)
@@ -292,108 +252,68 @@ class EventLoopServer:
             data = b""
         if not data:
             self._close(conn)
-        elif conn.state == _LINGER:
+        elif conn.state == LINGER:
             pass  # dropped: the answer is sent, the connection is closing
         else:
             conn.buf += data
             self._take(conn)
 
-    def _take(self, conn: _Conn) -> None:
-        """Parse what has arrived; dispatch a complete request."""
+    def _take(self, conn: Conn) -> None:
+        """Dispatch the request complete in the buffer, or refuse one that cannot be served."""
         try:
-            if conn.request is None:
-                end = head_end(conn.buf)
-                if end < 0:
-                    return
-                conn.request = parse_head(bytes(conn.buf[:end]), self.max_body)
-                conn.request.client, conn.request.uid, conn.request.gid = conn.client, conn.uid, conn.gid
-                del conn.buf[:end]
-                if conn.request.expects_continue and len(conn.buf) < conn.request.content_length:
-                    self._try_send(conn.sock, b"HTTP/1.1 100 Continue\r\n\r\n")
-            request = conn.request
-            if len(conn.buf) < request.content_length:
-                return
+            request = conn.take(self.max_body)
         except HttpError as exc:
-            conn.request = None
             self._send(conn, self.app.refuse(exc), True)
             return
-        request.body = bytes(conn.buf[:request.content_length])
-        del conn.buf[:request.content_length]
-        conn.request = None
-        self._dispatch(conn, request)
+        if request is not None:
+            self._dispatch(conn, request)
 
-    def _dispatch(self, conn: _Conn, request: Request) -> None:
+    def _dispatch(self, conn: Conn, request: Request) -> None:
         if self.app.cheap(request):
             self._send(conn, *self.app.answer(request))
             return
-        if self._queued >= self.max_queued:
+        if self._workers.queued >= self._workers.max_queued:
             self._send(conn, self.app.refuse(HttpError(503, "busy; try again", {"Retry-After": "1"}, close=True)), True)
             return
-        conn.state = _BUSY
+        conn.state = BUSY
         self._sel.unregister(conn.sock)
-        self._queued += 1
-        self._pool.submit(self._work, conn, request)
-
-    def _work(self, conn: _Conn, request: Request) -> None:
-        """On a worker: answer, then hand the bytes back to the loop."""
-        data, close = self.app.answer(request)
-        self._done.append((conn, data, close))
-        self._wake()
+        self._workers.submit(conn, request)
 
     def _woken(self, sock: socket.socket, _: int) -> None:
-        try:
-            while sock.recv(4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
-        while self._done:
-            conn, data, close = self._done.popleft()
-            self._queued -= 1
-            if conn.sock.fileno() >= 0:
-                conn.state = _READ
+        for conn, data, close in self._workers.answers():
+            if conn.open:
+                conn.state = READ
                 self._sel.register(conn.sock, selectors.EVENT_READ, self._readable)
                 self._send(conn, data, close)
 
-    def _wake(self) -> None:
-        self._try_send(self._wake_w, b"x")
-
-    @staticmethod
-    def _try_send(sock: socket.socket, data: bytes) -> int:
-        try:
-            return sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            return 0
-        except OSError:
-            return -1
-
     # --- answers -------------------------------------------------------------------------
 
-    def _send(self, conn: _Conn, data: bytes, close: bool) -> None:
+    def _send(self, conn: Conn, data: bytes, close: bool) -> None:
         conn.out = memoryview(data)
-        conn.state = _WRITE if not close else _LINGER
+        conn.state = WRITE if not close else LINGER
         if close:
             conn.buf.clear()
         self._flush(conn, first=True)
 
-    def _flush(self, conn: _Conn, first: bool = False) -> None:
-        sent = self._try_send(conn.sock, conn.out)
+    def _flush(self, conn: Conn, first: bool = False) -> None:
+        sent = try_send(conn.sock, conn.out)
         if sent < 0:
             self._close(conn)
             return
         conn.out = conn.out[sent:]
-        closing = conn.state == _LINGER
+        closing = conn.state == LINGER
         if conn.out:
             if first:
                 self._sel.modify(conn.sock, selectors.EVENT_WRITE, self._writable)
-                self._set_deadline(conn, self.request_timeout)
+                self._deadlines.set(conn, self.request_timeout)
             return
         if not first:
             self._sel.modify(conn.sock, selectors.EVENT_READ, self._readable)
         if closing:
             self._linger(conn)
             return
-        conn.state = _READ
-        self._set_deadline(conn, self.request_timeout)
+        conn.state = READ
+        self._deadlines.set(conn, self.request_timeout)
         if conn.buf:
             self._take(conn)  # a pipelined request already arrived
 
@@ -402,13 +322,13 @@ class EventLoopServer:
         if conn is not None:
             self._flush(conn)
 
-    def _linger(self, conn: _Conn) -> None:
+    def _linger(self, conn: Conn) -> None:
         try:
             conn.sock.shutdown(socket.SHUT_WR)
         except OSError:
             self._close(conn)
             return
-        self._set_deadline(conn, LINGER)
+        self._deadlines.set(conn, LINGER_SECONDS)
 
 
 def listen_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:

@@ -7,6 +7,10 @@ health of the SourceIds `probe.fail_on` admits (by default everything but maintd
 
 A drain takes effect in memory at once, whatever the disk does: on a full or read-only state disk
 the store keeps the change and the loop writes it (and reports the disk) when it can.
+
+What follows the verdict without asking it over and over (the TCP probe) subscribes: it hears of
+every drain, undrain, reconfiguration and health change, and `recheck_in` says when a health
+report's TimeToLive runs out, the one change that comes with time alone.
 """
 
 from __future__ import annotations
@@ -64,12 +68,28 @@ class Rotation:
         self.store = store
         self.health = health
         self._lock = threading.Lock()
+        self._listeners: tuple[Callable[[], None], ...] = ()
         self.configure(fail_on, consider_warning_as_error)
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call `listener` after anything that may change the verdict (it must not block: it runs on the
+        changing thread, the loop's or an API worker's)."""
+        self._listeners += (listener,)
+        self.health.subscribe(listener)
+
+    def recheck_in(self) -> float | None:
+        """Seconds until the verdict may change with nobody calling (a health TTL runs out); None: never."""
+        return self.health.next_expiry_in()
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     def configure(self, fail_on: Sequence[str], consider_warning_as_error: bool) -> None:
         """Apply (new) probe.fail_on and health.consider_warning_as_error."""
         self._sources = source_filter(fail_on)
         self._warning_is_error = consider_warning_as_error
+        self._changed()
 
     def drains(self) -> dict[str, dict[str, Any]]:
         """Current drains: key -> {"reason", "since"}."""
@@ -83,7 +103,8 @@ class Rotation:
                 return False
             drains[key] = {"reason": reason, "since": now.isoformat().replace("+00:00", "Z")}
             self._save(drains)
-            return True
+        self._changed()
+        return True
 
     def undrain(self, key: str) -> bool:
         """Lift the drain `key`; False if there was none."""
@@ -92,7 +113,8 @@ class Rotation:
             if drains.pop(key, None) is None:
                 return False
             self._save(drains)
-            return True
+        self._changed()
+        return True
 
     def _save(self, drains: dict[str, dict[str, Any]]) -> None:
         try:

@@ -26,15 +26,14 @@ from agent.errors import StateError
 from agent.events import Event, parse_event
 from agent.handlers.base import Context, Handler, Result, Services, Settings
 from agent.lanes import Lanes
-from agent.outcomes import CANCELED, FAILED, INTERRUPTED, OK, RUNNING, SKIPPED, TIMED_OUT
+from agent.outcomes import CANCELED, FAILED, INTERRUPTED, OK, RUNNING, SKIPPED
 from agent.policy import Profile, phase_for
+from agent.runrecords import attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
 from agent.tracker import Tracked, Transition
 
 DEADLINE_MARGIN = 5.0
 """Seconds kept free before NotBefore: a handler budget never reaches into them."""
 OUTPUT_TAIL = 4000
-DETAIL_SHOWN = 200
-"""Characters of a result's detail quoted in a not-ready reason."""
 
 ResultListener = Callable[[str, str, str, Result], None]
 
@@ -58,27 +57,6 @@ def handler_settings(vm_name: str | None, lb_timeout: float, drain_grace: float,
         return Settings(vm_name or "", lb_timeout, drain_grace)
     return Settings(vm_name or "", profile.lb_timeout if profile.lb_timeout is not None else lb_timeout,
                     profile.drain_grace if profile.drain_grace is not None else drain_grace, profile.handlers)
-
-
-def attempt_of(record: dict[str, Any] | None) -> int:
-    """The attempt a stored run record counts (1 when it says nothing sensible)."""
-    value = record.get("attempt") if record else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
-
-
-def why_not_ready(name: str, record: dict[str, Any] | None, max_attempts: int, event_id: str) -> str:
-    """What keeps one scheduled handler from counting as ready, in words that say what to do."""
-    rec = record or {}
-    outcome, attempt = rec.get("outcome"), attempt_of(rec)
-    if outcome is None:
-        return f"{name} has not run yet"
-    if outcome == RUNNING:
-        return f"{name} is running (attempt {attempt} of {max_attempts}, since {rec.get('started_at', '?')})"
-    if outcome == INTERRUPTED:
-        return f"{name} was interrupted (attempt {attempt} of {max_attempts}); it runs again"
-    detail = str(rec.get("detail") or "")[:DETAIL_SHOWN]
-    return (f"{name} {str(outcome).replace('_', ' ')}" + (f" ({detail})" if detail else "")
-            + f"; on_failure: block — approve by hand with `maintd approve {event_id}`")
 
 
 class Runner:
@@ -141,21 +119,12 @@ class Runner:
         handler = next((h for h in self.handlers if h.spec.name == name), None)
         attempt = attempt_of(rec)
         fields = {"event_id": event_id, "handler": name, "attempt": attempt}
-        if current and handler is not None and handler.spec.rerun_interrupted and attempt < handler.spec.max_attempts:
-            limit = handler.spec.max_attempts
-            self._record(event_id, key, {**rec, "outcome": INTERRUPTED, "attempt": attempt,
-                                         "detail": f"interrupted, attempt {attempt} of {limit}; runs again"},
+        again, why = interrupted_verdict(handler.spec if handler else None, attempt, current)
+        if again and handler is not None:
+            self._record(event_id, key, {**rec, "outcome": INTERRUPTED, "attempt": attempt, "detail": why},
                          journal="handler.interrupted")
-            self.log.warning("handler.interrupted", **fields, max_attempts=limit, action="runs again")
+            self.log.warning("handler.interrupted", **fields, max_attempts=handler.spec.max_attempts, action="runs again")
             return True
-        if handler is None:
-            why = "interrupted; the handler is no longer configured"
-        elif not current:
-            why = "interrupted; the event has moved on to another phase"
-        elif handler.spec.rerun_interrupted:
-            why = f"interrupted, attempt {attempt} of {handler.spec.max_attempts}"
-        else:
-            why = "interrupted; rerun_interrupted: false"
         self._record(event_id, key, {**rec, "outcome": FAILED, "detail": why}, journal="handler.interrupted")
         self.log.error("handler.interrupted", **fields, detail=why, action="recorded failed, not run again")
         return False
@@ -265,19 +234,7 @@ class Runner:
         thread = threading.Thread(target=target, name=f"h-{handler.spec.name}", daemon=True)
         thread.start()
         thread.join(allowed + 5.0)
-        result = box[0] if box else None
-        if result is not None and result.outcome == OK:
-            return result
-        if ctx.event_gone:
-            if result is None:
-                return Result(CANCELED, "the event left the document; the handler did not return and was abandoned")
-            if result.outcome != CANCELED:
-                return Result(CANCELED, f"the event left the document during the run ({result.outcome}: "
-                                        f"{result.detail})", result.exit_code, result.output)
-            return result
-        if self.stopping.is_set():
-            return None
-        return result or Result(TIMED_OUT, f"still running after {allowed:.0f}s; abandoned")
+        return run_result(box[0] if box else None, ctx.event_gone, self.stopping.is_set(), allowed)
 
     def _finish(self, handler: Handler, phase: str, event: Event, key: str, result: Result, duration: float,
                 started: datetime) -> None:
@@ -317,11 +274,8 @@ class Runner:
         out = []
         for handler in self.selected("scheduled", t.event, t.names_self):
             rec = self.store.result(t.event.event_id, result_key(handler.spec.name, "scheduled"))
-            outcome = rec.get("outcome") if rec else None
-            if outcome == OK or (outcome in (FAILED, TIMED_OUT, SKIPPED, CANCELED)
-                                 and handler.spec.on_failure == "continue"):
-                continue
-            out.append((handler, rec))
+            if blocks(rec, handler.spec.on_failure):
+                out.append((handler, rec))
         return out
 
     def pending(self, t: Tracked) -> list[str]:

@@ -29,7 +29,8 @@ from typing import Any, Callable, NamedTuple, Protocol
 from urllib.parse import unquote, urlsplit
 
 from agent import jsonsafe, logs
-from agent.httpserver import EventLoopServer, is_loopback, listen_tcp, listen_unix
+from agent.httpconn import is_loopback
+from agent.httpserver import EventLoopServer, listen_tcp, listen_unix
 from agent.httpwire import HttpError, Request, error_body, json_body, response
 from agent.metrics import Metrics
 

@@ -17,8 +17,9 @@ Two paths:
 When the disk refuses (full, read-only) the change stays in memory and is written when it accepts
 again — nothing is lost while the daemon runs. A state file that cannot be used (not UTF-8, not
 JSON, too deep, the wrong shape, a directory, a symlink, unreadable) is moved aside
-(`state.json.corrupt-*`) and maintd starts fresh. Files are created with `mkstemp`/`O_NOFOLLOW`:
-a symlink planted in the state dir is never followed.
+(`state.json.corrupt-*`) and maintd starts fresh. The file itself (reading, checking, moving aside,
+atomic replacement) is `statefile`'s job, the journal's files `journal`'s: this module keeps the
+in-memory copy, the locks and the generations.
 
 Layout of state.json (version 1):
     {"version": 1,
@@ -31,112 +32,21 @@ Layout of state.json (version 1):
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
-import tempfile
 import threading
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from agent import jsonsafe
 from agent.clock import Clock
 from agent.errors import StateError
 from agent.events import parse_event
+from agent.journal import JOURNAL_FILE, append as append_journal
+from agent.statefile import STATE_FILE, LoadReport, iso, parse_iso, read_state, replace_file
 from agent.tracker import Tracked, Transition
 
-STATE_FILE = "state.json"
-JOURNAL_FILE = "journal.jsonl"
 _VERSION = 1
-MAX_STATE_BYTES = 64 * 1024 * 1024
-"""Largest state file read back (a week of events with hook output tails is well under 10 MB)."""
-MAX_JOURNAL_LINE = 1024 * 1024
-"""Longest journal line read back; a longer one (a damaged file) is skipped."""
-
-
-def _iso(t: datetime) -> str:
-    return t.isoformat().replace("+00:00", "Z")
-
-
-def _parse_iso(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    """What `Store.load` found: how many events, and the unusable file moved aside (if any)."""
-
-    events: int
-    moved_aside: str | None = None
-    problem: str | None = None
-
-
-def check_dir(directory: str | os.PathLike[str]) -> None:
-    """Refuse a state dir others could write to: they could plant results, approvals or symlinks."""
-    try:
-        st = os.stat(directory)
-    except FileNotFoundError:
-        return  # created by the first write, mode 755
-    except OSError as exc:
-        raise StateError(f"state dir {directory}: {exc}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise StateError(f"state dir {directory} is not a directory; fix state.dir")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise StateError(f"state dir {directory} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
-                         f"another user could forge maintd's state. Fix: chmod go-w {directory}")
-
-
-def read_file(path: Path, limit: int) -> bytes:
-    """The bytes of a regular file at `path` (not a symlink, FIFO or directory); OSError otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        if st.st_size > limit:
-            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {limit} read")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def check_shape(data: Any) -> None:
-    """Raise ValueError unless `data` is a state object every reader of the store can use as it is."""
-    if not isinstance(data, dict) or not isinstance(data.get("events"), dict):
-        raise ValueError("not a maintd state object")
-    for eid, rec in data["events"].items():
-        where = f"events.{eid}"
-        _need(isinstance(rec, dict), where, "is not an object")
-        parse_event(rec.get("event"))
-        _need(isinstance(rec.get("names_self"), bool), where, "names_self is not true/false")
-        _need(isinstance(rec.get("first_seen"), str), where, "first_seen is not a time")
-        _parse_iso(rec["first_seen"])
-        _need(isinstance(rec.get("boot_id", ""), str) and isinstance(rec.get("seen_started", False), bool),
-              where, "boot_id or seen_started has the wrong type")
-        _need(isinstance(rec.get("history", []), list) and all(isinstance(h, dict) for h in rec.get("history", [])),
-              where, "history is not a list of objects")
-        if rec.get("vanished_at") is not None:
-            _need(isinstance(rec["vanished_at"], str), where, "vanished_at is not a time")
-            _parse_iso(rec["vanished_at"])
-        _need(rec.get("outcome") is None or isinstance(rec["outcome"], str), where, "outcome is not text")
-    for part in ("results", "flags"):
-        _need(isinstance(data.get(part, {}), dict), part, "is not an object")
-    for eid, results in data.get("results", {}).items():
-        _need(isinstance(results, dict) and all(isinstance(v, dict) for v in results.values()),
-              f"results.{eid}", "is not an object of objects")
-    _need(all(isinstance(v, dict) for v in data.get("flags", {}).values()), "flags", "holds a value that is not an object")
-
-
-def _need(ok: bool, where: str, problem: str) -> None:
-    if not ok:
-        raise ValueError(f"{where}: {problem}")
-
 
 class Store:
     """Thread-safe state store; worker threads record handler results through it."""
@@ -167,38 +77,11 @@ class Store:
 
     def load(self) -> LoadReport:
         """Read state.json; an unusable one is moved aside and the store starts empty."""
-        for leftover in self.dir.glob(f".{STATE_FILE}.*"):  # temp files of a write cut short by a crash
-            try:
-                leftover.unlink()
-            except OSError:
-                pass
-        try:
-            data = jsonsafe.loads(read_file(self.path, MAX_STATE_BYTES), max_bytes=MAX_STATE_BYTES)
-            check_shape(data)
-        except FileNotFoundError:
-            return LoadReport(0)
-        except OSError as exc:
-            why = "it is a symbolic link, which maintd does not follow" if exc.errno == errno.ELOOP else exc.strerror
-            return self._set_aside(f"cannot read {self.path}: {why or exc}")
-        except (ValueError, KeyError, TypeError) as exc:
-            return self._set_aside(f"corrupt state file: {exc}")
-        data.setdefault("results", {})
-        data.setdefault("flags", {})
-        with self._lock:
-            self._data = data
-            return LoadReport(len(data["events"]))
-
-    def _set_aside(self, problem: str) -> LoadReport:
-        stamp = self.clock.now().strftime("%Y%m%dT%H%M%SZ")
-        for n in range(100):
-            aside = self.path.with_name(f"{STATE_FILE}.corrupt-{stamp}" + (f"-{n}" if n else ""))
-            if not os.path.lexists(aside):
-                break
-        try:
-            os.rename(self.path, aside)
-        except OSError as exc:
-            return LoadReport(0, problem=f"{problem}; cannot move it aside: {exc.strerror or exc}")
-        return LoadReport(0, moved_aside=str(aside), problem=problem)
+        data, report = read_state(self.path, self.clock)
+        if data is not None:
+            with self._lock:
+                self._data = data
+        return report
 
     # --- saving -------------------------------------------------------------------------
 
@@ -219,7 +102,7 @@ class Store:
             if payload is None:
                 return
             try:
-                self._write(payload.encode())
+                replace_file(self.path, payload.encode())
             except OSError as exc:
                 with self._lock:
                     self.write_failures += 1
@@ -228,30 +111,6 @@ class Store:
             with self._lock:
                 self._saved = max(self._saved, snapshot)
                 self.write_error = None
-
-    def _write(self, payload: bytes) -> None:
-        self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", dir=self.dir)  # O_EXCL: never a planted symlink
-        try:
-            try:
-                view = memoryview(payload)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
     def flush(self) -> None:
         """Write pending changes now; raises StateError (changes kept in memory) when the disk refuses."""
@@ -302,7 +161,7 @@ class Store:
             for eid, rec in self._data["events"].items():
                 if rec.get("vanished_at"):
                     continue
-                out[eid] = Tracked(parse_event(rec["event"]), rec["names_self"], _parse_iso(rec["first_seen"]),
+                out[eid] = Tracked(parse_event(rec["event"]), rec["names_self"], parse_iso(rec["first_seen"]),
                                    rec.get("boot_id", ""), rec.get("seen_started", False))
             return out
 
@@ -324,15 +183,15 @@ class Store:
             changed = bool(transitions) or self._view_changed(tracked)
             for eid, t in tracked.items():
                 rec = events.setdefault(eid, {"history": []})
-                rec.update(event=t.event.to_json(), names_self=t.names_self, first_seen=_iso(t.first_seen),
+                rec.update(event=t.event.to_json(), names_self=t.names_self, first_seen=iso(t.first_seen),
                            boot_id=t.boot_id, seen_started=t.seen_started, vanished_at=None, outcome=None)
             for tr in transitions:
                 rec = events.setdefault(tr.event.event_id, {"history": [], "event": tr.event.to_json(),
-                                                            "names_self": tr.names_self, "first_seen": _iso(tr.at)})
-                rec["history"].append({"kind": tr.kind, "at": _iso(tr.at), "status": tr.event.status,
+                                                            "names_self": tr.names_self, "first_seen": iso(tr.at)})
+                rec["history"].append({"kind": tr.kind, "at": iso(tr.at), "status": tr.event.status,
                                        **({"outcome": tr.outcome} if tr.outcome else {})})
                 if tr.kind == "vanished":
-                    rec["vanished_at"] = _iso(tr.at)
+                    rec["vanished_at"] = iso(tr.at)
                     rec["outcome"] = tr.outcome
                 self._queue_line(f"event.{tr.outcome if tr.outcome else tr.kind}", event_id=tr.event.event_id,
                                  event_type=tr.event.event_type, status=tr.event.status, names_self=tr.names_self,
@@ -351,7 +210,7 @@ class Store:
         cutoff = now - timedelta(seconds=self.retention)
         with self._lock:
             gone = [eid for eid, rec in self._data["events"].items()
-                    if rec.get("vanished_at") and _parse_iso(rec["vanished_at"]) < cutoff]
+                    if rec.get("vanished_at") and parse_iso(rec["vanished_at"]) < cutoff]
             for eid in gone:
                 del self._data["events"][eid]
                 self._data["results"].pop(eid, None)
@@ -415,61 +274,15 @@ class Store:
         self._save(0)
 
     def _queue_line(self, kind: str, **fields: Any) -> None:
-        self._lines.append(json.dumps({"t": _iso(self.clock.now()), "kind": kind, **fields}, default=str,
+        self._lines.append(json.dumps({"t": iso(self.clock.now()), "kind": kind, **fields}, default=str,
                                       separators=(",", ":")))
 
     def _append(self, lines: list[str]) -> None:
-        """Append journal lines (caller holds `_io`); never follows a symlink planted as the journal."""
+        """Append journal lines (caller holds `_io`); a failure is remembered in `journal_error`."""
         try:
-            for line in lines:
-                data = (line + "\n").encode()
-                self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-                self._rotate_if_needed(len(data))
-                fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o600)
-                try:
-                    os.write(fd, data)
-                finally:
-                    os.close(fd)
-                self.journal_error = None
+            append_journal(self.journal_path, lines, self.journal_max_bytes, self.journal_keep)
         except OSError as exc:
             self.journal_error = f"{type(exc).__name__}: {exc}"
-
-    def _rotate_if_needed(self, incoming: int) -> None:
-        try:
-            size = os.lstat(self.journal_path).st_size
-        except FileNotFoundError:
-            return
-        if size + incoming <= self.journal_max_bytes:
-            return
-        for i in range(self.journal_keep - 1, 0, -1):
-            older = self.journal_path.with_name(f"{JOURNAL_FILE}.{i}")
-            if os.path.lexists(older):
-                os.replace(older, self.journal_path.with_name(f"{JOURNAL_FILE}.{i + 1}"))
-        os.replace(self.journal_path, self.journal_path.with_name(f"{JOURNAL_FILE}.1"))
-
-
-def read_journal(directory: str | os.PathLike[str], keep: int = 100) -> Iterator[dict[str, Any]]:
-    """Audit journal entries, oldest first, across rotated files; damaged lines and unreadable files are skipped."""
-    base = Path(directory) / JOURNAL_FILE
-    for path in [base.with_name(f"{JOURNAL_FILE}.{i}") for i in range(keep, 0, -1)] + [base]:
-        try:
-            fh = open(path, "rb")
-        except OSError:
-            continue
-        with fh:
-            yield from _entries(fh)
-
-
-def _entries(fh: Any) -> Iterator[dict[str, Any]]:
-    """The JSON objects among a journal file's lines (a bad byte, a torn or deep line is skipped)."""
-    try:
-        for line in iter(lambda: fh.readline(MAX_JOURNAL_LINE + 1), b""):
-            try:
-                entry = jsonsafe.loads(line, max_bytes=MAX_JOURNAL_LINE)
-            except ValueError:
-                continue
-            if isinstance(entry, dict):
-                yield entry
-    except OSError:
-        return  # a directory in the journal's place, an I/O error: what was read stands
+        else:
+            if lines:
+                self.journal_error = None

@@ -235,6 +235,6 @@ def serve(parts: Parts, view: Callable[[], LoopView], sock: Any = None) -> tuple
     probe = parts.config.probe
     tcp_probe = None
     if probe.mode == "tcp" and probe.listen:
-        tcp_probe = TcpProbe(probe.listen, lambda: parts.rotation.verdict().in_rotation)
+        tcp_probe = TcpProbe(probe.listen, lambda: parts.rotation.verdict().in_rotation, watch=parts.rotation)
         tcp_probe.start()
     return server, tcp_probe

@@ -20,7 +20,8 @@ from agent.config import load, loads
 from agent.daemon import build
 from agent.errors import ConfigError
 from agent.health import HealthState
-from agent.state import Store, read_journal
+from agent.journal import read_journal
+from agent.state import Store
 from agent.systemd import Notifier
 
 VALID_STATE = json.dumps({"version": 1, "events": {"E1": {

@@ -275,6 +275,21 @@ def test_a_4xx_is_not_retried(make, clock, status):
     assert result.detail == f"https://hooks.example.invalid answered {status}: invalid_payload"
 
 
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+@responses.activate
+def test_a_redirect_is_not_followed_so_secret_headers_stay_with_the_configured_host(make, clock, status):
+    """A 3xx naming another host would get the body and the custom headers: one POST, failed, named."""
+    responses.post(HOOK_URL, status=status, headers={"Location": "https://evil.example.invalid/collect"})
+    responses.post("https://evil.example.invalid/collect", status=200)
+    responses.get("https://evil.example.invalid/collect", status=200)
+    h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", preset: slack, '
+             'headers: {X-Api-Key: s3cr3t}}')
+    result = h.run(context(clock))
+    assert result.outcome == FAILED
+    assert [c.request.url for c in responses.calls] == [HOOK_URL]
+    assert result.detail == f"https://hooks.example.invalid: answered {status}, a redirect (not followed)"
+
+
 @responses.activate
 def test_429_waits_as_long_as_retry_after_says(make, clock):
     """Slack's 429 carries Retry-After: the next try waits at least that long."""

@@ -42,6 +42,19 @@ def test_systemd_units_verify(tmp_path):
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
 
 
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
+def test_the_units_exposure_score_is_no_worse_than_documented(tmp_path):
+    """`systemd-analyze security` rates the unit as the unit's comment and the README say, or better."""
+    unit = (ROOT / "systemd/maintd.service").read_text()
+    documented = float(re.search(r"security maintd\.service` at (\d\.\d)", unit)[1])
+    assert f"rates the unit **{documented} OK**" in (ROOT / "README.md").read_text()
+    (tmp_path / "maintd.service").write_text(unit)
+    done = subprocess.run([SYSTEMD_ANALYZE, "security", "--offline=yes", str(tmp_path / "maintd.service")],
+                          capture_output=True, text=True)
+    score = float(re.search(r"Overall exposure level for maintd\.service: (\d+\.\d)", done.stdout)[1])
+    assert score <= documented, done.stdout
+
+
 def test_unit_matches_the_daemon():
     unit = (ROOT / "systemd/maintd.service").read_text()
     for line in ("Type=notify", "RestartPreventExitStatus=78", "ExecReload=/bin/kill -HUP $MAINPID",

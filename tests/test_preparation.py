@@ -11,7 +11,7 @@ import pytest
 from agent.clock import FakeClock
 from agent.config import loads
 from agent.daemon import build
-from agent.state import read_journal
+from agent.journal import read_journal
 from agent.systemd import Notifier
 from tests.test_daemon import SE, imds  # noqa: F401 (IMDS scripted for the daemon's life; approvals succeed)
 UTC = timezone.utc

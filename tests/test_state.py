@@ -11,7 +11,9 @@ import pytest
 
 from agent.errors import StateError
 from agent.events import Document, Event
-from agent.state import Store, check_dir, read_journal
+from agent.journal import read_journal
+from agent.state import Store
+from agent.statefile import check_dir
 from agent.tracker import diff
 
 

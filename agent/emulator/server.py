@@ -1,5 +1,5 @@
 """One HTTP server per emulated VM: IMDS's wire format and request validation, its rate limit,
-injected faults, and the loopback-only admin API under `/admin/`.
+injected faults (acted out by `answering`), and the loopback-only admin API under `/admin/`.
 
 Validation follows IMDS's order (shared/research/imds.md §9): X-Forwarded-For, the Metadata header,
 duplicate query parameters, api-version, method, then the per-VM token bucket. HTTP/1.1 keep-alive
@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import http.server
-import io
 import ipaddress
 import json
-import select
 import selectors
 import socket
 import struct
@@ -25,9 +23,9 @@ from typing import Any, Callable
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from agent.emulator.admin import Host, admin
-from agent.emulator.faults import (CAPTIVE_PAGE, DEEP_JSON, DELAY_KINDS, MALFORMED, PROXY_504, Fault, error_body,
-                                   oversize)
-from agent.emulator.model import API_VERSIONS, NEWEST_VERSIONS, RecordedRequest, UnknownEventError
+from agent.emulator.answering import FaultyAnswers
+from agent.emulator.faults import error_body
+from agent.emulator.model import API_VERSIONS, NEWEST_VERSIONS, UnknownEventError
 
 SE_PATH = "/metadata/scheduledevents"
 INSTANCE_PATH = "/metadata/instance"
@@ -48,8 +46,6 @@ ERR_VERSION = {"error": "Bad request. api-version is invalid or was not specifie
 ERR_BODY = {"error": 'Bad request. The request body is malformed: expected {"StartRequests": [{"EventId": "..."}]}'}
 ERR_LEAF = {"error": "Bad request. Leaf nodes require format=text"}
 MAX_BODY = 64 * 1024
-HANG_POLL = 0.02
-"""Seconds between checks of a hanging request (fault cleared or expired, client gone, emulator stopping)."""
 
 
 def uniform_names(vm: str) -> tuple[str, str]:
@@ -104,44 +100,17 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(FaultyAnswers):
     protocol_version = "HTTP/1.1"
     server_version = "maintd-imds-emulator"
     disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms delayed-ACK stalls
     server: "VmServer"
-    _record: RecordedRequest | None = None
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
         """Quiet: every request is recorded instead."""
 
     def version_string(self) -> str:
         return self.server_version
-
-    # --- answering ---------------------------------------------------------------------------
-
-    def _send(self, status: int, body: bytes, content_type: str = "application/json; charset=utf-8",
-              extra: dict[str, str] | None = None) -> None:
-        if self._record is not None:
-            self._record.status = status  # before the answer leaves: a client may read the record next
-        self.send_response(status)
-        if status != 304:
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-        for name, value in (extra or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        if self.command != "HEAD" and status != 304:
-            self.wfile.write(body)
-
-    def _json(self, status: int, obj: Any, extra: dict[str, str] | None = None) -> None:
-        self._send(status, json.dumps(obj, separators=(",", ":")).encode(), extra=extra)
-
-    def _drop(self) -> bool:
-        """Close the connection without an answer; False, so `_faults` can return it."""
-        self.close_connection = True
-        if self._record is not None:
-            self._record.status = None
-        return False
 
     # --- every request -----------------------------------------------------------------------
 
@@ -175,81 +144,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                        {"Connection": "close"})
             return None
         return self.rfile.read(length) if length else b""
-
-    # --- faults ------------------------------------------------------------------------------
-
-    def _faults(self, url: SplitResult, body: bytes) -> bool:
-        """Act out this request's faults; False when one has answered it or dropped the connection."""
-        emu = self.server.emulator
-        for fault in emu.take_faults(self.server.vm, url.path, self.command):
-            if fault.kind == "hang":
-                if not self._hang(fault):
-                    return self._drop()
-            elif fault.kind in DELAY_KINDS:
-                if emu.stopping.wait(emu.model.real(fault.delay)):
-                    return self._drop()
-            elif fault.kind == "trickle":
-                self._trickle(url, body, fault)
-                return False
-            else:
-                self._misbehave(fault)
-                return False
-        return True
-
-    def _trickle(self, url: SplitResult, body: bytes, fault: Fault) -> None:
-        """The true answer, one byte every `delay` (emulated) seconds, until done or the client leaves."""
-        emu = self.server.emulator
-        real, self.wfile = self.wfile, io.BytesIO()
-        try:
-            self._imds(url, body)
-            answer = self.wfile.getvalue()  # type: ignore[attr-defined]
-        finally:
-            self.wfile = real
-        for i in range(len(answer)):
-            if emu.stopping.wait(emu.model.real(fault.delay)) or self._peer_closed():
-                self._drop()
-                return
-            self.wfile.write(answer[i:i + 1])
-
-    def _hang(self, fault: Fault) -> bool:
-        """Answer nothing until the fault is cleared or expires (True: go on) or the client gives up (False)."""
-        emu = self.server.emulator
-        while not emu.stopping.wait(HANG_POLL):
-            if fault.expired(emu.clock.monotonic()):
-                return True
-            if self._peer_closed():
-                return False
-        return False
-
-    def _peer_closed(self) -> bool:
-        try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
-            return True
-
-    def _misbehave(self, fault: Fault) -> None:
-        kind = fault.kind
-        if kind == "status":
-            self._json(fault.status, error_body(fault.status),
-                       {"Retry-After": fault.retry_after} if fault.retry_after else None)
-        elif kind == "proxy_504":
-            self._send(504, PROXY_504, "text/html")
-        elif kind == "malformed":
-            self._send(200, MALFORMED)
-        elif kind == "wrong_content_type":
-            self._send(200, CAPTIVE_PAGE, "text/html; charset=utf-8")
-        elif kind in ("deep_json", "oversize"):
-            self._send(200, DEEP_JSON if kind == "deep_json" else oversize())
-        else:
-            if kind == "reset_mid_body":
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json; charset=utf-8")
-                self.send_header("Content-Length", "4096")
-                self.end_headers()
-                self.wfile.write(b'{"DocumentIncarnation": 3, "Events": [')
-            self.server.reset_on_close(self.connection)
-            self._drop()
 
     # --- IMDS --------------------------------------------------------------------------------
 

@@ -13,7 +13,9 @@ so a quote in a Description cannot break it.
 `post` is the one retrying POST of the handlers (the `health` handler's Service Fabric push uses it
 too): connection errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter
 (longer when a 429 says Retry-After), and neither a wait nor a request reaches past the run's
-budget. Unlike IMDS calls, webhooks honour the proxy environment (HTTPS_PROXY, NO_PROXY).
+budget. Unlike IMDS calls, webhooks honour the proxy environment (HTTPS_PROXY, NO_PROXY). Redirects
+are never followed: `requests` would carry the body and the custom (often secret) headers to
+whatever host a 307 names, so a 3xx is a failed POST that names the status.
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ def post(ctx: Context, session: requests.Session, url: str, *, attempts: int, re
         nonlocal tries
         tries += 1
         left = max(MIN_ATTEMPT, deadline - clock.monotonic())
-        response = session.post(url, timeout=min(request_timeout, left), **kwargs)
+        response = session.post(url, timeout=min(request_timeout, left), allow_redirects=False, **kwargs)
         if response.status_code == 429 or response.status_code >= 500:
             raise _Retryable(response)
         return response
@@ -196,11 +198,14 @@ def post(ctx: Context, session: requests.Session, url: str, *, attempts: int, re
     retry = retry.copy(wait=lambda state: min(max(backoff(state), _retry_after(state)),
                                               max(0.0, deadline - clock.monotonic() - MIN_ATTEMPT)))
     try:
-        return Answer(retry(send), "", tries)
+        response = retry(send)
     except _Retryable as exc:
         return Answer(exc.response, "", tries)
     except requests.RequestException as exc:
         return Answer(None, type(exc).__name__, tries)
+    if response.is_redirect:
+        return Answer(None, f"answered {response.status_code}, a redirect (not followed)", tries)
+    return Answer(response, "", tries)
 
 
 # --- the handler ---------------------------------------------------------------------------
