@@ -86,15 +86,15 @@ class Coordinator:
     @property
     def identity(self) -> Identity | None:
         """This VM's compute identity (set by the daemon once IMDS told it), for scale-set addressing."""
-        return self.peers.identity
+        return self.directory.identity
 
     @identity.setter
     def identity(self, value: Identity | None) -> None:
-        self.peers.identity = value
+        self.directory.identity = value
 
     def address(self, name: str) -> Address:
         """Where a peer is asked (see `directory`)."""
-        return self.peers.address(name)
+        return self.directory.address(name)
 
     def hint(self, event_id: str, name: str) -> bool:
         """A peer says it became ready: ask it again at once (its word is checked, not trusted; rate-limited)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from agent import logs
-from agent.addressing import Address, Identity
+from agent.addressing import Address
 from agent.clock import Clock
 from agent.coordination_rules import (
     PeerState,
@@ -74,14 +74,6 @@ class PeerExchange:
         self._lanes = Lanes(s.max_concurrency, "peer")
 
     # --- addressing ---------------------------------------------------------------------
-
-    @property
-    def identity(self) -> Identity | None:
-        return self.directory.identity
-
-    @identity.setter
-    def identity(self, value: Identity | None) -> None:
-        self.directory.identity = value
 
     def address(self, name: str) -> Address:
         """Where a peer is asked (see `directory`)."""
