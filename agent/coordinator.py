@@ -128,6 +128,7 @@ class Coordinator:
         self.peers.refresh([state.exchange for state in self._events.values()])
         s = self.settings
         leading: dict[str, int] = {}
+        me = vm_name.casefold()
         for event_id in [e for e in self._events if e not in tracked]:
             del self._events[event_id]
         for event_id, t in tracked.items():
@@ -137,7 +138,7 @@ class Coordinator:
             state = self._events.setdefault(event_id, EventCoordination())
             mode, rule = profile.approval_for(t.event)
             state.mode, state.rule = mode, rule
-            others = [r for r in t.event.resources if r.casefold() != vm_name.casefold()]
+            others = [r for r in t.event.resources if r.casefold() != me]
             lower, higher = others[:rank], others[rank:]
             pending = local_pending(t) if mode in ("auto", "manual") else []
             if t.event.status == "Scheduled" and mode in ("auto", "immediate") and not self._sent(event_id):

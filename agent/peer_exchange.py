@@ -55,6 +55,14 @@ class Exchange:
                                             None)
 
 
+def _known(ex: Exchange, name: str) -> PeerState:
+    """The peer's state, created on first use (the caller holds the lock)."""
+    peer = ex.peers.get(name)
+    if peer is None:
+        peer = ex.peers[name] = PeerState()
+    return peer
+
+
 class PeerExchange:
     """Sends each event's peer requests as the rules say; thread-safe (`lock` guards every `Exchange`)."""
 
@@ -149,7 +157,14 @@ class PeerExchange:
 
     def _peer(self, ex: Exchange, name: str) -> PeerState:
         with self.lock:
-            return ex.peers.setdefault(name, PeerState())
+            return _known(ex, name)
+
+    def _readiness_due(self, ex: Exchange, higher: list[str], now: float) -> list[tuple[str, PeerState]]:
+        """The peers the acting leader asks now: one pass under the lock (a leader of 1000 VMs runs it per tick)."""
+        poll, recheck_max = self.poll_interval(), self.settings().peer_recheck_max
+        with self.lock:
+            return [(name, peer) for name, peer in ((n, _known(ex, n)) for n in higher)
+                    if readiness_due(peer, now, poll, recheck_max)]
 
     def run(self, event_id: str, ex: Exchange, vm_name: str, lower: list[str], higher: list[str],
             readiness: bool, locally_ready: bool, now: float) -> None:
@@ -164,10 +179,8 @@ class PeerExchange:
         if not readiness:
             return
         if leads_soon(lower, ex.peers, now, s.takeover_after):
-            for name in higher:
-                peer = self._peer(ex, name)
-                if readiness_due(peer, now, self.poll_interval(), s.peer_recheck_max):
-                    self._submit_ask(event_id, ex, name, peer, now)
+            for name, peer in self._readiness_due(ex, higher, now):
+                self._submit_ask(event_id, ex, name, peer, now)
         elif ex.leader is not None and locally_ready and not ex.pushing \
                 and push_due(ex.leader, ex.told, ex.push_to, ex.push_at, now, every):
             self._push(event_id, ex, ex.leader, vm_name, now)

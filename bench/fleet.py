@@ -38,6 +38,7 @@ from typing import Any, Callable
 import yaml
 
 from bench.common import cpu_seconds, peak_rss_mb, summary, write, write_summary
+from bench.fleet_tick import tick_cost
 from tests.e2e.harness import CLEAN_ENV, Agent, Emulator, free_port, http, wait_until
 
 NOT_PEER_ROUTES = frozenset({"metrics", "healthz", "probe"})
@@ -475,7 +476,8 @@ def run(quick: bool = False, sizes: list[int] | None = None, simulated: int | No
     sizes = sizes if sizes is not None else ([5] if quick else [10, 30, 50])
     simulated = simulated if simulated is not None else (50 if quick else 1000)
     real_events = events or (2 if quick else 6)
-    figures: dict[str, Any] = {"addressing": kind, "poll_interval_s": 1.0, "real": [], "simulated": None}
+    figures: dict[str, Any] = {"addressing": kind, "poll_interval_s": 1.0, "real": [], "simulated": None,
+                               "tick": []}
     checks: list[tuple[str, str, str, bool]] = []
     for n in sizes:
         result = real_fleet(n, real_events, kind, rng)
@@ -486,6 +488,10 @@ def run(quick: bool = False, sizes: list[int] | None = None, simulated: int | No
                                  takeover_after=3.0 if quick else TAKEOVER_AFTER)
         figures["simulated"] = result
         checks += checks_simulated(result)
+        figures["tick"] = [tick_cost(k) for k in (100, simulated)]
+        checks += [(f"N={t['n']} in process: the leader's coordination pass on its loop thread (best / median of 5)",
+                    f"{t['ms_per_tick_best']} / {t['ms_per_tick_median']} ms per tick", "reported", True)
+                   for t in figures["tick"]]
     return write("fleet", figures, checks, quick)
 
 
