@@ -103,7 +103,7 @@ class PeerExchange:
         if address.url is None:
             answer = Answer(UNREACHABLE, address.problem)
         else:
-            answer = self.client.ask(address.url, event_id)
+            answer = self.client.ask(address.url, event_id, name)
             self.metrics.peer_requests.labels(answer.outcome).inc()
         now = self.clock.monotonic()
         with self.lock:
