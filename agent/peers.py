@@ -40,8 +40,14 @@ class Answer:
         return self.outcome != UNREACHABLE
 
 
-def readiness(status: int, body: bytes) -> Answer:
-    """What a peer's answer means: ready only for a 200 whose JSON object says `"ready": true`."""
+def readiness(status: int, body: bytes, name: str) -> Answer:
+    """What peer `name`'s answer means: ready only for a 200 whose JSON object says `"ready": true`.
+
+    An answer that names another VM (`vm_name`) is invalid, never ready: two peers given one URL
+    (a copy-paste in a peers file, a port another agent holds) would otherwise let one VM's
+    readiness stand for another's. An answer without the field (a stand-in, an older agent) is read
+    as before.
+    """
     if status == 404:
         return Answer(NOT_READY, "has not seen the event yet")
     if status != 200:
@@ -52,6 +58,9 @@ def readiness(status: int, body: bytes) -> Answer:
         return Answer(INVALID, f"answer is not JSON: {str(exc)[:80]}")
     if not isinstance(parsed, dict) or not isinstance(parsed.get("ready"), bool):
         return Answer(INVALID, 'answer has no "ready": true/false')
+    answered_as = parsed.get("vm_name")
+    if isinstance(answered_as, str) and answered_as.casefold() != name.casefold():
+        return Answer(INVALID, f"answered as {answered_as[:64]!r}: another VM has this peer's address")
     return Answer(READY, "ready") if parsed["ready"] else Answer(NOT_READY, "preparing")
 
 
@@ -71,11 +80,11 @@ class PeerClient:
         token = self.token_reader()
         return {"Authorization": f"Bearer {token}"} if token else {}
 
-    def ask(self, base: str, event_id: str) -> Answer:
-        """Whether the peer at `base` is ready for the event."""
+    def ask(self, base: str, event_id: str, name: str) -> Answer:
+        """Whether peer `name`, at `base`, is ready for the event."""
         try:
             r = self.session.get(event_url(base, event_id), headers=self._headers(), timeout=self.timeout)
-            return readiness(r.status_code, r.content)
+            return readiness(r.status_code, r.content, name)
         except (requests.RequestException, ValueError) as exc:
             return Answer(UNREACHABLE, type(exc).__name__)
         except Exception as exc:  # whatever else the exchange raised, it is not a ready peer; asked again later

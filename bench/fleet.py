@@ -26,6 +26,7 @@ import concurrent.futures
 import json
 import random
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -38,7 +39,8 @@ from typing import Any, Callable
 import yaml
 
 from bench.common import cpu_seconds, peak_rss_mb, summary, write, write_summary
-from tests.e2e.harness import CLEAN_ENV, Agent, Emulator, free_port, http, wait_until
+from bench.fleet_tick import tick_cost
+from tests.e2e.harness import CLEAN_ENV, Agent, Emulator, http, wait_until
 
 NOT_PEER_ROUTES = frozenset({"metrics", "healthz", "probe"})
 """Server routes the bench itself uses; every other request an agent receives comes from a peer."""
@@ -137,6 +139,19 @@ def hook_ends(directory: Path, event_id: str, vms: list[str]) -> float:
     return max(float((directory / f"{event_id}.{vm}").read_text()) for vm in vms)
 
 
+def not_done(directory: Path, event_id: str, vms: list[str]) -> list[str]:
+    """VMs whose hook for the event has not written its end time: approved before they were ready, if any."""
+    return [vm for vm in vms if not (directory / f"{event_id}.{vm}").is_file()]
+
+
+def keep_logs(agents: dict[str, Agent], vms: list[str], event_id: str) -> Path:
+    """Save the given agents' logs for a failed check (the run's directory is removed at its end)."""
+    out = Path(tempfile.mkdtemp(prefix=f"fleet-{event_id[:8]}-"))
+    for vm in vms:
+        (out / f"{vm}.log").write_text("".join(agents[vm].raw))
+    return out
+
+
 # --- starting the agents ---------------------------------------------------------------------
 
 def addressing(kind: str, peers: dict[str, str], workdir: Path) -> dict[str, Any]:
@@ -149,13 +164,32 @@ def addressing(kind: str, peers: dict[str, str], workdir: Path) -> dict[str, Any
     return {"peers_file": str(path)}
 
 
+def distinct_ports(names: list[str]) -> dict[str, int]:
+    """A different free loopback port per name (binding port 0 and closing, one at a time, can repeat one)."""
+    socks = [socket.socket() for _ in names]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return {name: s.getsockname()[1] for name, s in zip(names, socks)}
+    finally:
+        for s in socks:
+            s.close()
+
+
 def start_agents(specs: dict[str, Callable[[], Agent]]) -> dict[str, Agent]:
-    """Start agents a few at a time (each waits for its own /healthz); stop them all if one fails."""
+    """Start agents a few at a time (each waits for its own /healthz); stop them all if one fails or exits.
+
+    An agent whose port another process holds exits on bind, but its /healthz may still be answered
+    by that process: hence the last look that every agent is still running.
+    """
     with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
         futures = {vm: pool.submit(make) for vm, make in specs.items()}
         concurrent.futures.wait(futures.values())
     agents = {vm: f.result() for vm, f in futures.items() if f.exception() is None}
     errors = [e for e in (f.exception() for f in futures.values()) if e is not None]
+    time.sleep(0.5)
+    errors += [AssertionError(f"{vm} exited at start: " + "".join(a.raw[-5:]))
+               for vm, a in agents.items() if a.proc.poll() is not None]
     if errors:
         stop_all(agents)
         raise errors[0]
@@ -187,7 +221,7 @@ def real_fleet(n: int, events: int, kind: str, rng: random.Random) -> dict[str, 
     with tempfile.TemporaryDirectory() as tmp:
         hooks = Path(tmp) / "hooks"
         hooks.mkdir()
-        ports = {vm: free_port() for vm in names}
+        ports = distinct_ports(names)
         bases = {vm: f"http://127.0.0.1:{p}" for vm, p in ports.items()}
         specs = {vm: (lambda vm=vm, i=i: Agent(Path(tmp) / vm, emu.urls[vm], vm, agent_config(
             kind, {p: u for p, u in bases.items() if p != vm}, Path(tmp) / vm, HOOK,
@@ -207,11 +241,17 @@ def real_fleet(n: int, events: int, kind: str, rng: random.Random) -> dict[str, 
                 cpu1 = {vm: cpu_seconds(pid) for vm, pid in pids.items()}
                 after = [peer_counts(a) for a in agents.values()]
                 m2 = time.monotonic()
+                early = not_done(hooks, eid, names)
+                if early:
+                    print(f"   N={n}: {sender} approved {eid} before {', '.join(early)} were ready; logs in "
+                          f"{keep_logs(agents, [sender, *early], eid)}", flush=True)
+                    wait_until(lambda: not not_done(hooks, eid, names), 60, "every hook to end")
                 ready = hook_ends(hooks, eid, names)
                 received = sum(a["in"] - b["in"] for a, b in zip(after, before))
                 sent = sum(a["out"] - b["out"] for a, b in zip(after, before))
                 cpu = {vm: (cpu1[vm] - cpu0[vm]) / (m1 - m0) * 100 for vm in names}
-                per_event.append({"event_id": eid, "sender": sender, "window_s": round(m2 - m0, 2),
+                per_event.append({"event_id": eid, "sender": sender, "not_ready_at_post": early,
+                                  "window_s": round(m2 - m0, 2),
                                   "peer_requests": int(received), "peer_gets_sent": int(sent),
                                   "requests_per_s": received / (m2 - m0),
                                   "ready_to_post_s": post_time(emu, sender, eid) - ready,
@@ -274,7 +314,7 @@ class SimulatedFleet:
         self.hooks.mkdir()
         self.emu = Emulator([self.leader, self.follower], "--started-duration", "0.3")
         self.standin = Standin()
-        ports = {vm: free_port() for vm in (self.leader, self.follower)}
+        ports = distinct_ports([self.leader, self.follower])
         self.bases = {vm: f"http://127.0.0.1:{p}" for vm, p in ports.items()}
         src = {self.leader: "L", self.follower: "F"}
 
@@ -441,6 +481,9 @@ def checks_real(r: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
          f"{cpu['cpu_leader_pct']} / {cpu['cpu_follower_pct']} / {cpu['cpu_followers_median_pct']} % of a core",
          "reported", True),
         (f"N={n} real: POSTs per event", " ".join(map(str, posts)), "exactly 1", all(p == 1 for p in posts)),
+        (f"N={n} real: VMs whose hook had not ended at the POST", str(sum(len(e["not_ready_at_post"])
+                                                                          for e in r["per_event"])),
+         "0", not any(e["not_ready_at_post"] for e in r["per_event"])),
     ]
 
 
@@ -475,7 +518,8 @@ def run(quick: bool = False, sizes: list[int] | None = None, simulated: int | No
     sizes = sizes if sizes is not None else ([5] if quick else [10, 30, 50])
     simulated = simulated if simulated is not None else (50 if quick else 1000)
     real_events = events or (2 if quick else 6)
-    figures: dict[str, Any] = {"addressing": kind, "poll_interval_s": 1.0, "real": [], "simulated": None}
+    figures: dict[str, Any] = {"addressing": kind, "poll_interval_s": 1.0, "real": [], "simulated": None,
+                               "tick": []}
     checks: list[tuple[str, str, str, bool]] = []
     for n in sizes:
         result = real_fleet(n, real_events, kind, rng)
@@ -486,6 +530,10 @@ def run(quick: bool = False, sizes: list[int] | None = None, simulated: int | No
                                  takeover_after=3.0 if quick else TAKEOVER_AFTER)
         figures["simulated"] = result
         checks += checks_simulated(result)
+        figures["tick"] = [tick_cost(k) for k in (100, simulated)]
+        checks += [(f"N={t['n']} in process: the leader's coordination pass on its loop thread (best / median of 5)",
+                    f"{t['ms_per_tick_best']} / {t['ms_per_tick_median']} ms per tick", "reported", True)
+                   for t in figures["tick"]]
     return write("fleet", figures, checks, quick)
 
 

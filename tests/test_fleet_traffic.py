@@ -116,6 +116,28 @@ def test_a_garbage_answer_counts_as_not_ready_and_is_counted(tmp_path, clock, pe
     assert len([e for e in logs if e["event"] == "peer.invalid_answer"]) == 1
 
 
+def test_two_peers_at_one_address_never_lend_each_other_readiness(tmp_path, clock, peers, logs):
+    """vm2 and vm3 given one URL (a peers-file copy-paste): vm3's agent answering ready does not make vm2 ready."""
+    coord, sent, _ = setup(tmp_path, clock, peers={"vm2": peer("vm3"), "vm3": peer("vm3")})
+    t = tracked(clock, ["vm1", "vm2", "vm3"])
+    peers.get(f"{peer('vm3')}/v1/events/E1", json={"ready": True, "vm_name": "VM3"})
+    run(coord, t, "vm1", clock, 30)
+    assert sent == []
+    view = coord.view("E1")["peers"]
+    assert view["vm3"]["ready"] is True and view["vm2"]["ready"] is False
+    assert "answered as 'VM3'" in view["vm2"]["detail"]
+    assert [e["peer"] for e in logs if e["event"] == "peer.invalid_answer"] == ["vm2"]
+
+
+def test_a_peer_answering_under_its_own_name_is_ready(tmp_path, clock, peers):
+    """The name check compares without case, as Resources does: `VM2` answering for vm2 counts."""
+    coord, sent, _ = setup(tmp_path, clock)
+    t = tracked(clock, ["vm1", "vm2"])
+    peers.get(f"{peer('vm2')}/v1/events/E1", json={"ready": True, "vm_name": "VM2"})
+    run(coord, t, "vm1", clock, 3)
+    assert sent == [["E1"]]
+
+
 def test_resource_names_that_are_not_host_names_get_no_request_and_no_token(tmp_path, clock, peers):
     """`127.0.0.1:19999/steal?x=` in Resources is never turned into an address: it stays unreachable."""
     coord, sent, _ = setup(tmp_path, clock)
