@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from importlib.metadata import entry_points
 from typing import Any
 
 from agent.configschema import boolean, choice, duration, integer, list_of, named_list, opt, parse_section, text
@@ -16,13 +15,29 @@ from agent.handlers.base import PHASES, Handler, HandlerSpec, Services
 ENTRY_POINT_GROUP = "maintd.handlers"
 
 
-def _builtins() -> dict[str, type[Handler]]:
-    from agent.handlers.drain import DrainHandler
-    from agent.handlers.exec import ExecHandler
-    from agent.handlers.health import HealthHandler
-    from agent.handlers.webhook import WebhookHandler
+BUILTIN_TYPES = ("drain", "exec", "webhook", "health")
 
-    return {h.type_name: h for h in (DrainHandler, ExecHandler, WebhookHandler, HealthHandler)}
+
+def _builtin(name: str) -> type[Handler] | None:
+    """The built-in handler class `name`, importing only its module: webhook and health bring an HTTP
+    client (requests) that a config with only drain and exec handlers need not load."""
+    if name == "drain":
+        from agent.handlers.drain import DrainHandler
+        return DrainHandler
+    if name == "exec":
+        from agent.handlers.exec import ExecHandler
+        return ExecHandler
+    if name == "webhook":
+        from agent.handlers.webhook import WebhookHandler
+        return WebhookHandler
+    if name == "health":
+        from agent.handlers.health import HealthHandler
+        return HealthHandler
+    return None
+
+
+def _builtins() -> dict[str, type[Handler]]:
+    return {name: cls for name in BUILTIN_TYPES if (cls := _builtin(name)) is not None}
 
 
 def plugins() -> dict[str, type[Handler]]:
@@ -31,10 +46,11 @@ def plugins() -> dict[str, type[Handler]]:
     Only called for a type that is not built in: scanning every installed distribution's metadata
     costs several MB of memory that a config using built-ins need not pay.
     """
-    builtins = _builtins()
+    from importlib.metadata import entry_points
+
     found: dict[str, type[Handler]] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in builtins or ep.name in found:
+        if ep.name in BUILTIN_TYPES or ep.name in found:
             raise ConfigValueError("", f"handler type {ep.name!r} is provided twice (plugin {ep.value}); "
                                    "uninstall one of the packages")
         try:
@@ -49,10 +65,9 @@ def plugins() -> dict[str, type[Handler]]:
 
 def handler_type(name: Any) -> type[Handler] | None:
     """The class for a handler type name: a built-in, else a plugin, else None."""
-    builtins = _builtins()
-    if isinstance(name, str) and name in builtins:
-        return builtins[name]
-    return plugins().get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        return None
+    return _builtin(name) or plugins().get(name)
 
 
 def available() -> dict[str, type[Handler]]:
