@@ -30,16 +30,16 @@ config has one: dateutil stays unloaded otherwise.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Sequence
 from datetime import date, datetime, time, timezone
 from typing import TYPE_CHECKING, Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
-from agent.configschema import REQUIRED, choice, integer, list_of, opt, optional, parse_section, section, text
+from agent.configschema import REQUIRED, choice, did_you_mean, integer, list_of, opt, optional, parse_section, section, text
 from agent.errors import ConfigValueError
 
 if TYPE_CHECKING:
+    from zoneinfo import ZoneInfo
+
     from agent.rrules import Rules
 
 FREQUENCIES = ("minute", "hour", "day", "week", "month")
@@ -73,9 +73,7 @@ def _day(value: Any) -> str:
     name = value.strip().lower() if isinstance(value, str) else value
     if name in DAYS:
         return str(name)
-    close = difflib.get_close_matches(str(name), DAYS, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ConfigValueError("", f"{value!r} is not a day of the week; use monday ... sunday{hint}")
+    raise ConfigValueError("", f"{value!r} is not a day of the week; use monday ... sunday{did_you_mean(str(name), DAYS)}")
 
 
 def _month_day(value: Any) -> int:
@@ -95,12 +93,14 @@ def _occurrence(value: Any) -> int:
 
 
 def _zone(name: str) -> ZoneInfo:
-    """The IANA time zone `name`; a ConfigValueError at key time_zone if there is none."""
+    """The IANA time zone `name`; a ConfigValueError at key time_zone if there is none. (zoneinfo loads
+    only for a config with a schedule.)"""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+
     try:
         return ZoneInfo(name)
     except (ValueError, OSError, ZoneInfoNotFoundError):
-        close = difflib.get_close_matches(name, available_timezones(), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(name, available_timezones())
         raise ConfigValueError("time_zone", f"{name!r} is not an IANA time zone such as Europe/Stockholm or UTC{hint}") from None
 
 

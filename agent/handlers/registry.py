@@ -4,10 +4,9 @@ and parsing of the config's `handlers:` list into `HandlerSpec`s."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any
 
-from agent.configschema import boolean, choice, duration, integer, list_of, named_list, opt, parse_section, text
+from agent.configschema import boolean, choice, did_you_mean, duration, integer, list_of, named_list, opt, parse_section, text
 from agent.errors import ConfigValueError
 from agent.events import KNOWN_TYPES
 from agent.handlers.base import PHASES, Handler, HandlerSpec, Services
@@ -105,17 +104,15 @@ def _parse_one(item: Any) -> HandlerSpec:
     cls = handler_type(kind)
     if cls is None:
         types = available()
-        close = difflib.get_close_matches(str(kind), list(types), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigValueError("type" if "type" in item else "", f"unknown handler type {kind!r}{hint}; "
+        raise ConfigValueError("type" if "type" in item else "", f"unknown handler type {kind!r}"
+                               f"{did_you_mean(str(kind), types)}; "
                                f"available: {', '.join(sorted(types))}")
     option_keys = cls.option_names()
     for key in item:
         if key not in COMMON_KEYS and key not in option_keys:
             known = sorted(COMMON_KEYS + option_keys)
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigValueError(str(key), f"unknown key for a {kind} handler{hint}; known keys: {', '.join(known)}")
+            raise ConfigValueError(str(key), f"unknown key for a {kind} handler{did_you_mean(str(key), known)}; "
+                                   f"known keys: {', '.join(known)}")
     common = parse_section(_Common, {k: v for k, v in item.items() if k in COMMON_KEYS})
     options: Any = parse_section(cls.Options, {k: v for k, v in item.items() if k in option_keys})
     unsupported = [p for p in common.phases if p not in cls.supported_phases()]
@@ -124,9 +121,9 @@ def _parse_one(item: Any) -> HandlerSpec:
                                f"it supports {', '.join(cls.supported_phases())}")
     for i, t in enumerate(common.event_types):
         if t not in KNOWN_TYPES:
-            close = difflib.get_close_matches(t, KNOWN_TYPES, n=1)
-            if close:
-                raise ConfigValueError(f"event_types[{i}]", f"{t!r} is not an EventType; did you mean {close[0]!r}?")
+            hint = did_you_mean(t, KNOWN_TYPES)
+            if hint:
+                raise ConfigValueError(f"event_types[{i}]", f"{t!r} is not an EventType{hint}")
     return HandlerSpec(options=options, **dataclasses.asdict(common))
 
 
