@@ -11,8 +11,6 @@ from typing import Any, Sequence
 
 from agent import __version__
 from agent import config as config_mod
-from agent.cliclient import (DEFAULT_CONFIG, cmd_approve, cmd_drain, cmd_events, cmd_health, cmd_status,
-                             cmd_undrain, config_path, with_state_env)
 from agent.errors import ConfigError
 from agent.peersfile import PeersFile
 
@@ -21,7 +19,7 @@ EX_CONFIG = 78
 
 def load_for_run(path: str, dry_run: bool = False) -> config_mod.Config:
     """The config for `run`: the file, with $STATE_DIRECTORY and --dry-run applied."""
-    cfg = with_state_env(config_mod.load(path))
+    cfg = config_mod.with_state_env(config_mod.load(path))
     if dry_run:
         cfg = dataclasses.replace(cfg, dry_run=True)
     return cfg
@@ -37,7 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from agent.state import check_dir
     from agent.systemd import listen_fds
 
-    path = config_path(args)
+    path = config_mod.path_from(args.config)
     try:
         cfg = load_for_run(path, args.dry_run)
     except ConfigError as exc:
@@ -136,6 +134,13 @@ def _summary(cfg: config_mod.Config) -> str:
     return ", ".join(parts)
 
 
+def cmd_client(args: argparse.Namespace) -> int:
+    """status, events, drain, undrain, approve, health: imported only for these, `maintd run` never loads them."""
+    from agent.cliclient import COMMANDS
+
+    return COMMANDS[args.command](args)
+
+
 def cmd_emulate(args: argparse.Namespace) -> int:
     from agent.emulator.cli import main as emulate_main
 
@@ -158,12 +163,13 @@ def parser() -> argparse.ArgumentParser:
 
     def client(name: str, help_: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_)
-        sp.add_argument("--config", help=f"config file (default $MAINTD_CONFIG or {DEFAULT_CONFIG})")
+        sp.add_argument("--config", help=f"config file (default $MAINTD_CONFIG or {config_mod.DEFAULT_PATH})")
         sp.add_argument("--url", help="the daemon's base URL (default: from server.listen in the config)")
+        sp.set_defaults(fn=cmd_client)
         return sp
 
     run = sub.add_parser("run", help="run the daemon")
-    run.add_argument("--config", help=f"config file (default $MAINTD_CONFIG or {DEFAULT_CONFIG})")
+    run.add_argument("--config", help=f"config file (default $MAINTD_CONFIG or {config_mod.DEFAULT_PATH})")
     run.add_argument("--once", action="store_true", help="poll once, print what maintd sees and would do, exit")
     run.add_argument("--dry-run", action="store_true", help="send no approval; run only hooks that opt in")
     run.set_defaults(fn=cmd_run)
@@ -174,26 +180,21 @@ def parser() -> argparse.ArgumentParser:
 
     st = client("status", "the daemon's state")
     st.add_argument("--json", action="store_true")
-    st.set_defaults(fn=cmd_status)
 
     ev = client("events", "events the daemon tracks (or --history from the audit journal)")
     ev.add_argument("event_id", nargs="?")
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--history", action="store_true", help="read the audit journal instead of asking the daemon")
-    ev.set_defaults(fn=cmd_events)
 
     dr = client("drain", "take this VM out of the load balancer's rotation")
     dr.add_argument("--reason", default="manual drain")
-    dr.set_defaults(fn=cmd_drain)
-    client("undrain", "lift the manual drain").set_defaults(fn=cmd_undrain)
+    client("undrain", "lift the manual drain")
 
     ap = client("approve", "approve a Scheduled event (profiles with approval: manual)")
     ap.add_argument("event_id")
-    ap.set_defaults(fn=cmd_approve)
 
     he = client("health", "aggregated health and every report")
     he.add_argument("--json", action="store_true")
-    he.set_defaults(fn=cmd_health)
 
     em = sub.add_parser("emulate", help="run the IMDS Scheduled Events emulator (see maintd emulate --help)",
                         add_help=False)

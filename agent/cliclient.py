@@ -1,8 +1,8 @@
 """The CLI's client side: the commands that talk to a running daemon (over its unix socket or
 loopback TCP), and `events --history` from the audit journal.
 
-Kept apart from `agent.cli` so that `maintd run` never loads an HTTP client: `requests` is
-imported only when a command reaches the daemon over TCP.
+Kept apart from `agent.cli`, which imports it only to run one of `COMMANDS`: `maintd run` never
+loads it, and `requests` is imported only when a command reaches the daemon over TCP.
 """
 
 from __future__ import annotations
@@ -14,26 +14,10 @@ import json
 import os
 import socket
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from agent import config as config_mod
 from agent.errors import ConfigError
-
-DEFAULT_CONFIG = "/etc/maintd/maintd.yaml"
-DEFAULT_STATE_DIR = "/var/lib/maintd"
-
-
-def config_path(args: argparse.Namespace) -> str:
-    return args.config or os.environ.get("MAINTD_CONFIG") or DEFAULT_CONFIG
-
-
-def with_state_env(cfg: config_mod.Config) -> config_mod.Config:
-    """Use systemd's $STATE_DIRECTORY when state.dir is left at its default."""
-    state_env = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    if state_env and cfg.state.dir == DEFAULT_STATE_DIR:
-        cfg = dataclasses.replace(cfg, state=dataclasses.replace(cfg.state, dir=state_env))
-    return cfg
-
 
 @dataclasses.dataclass(frozen=True)
 class _Target:
@@ -54,7 +38,7 @@ def _target(args: argparse.Namespace) -> _Target:
     if args.url:
         return _Target(args.url.rstrip("/"), token=env_token)
     try:
-        server = config_mod.load(config_path(args), check_perms=False).server
+        server = config_mod.load(config_mod.path_from(args.config), check_perms=False).server
     except ConfigError:
         server = config_mod.ServerConfig(listen="127.0.0.1:8088")
     host, _, port = server.listen.rpartition(":")
@@ -189,7 +173,7 @@ def cmd_events(args: argparse.Namespace) -> int:
         from agent.state import read_journal
 
         try:
-            directory = with_state_env(config_mod.load(config_path(args), check_perms=False)).state.dir
+            directory = config_mod.with_state_env(config_mod.load(config_mod.path_from(args.config), check_perms=False)).state.dir
         except ConfigError as exc:
             print(f"maintd: {exc}", file=sys.stderr)
             return 1
@@ -235,3 +219,9 @@ def cmd_health(args: argparse.Namespace) -> int:
     for ev in body.get("HealthEvents", []):
         print(f"  {ev.get('HealthState', '?'):8} {ev.get('SourceId')}/{ev.get('Property')}: {ev.get('Description', '')}")
     return 0 if body.get("AggregatedHealthState") != "Error" else 2
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "status": cmd_status, "events": cmd_events, "drain": cmd_drain, "undrain": cmd_undrain, "approve": cmd_approve,
+    "health": cmd_health}
+"""The CLI's commands run here, by name."""

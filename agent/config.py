@@ -45,6 +45,10 @@ from agent.policy import (
 )
 
 
+DEFAULT_PATH = "/etc/maintd/maintd.yaml"
+DEFAULT_STATE_DIR = "/var/lib/maintd"
+
+
 def _is_loopback_url(url: str) -> bool:
     host = urlsplit(url).hostname or ""
     return host == "localhost" or host.startswith("127.") or host == "::1"
@@ -80,7 +84,7 @@ class IdentityConfig:
 
 @dataclasses.dataclass(frozen=True)
 class StateConfig:
-    dir: str = opt(text(r"^/", "an absolute path"), "/var/lib/maintd",
+    dir: str = opt(text(r"^/", "an absolute path"), DEFAULT_STATE_DIR,
                    "where the state file and the audit journal live ($STATE_DIRECTORY under systemd)")
     retention: float = opt(duration(60), 7 * 86400.0, "how long a finished event stays in the state file")
     journal_max_bytes: int = opt(integer(4096), 10 * 1024 * 1024, "size at which the audit journal is rotated")
@@ -229,3 +233,16 @@ def loads(text_: str, source: str = "<string>") -> Config:
 def load(path: str | os.PathLike[str], check_perms: bool = True) -> Config:
     """Read, check the permissions of, and validate the config file at `path`."""
     return loads(read_text(path, check_perms), str(Path(path)))
+
+
+def path_from(given: str | None) -> str:
+    """The config file to read: `given` (--config), else $MAINTD_CONFIG, else DEFAULT_PATH."""
+    return given or os.environ.get("MAINTD_CONFIG") or DEFAULT_PATH
+
+
+def with_state_env(cfg: Config) -> Config:
+    """Use systemd's $STATE_DIRECTORY when state.dir is left at its default."""
+    state_env = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if state_env and cfg.state.dir == DEFAULT_STATE_DIR:
+        cfg = dataclasses.replace(cfg, state=dataclasses.replace(cfg.state, dir=state_env))
+    return cfg

@@ -41,6 +41,7 @@ NOT_FOR_THE_SHIPPED_CONFIG = (
     "difflib",  # "did you mean" hints of a refused config only
     "agent.handlers.webhook",
     "agent.handlers.health",
+    "agent.cliclient",  # the commands that talk to a running daemon
     "agent.emulator",
     "agent.demo",
     "agent.docgen",
