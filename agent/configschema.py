@@ -9,7 +9,6 @@ with a key relative to the value it was given, so the loader can point at file:l
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 from typing import Any, Callable, TypeVar
@@ -166,7 +165,7 @@ def choice(*allowed: str) -> Parser:
 
     def parse(value: Any) -> str:
         if not isinstance(value, str) or value not in allowed:
-            raise ConfigValueError("", f"{value!r} is not allowed; use one of: {', '.join(allowed)}{_did_you_mean(value, allowed)}")
+            raise ConfigValueError("", f"{value!r} is not allowed; use one of: {', '.join(allowed)}{did_you_mean(value, allowed)}")
         return value
 
     return parse
@@ -211,9 +210,12 @@ def mapping_of(parse_value: Parser) -> Parser:
     return parse
 
 
-def _did_you_mean(word: Any, candidates: Any) -> str:
+def did_you_mean(word: Any, candidates: Any) -> str:
+    """` (did you mean 'x'?)` naming the candidate closest to text `word`, else "" (difflib loads only then)."""
     if not isinstance(word, str):
         return ""
+    import difflib
+
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -237,7 +239,7 @@ def parse_section(cls: type[T], value: Any) -> T:
     for key in value:
         if key not in fields:
             known = ", ".join(sorted(fields))
-            raise ConfigValueError(str(key), f"unknown key{_did_you_mean(key, fields)}; known keys here: {known}")
+            raise ConfigValueError(str(key), f"unknown key{did_you_mean(key, fields)}; known keys here: {known}")
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
         if name in value:

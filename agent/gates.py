@@ -24,8 +24,6 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any, Callable, Sequence
 
-import requests
-
 from agent import logs
 from agent.coordination_rules import (
     UNREACHABLE,
@@ -85,7 +83,7 @@ class GateChecker:
                 return UNREACHABLE
             try:
                 return peer_state(self.client.health(url), event_id, warning_as_error)
-            except (requests.RequestException, ValueError):
+            except (OSError, ValueError):  # requests' errors are OSErrors
                 return UNREACHABLE
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=self.max_concurrency,
@@ -103,7 +101,7 @@ class GateChecker:
                                                                {"query": gate.query}))
                 if samples:
                     return Held("prometheus", f"query {gate.query!r} returned {samples} sample(s)")
-        except (requests.RequestException, ValueError) as exc:
+        except (OSError, ValueError) as exc:
             self._failed("prometheus", exc)
             if gate.on_failure == "block":
                 return Held("prometheus", f"query failed ({type(exc).__name__}); on_failure: block")

@@ -1,6 +1,7 @@
 """Every HTTP call maintd makes to a peer or a gate: readiness asks, readiness pushes, health reads, Prometheus.
 
-One keep-alive `requests.Session` with `trust_env = False` (a proxy never sits between peers) and
+One keep-alive `requests.Session`, made at the first call (requests is several MB of memory a VM that
+never has a multi-VM event need not pay), with `trust_env = False` (a proxy never sits between peers) and
 no adapter-level retries: the coordinator's cadence is the retry. The shared bearer token goes
 only with requests to peer URLs (which `addressing` built from the configured map, file or
 template), never to Prometheus. Answers are parsed with `jsonsafe` (size and depth capped), and
@@ -10,13 +11,14 @@ anything unexpected is an answer of the wrong shape, never an exception for the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import requests
-from requests.adapters import HTTPAdapter
+import threading
+from typing import TYPE_CHECKING, Any, Callable
 
 from agent import jsonsafe
 from agent.addressing import event_url
+
+if TYPE_CHECKING:
+    import requests
 
 MAX_ANSWER_BYTES = 256 * 1024
 MAX_PROMETHEUS_BYTES = 8 * 1024 * 1024
@@ -70,11 +72,25 @@ class PeerClient:
     def __init__(self, token_reader: Callable[[], str | None], timeout: float, pool_size: int) -> None:
         self.token_reader = token_reader
         self.timeout = timeout
-        self.session = requests.Session()
-        self.session.trust_env = False
-        adapter = HTTPAdapter(pool_connections=pool_size, pool_maxsize=pool_size, max_retries=0)
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
+        self.pool_size = pool_size
+        self._lock = threading.Lock()
+        self._session: requests.Session | None = None
+
+    @property
+    def session(self) -> requests.Session:
+        """The one session, made at the first call."""
+        with self._lock:
+            if self._session is None:
+                import requests
+                from requests.adapters import HTTPAdapter
+
+                session = requests.Session()
+                session.trust_env = False
+                adapter = HTTPAdapter(pool_connections=self.pool_size, pool_maxsize=self.pool_size, max_retries=0)
+                session.mount("http://", adapter)
+                session.mount("https://", adapter)
+                self._session = session
+            return self._session
 
     def _headers(self) -> dict[str, str]:
         token = self.token_reader()
@@ -85,7 +101,7 @@ class PeerClient:
         try:
             r = self.session.get(event_url(base, event_id), headers=self._headers(), timeout=self.timeout)
             return readiness(r.status_code, r.content, name)
-        except (requests.RequestException, ValueError) as exc:
+        except (OSError, ValueError) as exc:  # requests' errors are OSErrors
             return Answer(UNREACHABLE, type(exc).__name__)
         except Exception as exc:  # whatever else the exchange raised, it is not a ready peer; asked again later
             return Answer(INVALID, f"{type(exc).__name__}: {str(exc)[:80]}")
@@ -100,17 +116,19 @@ class PeerClient:
             return False
 
     def health(self, base: str) -> Any:
-        """The peer's `/v1/health` JSON; raises requests.RequestException or ValueError when there is none."""
+        """The peer's `/v1/health` JSON; raises OSError (requests' errors) or ValueError when there is none."""
         r = self.session.get(f"{base}/v1/health", headers=self._headers(), timeout=self.timeout)
         r.raise_for_status()
         return jsonsafe.loads(r.content, max_bytes=MAX_ANSWER_BYTES)
 
     def prometheus(self, base: str, path: str, timeout: float, params: dict[str, str] | None = None) -> Any:
-        """A Prometheus API answer's JSON (no peer token); raises requests.RequestException or ValueError."""
+        """A Prometheus API answer's JSON (no peer token); raises OSError (requests' errors) or ValueError."""
         r = self.session.get(f"{base.rstrip('/')}{path}", params=params, timeout=timeout)
         r.raise_for_status()
         return jsonsafe.loads(r.content, max_bytes=MAX_PROMETHEUS_BYTES)
 
     def close(self) -> None:
-        """Close the pooled connections."""
-        self.session.close()
+        """Close the pooled connections (if a call ever opened any)."""
+        with self._lock:
+            if self._session is not None:
+                self._session.close()

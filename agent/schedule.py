@@ -23,25 +23,24 @@ recurrence profile with the most recent occurrence at or before now, whose windo
 another recurrence profile's next occurrence (equal instants: the first listed wins); else the
 default profile.
 
-Queries never iterate from ``start_time``: the compiled rules are restarted (``rrule.replace``) at
-a period of the interval shortly before the instant asked about, which yields the same occurrences.
+A recurrence is compiled (and its occurrences computed) by `agent.rrules`, imported only when a
+config has one: dateutil stays unloaded otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import itertools
-from collections import deque
-from collections.abc import Iterable, Sequence
-from datetime import date, datetime, time, timedelta, timezone
-from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from collections.abc import Sequence
+from datetime import date, datetime, time, timezone
+from typing import TYPE_CHECKING, Any
 
-from dateutil import rrule as rr
-
-from agent.configschema import REQUIRED, choice, integer, list_of, opt, optional, parse_section, section, text
+from agent.configschema import REQUIRED, choice, did_you_mean, integer, list_of, opt, optional, parse_section, section, text
 from agent.errors import ConfigValueError
+
+if TYPE_CHECKING:
+    from zoneinfo import ZoneInfo
+
+    from agent.rrules import Rules
 
 FREQUENCIES = ("minute", "hour", "day", "week", "month")
 MAX_INTERVAL = {"minute": 1000, "hour": 1000, "day": 548, "week": 78, "month": 18}
@@ -50,12 +49,6 @@ DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sun
 DEFAULT_START = datetime(2000, 1, 1)
 
 _UTC = timezone.utc
-_FREQ = {"minute": rr.MINUTELY, "hour": rr.HOURLY, "day": rr.DAILY, "week": rr.WEEKLY, "month": rr.MONTHLY}
-_UNIT = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedelta(weeks=1)}
-_RR_DAYS = (rr.MO, rr.TU, rr.WE, rr.TH, rr.FR, rr.SA, rr.SU)
-# How far before an instant a restarted rule begins: more than any jump of a UTC offset on record
-# (Samoa skipped a whole day in 2011), so an occurrence DST moved past that instant is not missed.
-_DST_MARGIN = timedelta(hours=26)
 
 
 # --- value parsers ----------------------------------------------------------------------------
@@ -80,9 +73,7 @@ def _day(value: Any) -> str:
     name = value.strip().lower() if isinstance(value, str) else value
     if name in DAYS:
         return str(name)
-    close = difflib.get_close_matches(str(name), DAYS, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ConfigValueError("", f"{value!r} is not a day of the week; use monday ... sunday{hint}")
+    raise ConfigValueError("", f"{value!r} is not a day of the week; use monday ... sunday{did_you_mean(str(name), DAYS)}")
 
 
 def _month_day(value: Any) -> int:
@@ -102,12 +93,14 @@ def _occurrence(value: Any) -> int:
 
 
 def _zone(name: str) -> ZoneInfo:
-    """The IANA time zone `name`; a ConfigValueError at key time_zone if there is none."""
+    """The IANA time zone `name`; a ConfigValueError at key time_zone if there is none. (zoneinfo loads
+    only for a config with a schedule.)"""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+
     try:
         return ZoneInfo(name)
     except (ValueError, OSError, ZoneInfoNotFoundError):
-        close = difflib.get_close_matches(name, available_timezones(), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(name, available_timezones())
         raise ConfigValueError("time_zone", f"{name!r} is not an IANA time zone such as Europe/Stockholm or UTC{hint}") from None
 
 
@@ -150,16 +143,6 @@ class Schedule:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Compiled:
-    tz: ZoneInfo
-    start: datetime  # naive wall clock of the start time
-    origin: datetime  # naive wall clock of the start of start's period (minute, hour, day, week, month)
-    rules: tuple[rr.rrule, ...]  # from start, bounded by until
-    first: datetime  # the first occurrence, UTC
-    until: datetime | None  # no occurrence after this (end_time, or the count-th occurrence), UTC
-
-
-@dataclasses.dataclass(frozen=True)
 class Recurrence:
     """An Azure Scheduler recurrence (see the module docstring); occurrences are returned in UTC."""
 
@@ -173,7 +156,7 @@ class Recurrence:
                             "number of occurrences from start_time (needs start_time; not with end_time)")
     time_zone: str = opt(text(), "UTC", "IANA time zone of the wall-clock times, e.g. Europe/Stockholm")
     schedule: Schedule = opt(section(Schedule), Schedule(), "")
-    _compiled: _Compiled = dataclasses.field(init=False, repr=False, compare=False)
+    _compiled: Rules = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._check()
@@ -197,148 +180,33 @@ class Recurrence:
             raise ConfigValueError("schedule.week_days", "frequency week without start_time needs week_days "
                                    "(the default start, 2000-01-01, is a Saturday)")
 
-    def _rules(self, start: datetime) -> list[tuple[str, rr.rrule]]:
-        """The rrules from aware `start`, each with the schedule key it comes from. Every by-value is
-        explicit so that `replace(dtstart=...)` keeps it. Within one rrule, day lists intersect (and plain
-        weekdays intersect nth ones), so each kind of day list gets a rule of its own."""
-        s = self.schedule
-        hours: tuple[int, ...] | None = s.hours or None  # None: every hour (only kept so for minute/hour)
-        if hours is None and self.frequency in ("day", "week", "month"):
-            hours = tuple(range(24)) if s.minutes else (start.hour,)
-        minutes = s.minutes or (None if self.frequency == "minute" else (start.minute,))
-        common: dict[str, Any] = {"freq": _FREQ[self.frequency], "interval": self.interval, "dtstart": start,
-                                  "wkst": rr.MO, "byhour": hours, "byminute": minutes, "bysecond": (0,)}
-        if self.frequency == "week":
-            days = [DAYS.index(d) for d in s.week_days] or [start.weekday()]
-            return [("schedule.week_days", rr.rrule(byweekday=days, **common))]
-        if self.frequency != "month":
-            return [("schedule", rr.rrule(**common))]
-        rules = []
-        if s.month_days or not s.monthly_occurrences:
-            rules.append(("schedule.month_days", rr.rrule(bymonthday=s.month_days or (start.day,), **common)))
-        every = [_RR_DAYS[DAYS.index(o.day)] for o in s.monthly_occurrences if o.occurrence is None]
-        nth = [_RR_DAYS[DAYS.index(o.day)](o.occurrence) for o in s.monthly_occurrences if o.occurrence is not None]
-        rules += [("schedule.monthly_occurrences", rr.rrule(byweekday=days, **common)) for days in (every, nth) if days]
-        return rules
+    def _compile(self) -> Rules:
+        from agent.rrules import Pattern, compile_rules  # dateutil: only for a config with a recurrence
 
-    def _compile(self) -> _Compiled:
         tz = _zone(self.time_zone)
         start = _localize(self.start_time or DEFAULT_START, tz)
         end = None if self.end_time is None else _localize(self.end_time, tz).astimezone(_UTC)
         if end is not None and end <= start:
             raise ConfigValueError("end_time", "must be after start_time")
-        try:
-            keyed = self._rules(start)
-            firsts = [(key, next(iter(rule), None)) for key, rule in keyed]
-        except ValueError:  # rrule: the interval never lands on the hours/minutes
-            raise ConfigValueError("schedule", f"never occurs: every {self.interval} {self.frequency}(s) from "
-                                   f"{start:%H:%M} never reaches the listed hours/minutes") from None
-        for key, occurrence in firsts:
-            if occurrence is None:  # also keeps every query from searching up to year 9999
-                raise ConfigValueError(key, "never occurs: no period the interval reaches has such a day")
-        rules = [rule for _, rule in keyed]
-        first = min(occurrence for _, occurrence in firsts if occurrence is not None).astimezone(_UTC)
-        until = end
-        if self.count is not None:
-            until = deque(itertools.islice(_union(rules), self.count), maxlen=1)[0].astimezone(_UTC)
-        if until is not None:
-            if first > until:
-                raise ConfigValueError("end_time", f"is before the first occurrence ({first.isoformat()})")
-            rules = [rule.replace(until=until) for rule in rules]
-        wall = start.replace(tzinfo=None)
-        return _Compiled(tz, wall, _origin(self.frequency, wall), tuple(rules), first, until)
-
-    def _wall(self, t: datetime) -> datetime:
-        return t.astimezone(self._compiled.tz).replace(tzinfo=None)
-
-    def _period(self, wall: datetime) -> int:
-        """Index of the period (frequency unit) holding naive `wall`, counted from start_time's."""
-        origin = self._compiled.origin
-        if self.frequency == "month":
-            return (wall.year - origin.year) * 12 + wall.month - origin.month
-        return (wall - origin) // _UNIT[self.frequency]
-
-    def _period_start(self, index: int) -> datetime:
-        origin = self._compiled.origin
-        if self.frequency == "month":
-            years, month = divmod(origin.month - 1 + index, 12)
-            return origin.replace(year=origin.year + years, month=month + 1)
-        return origin + index * _UNIT[self.frequency]
-
-    def _from(self, wall: datetime) -> rr.rruleset:
-        """The rules restarted at naive `wall`, or at the next period the interval reaches:
-        the same occurrences from there on, without iterating from start_time."""
-        c = self._compiled
-        if wall <= c.start:
-            return _union(c.rules)
-        period = self._period(wall)
-        skip = -period % self.interval
-        if skip:
-            wall = self._period_start(period + skip)
-        anchor = wall.replace(tzinfo=c.tz)
-        return _union(rule.replace(dtstart=anchor) for rule in c.rules)
-
-    def _after(self, t: datetime, inc: bool) -> datetime | None:
-        until = self._compiled.until
-        if until is not None and (t > until if inc else t >= until):
-            return None
-        hit = self._from(self._wall(t) - _DST_MARGIN).after(t, inc=inc)
-        return None if hit is None else hit.astimezone(_UTC)
+        s = self.schedule
+        pattern = Pattern(s.minutes, s.hours, tuple(DAYS.index(d) for d in s.week_days), s.month_days,
+                          tuple((DAYS.index(o.day), o.occurrence) for o in s.monthly_occurrences))
+        return compile_rules(self.frequency, self.interval, pattern, tz, start, end, self.count)
 
     def occurrences_after(self, t: datetime, n: int) -> list[datetime]:
         """The next `n` occurrences strictly after `t` (fewer if the recurrence ends), UTC, ascending."""
         _check_aware(t)
-        found: list[datetime] = []
-        if n <= 0:
-            return found
-        for occurrence in self._from(self._wall(t) - _DST_MARGIN):
-            at = occurrence.astimezone(_UTC)
-            if at > t and (not found or at > found[-1]):  # a DST gap can repeat an instant
-                found.append(at)
-                if len(found) == n:
-                    break
-        return found
+        return self._compiled.occurrences_after(t, n)
 
     def last_at_or_before(self, t: datetime) -> datetime | None:
         """The latest occurrence at or before `t` (UTC), None if there is none yet."""
         _check_aware(t)
-        c = self._compiled
-        if t < c.first:
-            return None
-        if c.until is not None:
-            t = min(t, c.until)
-        wall = self._wall(t)
-        back = _DST_MARGIN
-        while True:  # look back twice as far each time; from start_time, `first` is found at the latest
-            anchor = wall - back if back < wall - c.start else c.start
-            hit = self._from(anchor).before(t, inc=True)
-            if hit is not None:
-                return hit.astimezone(_UTC)
-            back *= 2
+        return self._compiled.last_at_or_before(t)
 
     def next_after(self, t: datetime) -> datetime | None:
         """The first occurrence strictly after `t` (UTC), None if the recurrence has ended."""
         _check_aware(t)
-        return self._after(t, inc=False)
-
-
-def _origin(frequency: str, start: datetime) -> datetime:
-    """Start of the period (minute, hour, day, week from Monday, month) holding naive `start`."""
-    if frequency == "minute":
-        return start.replace(second=0, microsecond=0)
-    if frequency == "hour":
-        return start.replace(minute=0, second=0, microsecond=0)
-    day = datetime.combine(start.date(), time())
-    if frequency == "week":
-        return day - timedelta(days=day.weekday())
-    return day.replace(day=1) if frequency == "month" else day
-
-
-def _union(rules: Iterable[rr.rrule]) -> rr.rruleset:
-    union = rr.rruleset()
-    for rule in rules:
-        union.rrule(rule)
-    return union
+        return self._compiled.after(t, inc=False)
 
 
 def parse_recurrence(value: Any) -> Recurrence:
@@ -362,7 +230,7 @@ class FixedDate:
 
 
 @dataclasses.dataclass(frozen=True)
-class _FixedDateConfig:
+class FixedDateConfig:
     start: datetime = opt(_datetime, REQUIRED, "first instant of the window")
     end: datetime = opt(_datetime, REQUIRED, "end of the window (exclusive; a date alone means its midnight)")
     time_zone: str = opt(text(), "UTC", "IANA time zone of start and end when they have no offset")
@@ -370,7 +238,7 @@ class _FixedDateConfig:
 
 def parse_fixed_date(value: Any) -> FixedDate:
     """A `FixedDate` from ``{start, end, time_zone}``; raises ConfigValueError with a key relative to it."""
-    config = parse_section(_FixedDateConfig, value)
+    config = parse_section(FixedDateConfig, value)
     tz = _zone(config.time_zone)
     start = _localize(config.start, tz).astimezone(_UTC)
     end = _localize(config.end, tz).astimezone(_UTC)
@@ -425,7 +293,7 @@ def _switched(winner: Recurrence, index: int, latest: dict[int, datetime]) -> da
     for inc, others in ((False, [at for i, at in latest.items() if i < index]),
                         (True, [at for i, at in latest.items() if i > index])):
         if others:
-            at = winner._after(max(others), inc)
+            at = winner._compiled.after(max(others), inc)
             assert at is not None  # the winner's own latest occurrence qualifies
             switched = max(switched, at)
     return switched

@@ -47,17 +47,17 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def wakeups(pid: int) -> int:
-    """Voluntary context switches of every thread of `pid` so far: each is one sleep that ended."""
-    total = 0
+def wakeups_by_thread(pid: int) -> dict[int, int]:
+    """Voluntary context switches of each thread of `pid` so far: each is one sleep that ended."""
+    found: dict[int, int] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             for line in (task / "status").read_text().splitlines():
                 if line.startswith("voluntary_ctxt_switches:"):
-                    total += int(line.split()[1])
+                    found[int(task.name)] = int(line.split()[1])
         except FileNotFoundError:  # the thread ended while we read
             pass
-    return total
+    return found
 
 
 def machine() -> dict[str, Any]:

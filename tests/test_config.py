@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from agent import config
+from agent import config, configload
 from agent.configschema import parse_duration_text
 from agent.errors import ConfigError
 
@@ -116,7 +116,7 @@ HOSTILE = {
     "a directory": (lambda p: p.mkdir(), "is a directory"),
     "a dangling symlink": (lambda p: p.symlink_to(p.parent / "gone.yaml"), "symbolic link"),
     "a FIFO": (lambda p: os.mkfifo(p, 0o600), "not a regular file"),
-    "too large": (lambda p: _bytes(p, b"# " + b"x" * (config.MAX_CONFIG_BYTES + 10)), "larger than"),
+    "too large": (lambda p: _bytes(p, b"# " + b"x" * (configload.MAX_CONFIG_BYTES + 10)), "larger than"),
     "control characters": (lambda p: _bytes(p, b"imds: {}\n\x01\x02"), "not valid YAML"),
 }
 

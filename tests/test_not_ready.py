@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from agent.cli import _events_table
+from agent.cliclient import _events_table
 from agent.config import loads
 from agent.daemon import build
 from agent.systemd import Notifier

@@ -4,11 +4,9 @@ and parsing of the config's `handlers:` list into `HandlerSpec`s."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
-from importlib.metadata import entry_points
 from typing import Any
 
-from agent.configschema import boolean, choice, duration, integer, list_of, named_list, opt, parse_section, text
+from agent.configschema import boolean, choice, did_you_mean, duration, integer, list_of, named_list, opt, parse_section, text
 from agent.errors import ConfigValueError
 from agent.events import KNOWN_TYPES
 from agent.handlers.base import PHASES, Handler, HandlerSpec, Services
@@ -16,13 +14,29 @@ from agent.handlers.base import PHASES, Handler, HandlerSpec, Services
 ENTRY_POINT_GROUP = "maintd.handlers"
 
 
-def builtin_types() -> dict[str, type[Handler]]:
-    from agent.handlers.drain import DrainHandler
-    from agent.handlers.exec import ExecHandler
-    from agent.handlers.health import HealthHandler
-    from agent.handlers.webhook import WebhookHandler
+BUILTIN_TYPES = ("drain", "exec", "webhook", "health")
 
-    return {h.type_name: h for h in (DrainHandler, ExecHandler, WebhookHandler, HealthHandler)}
+
+def _builtin(name: str) -> type[Handler] | None:
+    """The built-in handler class `name`, importing only its module: webhook and health bring an HTTP
+    client (requests) that a config with only drain and exec handlers need not load."""
+    if name == "drain":
+        from agent.handlers.drain import DrainHandler
+        return DrainHandler
+    if name == "exec":
+        from agent.handlers.exec import ExecHandler
+        return ExecHandler
+    if name == "webhook":
+        from agent.handlers.webhook import WebhookHandler
+        return WebhookHandler
+    if name == "health":
+        from agent.handlers.health import HealthHandler
+        return HealthHandler
+    return None
+
+
+def builtin_types() -> dict[str, type[Handler]]:
+    return {name: cls for name in BUILTIN_TYPES if (cls := _builtin(name)) is not None}
 
 
 def plugins() -> dict[str, type[Handler]]:
@@ -31,10 +45,11 @@ def plugins() -> dict[str, type[Handler]]:
     Only called for a type that is not built in: scanning every installed distribution's metadata
     costs several MB of memory that a config using built-ins need not pay.
     """
-    builtins = builtin_types()
+    from importlib.metadata import entry_points
+
     found: dict[str, type[Handler]] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in builtins or ep.name in found:
+        if ep.name in BUILTIN_TYPES or ep.name in found:
             raise ConfigValueError("", f"handler type {ep.name!r} is provided twice (plugin {ep.value}); "
                                    "uninstall one of the packages")
         try:
@@ -49,10 +64,9 @@ def plugins() -> dict[str, type[Handler]]:
 
 def handler_type(name: Any) -> type[Handler] | None:
     """The class for a handler type name: a built-in, else a plugin, else None."""
-    builtins = builtin_types()
-    if isinstance(name, str) and name in builtins:
-        return builtins[name]
-    return plugins().get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        return None
+    return _builtin(name) or plugins().get(name)
 
 
 def available() -> dict[str, type[Handler]]:
@@ -90,17 +104,15 @@ def _parse_one(item: Any) -> HandlerSpec:
     cls = handler_type(kind)
     if cls is None:
         types = available()
-        close = difflib.get_close_matches(str(kind), list(types), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigValueError("type" if "type" in item else "", f"unknown handler type {kind!r}{hint}; "
+        raise ConfigValueError("type" if "type" in item else "", f"unknown handler type {kind!r}"
+                               f"{did_you_mean(str(kind), types)}; "
                                f"available: {', '.join(sorted(types))}")
     option_keys = cls.option_names()
     for key in item:
         if key not in COMMON_KEYS and key not in option_keys:
             known = sorted(COMMON_KEYS + option_keys)
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigValueError(str(key), f"unknown key for a {kind} handler{hint}; known keys: {', '.join(known)}")
+            raise ConfigValueError(str(key), f"unknown key for a {kind} handler{did_you_mean(str(key), known)}; "
+                                   f"known keys: {', '.join(known)}")
     common = parse_section(CommonKeys, {k: v for k, v in item.items() if k in COMMON_KEYS})
     options: Any = parse_section(cls.Options, {k: v for k, v in item.items() if k in option_keys})
     unsupported = [p for p in common.phases if p not in cls.supported_phases()]
@@ -109,9 +121,9 @@ def _parse_one(item: Any) -> HandlerSpec:
                                f"it supports {', '.join(cls.supported_phases())}")
     for i, t in enumerate(common.event_types):
         if t not in KNOWN_TYPES:
-            close = difflib.get_close_matches(t, KNOWN_TYPES, n=1)
-            if close:
-                raise ConfigValueError(f"event_types[{i}]", f"{t!r} is not an EventType; did you mean {close[0]!r}?")
+            hint = did_you_mean(t, KNOWN_TYPES)
+            if hint:
+                raise ConfigValueError(f"event_types[{i}]", f"{t!r} is not an EventType{hint}")
     return HandlerSpec(options=options, **dataclasses.asdict(common))
 
 

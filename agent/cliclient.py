@@ -1,0 +1,227 @@
+"""The CLI's client side: the commands that talk to a running daemon (over its unix socket or
+loopback TCP), and `events --history` from the audit journal.
+
+Kept apart from `agent.cli`, which imports it only to run one of `COMMANDS`: `maintd run` never
+loads it, and `requests` is imported only when a command reaches the daemon over TCP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import http.client
+import json
+import os
+import socket
+import sys
+from typing import Any, Callable
+
+from agent import config as config_mod
+from agent.errors import ConfigError
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """Where and how the CLI reaches the daemon."""
+
+    url: str
+    unix_socket: str | None = None
+    token: str | None = None
+
+
+def _target(args: argparse.Namespace) -> _Target:
+    """--url as given; else from the config: its unix socket when this user may use it, else loopback TCP.
+
+    The token is $MAINTD_TOKEN, else the contents of server.token_file when this user can read it
+    (root can), so `server.require_token_on_loopback` does not lock root's CLI out.
+    """
+    env_token = os.environ.get("MAINTD_TOKEN") or None
+    if args.url:
+        return _Target(args.url.rstrip("/"), token=env_token)
+    try:
+        server = config_mod.load(config_mod.path_from(args.config), check_perms=False).server
+    except ConfigError:
+        server = config_mod.ServerConfig(listen="127.0.0.1:8088")
+    host, _, port = server.listen.rpartition(":")
+    if host in ("0.0.0.0", "", "[::]", "::"):
+        host = "127.0.0.1"
+    unix = server.unix_socket if server.unix_socket and os.access(server.unix_socket, os.W_OK) else None
+    token = env_token
+    if token is None and server.token_file and not unix:
+        try:
+            token = open(server.token_file, encoding="utf-8").read().strip() or None
+        except OSError:
+            pass
+    return _Target(f"http://{host}:{port}", unix, token)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """http.client over a unix socket (the daemon's `server.unix_socket`)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.unix_path)
+
+
+def _send(target: _Target, method: str, path: str, body: Any) -> tuple[int, str]:
+    """(status, text) of one request to the daemon; raises OSError (requests' errors are OSErrors) when it is
+    unreachable."""
+    headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
+    if target.unix_socket:
+        conn = _UnixConnection(target.unix_socket, timeout=10)
+        try:
+            data = json.dumps(body).encode() if body is not None else None
+            if data is not None:
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
+            answer = conn.getresponse()
+            return answer.status, answer.read().decode("utf-8", "replace")
+        finally:
+            conn.close()
+    import requests  # only the CLI's TCP path: the daemon never needs it for this
+
+    session = requests.Session()
+    session.trust_env = False
+    response = session.request(method, target.url + path, json=body, headers=headers, timeout=10)
+    return response.status_code, response.text
+
+
+def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    """The daemon's JSON answer; a failure to reach it or a non-200 answer ends the command with status 1."""
+    target = _target(args)
+    try:
+        status, text = _send(target, method, path, body)
+    except OSError as exc:
+        where = target.unix_socket or target.url + path
+        raise SystemExit(f"maintd: cannot reach the daemon at {where} ({type(exc).__name__}); is it running? "
+                         "(systemctl status maintd; or pass --url)") from None
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = text
+    if status != 200:
+        message = answer.get("error") if isinstance(answer, dict) else answer
+        raise SystemExit(f"maintd: the daemon answered {status}: {message}")
+    return answer
+
+
+def _print_json(body: Any) -> int:
+    print(json.dumps(body, indent=2))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    body = _call(args, "GET", "/v1/status")
+    if args.json:
+        return _print_json(body)
+    for key, value in body.items():
+        if key == "peers" and isinstance(value, dict):
+            for event_id, peers in value.items():
+                print(f"peers of {event_id}")
+                for name, how in (peers.items() if isinstance(peers, dict) else ()):
+                    print(f"  {name:22} {how}")
+            continue
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        print(f"{key:24} {value}")
+    return 0
+
+
+def _approval_cell(event: dict[str, Any]) -> str:
+    """sent/failed, `held: <gate>` while a gate holds it, else -."""
+    held = event.get("approval_held")
+    if held:
+        return f"held: {held.get('gate')}"
+    approval = event.get("approval")
+    return str(approval.get("status", "-")) if isinstance(approval, dict) else "-"
+
+
+def _plan_cells(event: dict[str, Any]) -> tuple[str, str]:
+    """PREPARE and APPROVE FROM of the plan (timing): `<time> (<reason>)` while held, `started`, `-` without a plan."""
+    plan = event.get("plan")
+    if not isinstance(plan, dict):
+        return "-", "-"
+    def short(t: Any) -> str:
+        return str(t)[:16] + "Z" if t else "-"
+    prepare = "started" if plan.get("preparation") == "started" else \
+        f"{short(plan.get('prepare_at'))} ({plan.get('prepare_reason')})"
+    reason = plan.get("approve_reason")
+    approve = f"{short(plan.get('approve_not_before'))} (window)" if reason == "window" else str(reason)
+    return prepare, approve
+
+
+def _events_table(events: list[dict[str, Any]]) -> str:
+    rows = [("EVENT ID", "TYPE", "STATUS", "NOT BEFORE", "THIS VM", "RANK", "READY", "PREPARE", "APPROVE FROM",
+             "APPROVAL", "RESOURCES")]
+    for e in events:
+        rows.append((e["EventId"], e["EventType"], e["EventStatus"], e.get("NotBefore") or "-",
+                     "yes" if e.get("names_self") else "no", str(e.get("rank") if e.get("rank") is not None else "-"),
+                     "yes" if e.get("ready") else "no", *_plan_cells(e), _approval_cell(e),
+                     ",".join(e.get("Resources", []))[:40]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    why = [f"{e['EventId']} not ready: {reason}" for e in events for reason in e.get("not_ready") or []]
+    return "\n".join(table + ([""] + why if why else []))
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    if args.history:
+        from agent.journal import read_journal
+
+        try:
+            directory = config_mod.with_state_env(config_mod.load(config_mod.path_from(args.config), check_perms=False)).state.dir
+        except ConfigError as exc:
+            print(f"maintd: {exc}", file=sys.stderr)
+            return 1
+        entries = [e for e in read_journal(directory) if not args.event_id or e.get("event_id") == args.event_id]
+        for entry in entries:
+            print(json.dumps(entry) if args.json else
+                  f"{entry.get('t', '?')}  {entry.get('kind', '?'):28} {entry.get('event_id', '')}  "
+                  + " ".join(f"{k}={v}" for k, v in entry.items() if k not in ("t", "kind", "event_id")))
+        return 0
+    body = _call(args, "GET", f"/v1/events/{args.event_id}" if args.event_id else "/v1/events")
+    if args.json or args.event_id:
+        return _print_json(body)
+    print(_events_table(body) if body else "no events")
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    body = _call(args, "POST", "/v1/drain", {"reason": args.reason})
+    print(f"out of rotation: {args.reason}" + (" (was already drained)" if body.get("already") else ""))
+    if body.get("note"):
+        print(body["note"])
+    return 0
+
+
+def cmd_undrain(args: argparse.Namespace) -> int:
+    body = _call(args, "POST", "/v1/undrain")
+    remaining = body.get("remaining_drains") or {}
+    print("manual drain lifted" if body.get("undrained") else "there was no manual drain")
+    if remaining:
+        print("still out of rotation for: " + ", ".join(remaining))
+    return 0
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    return _print_json(_call(args, "POST", f"/v1/events/{args.event_id}/approve"))
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    body = _call(args, "GET", "/v1/health")
+    if args.json:
+        return _print_json(body)
+    print(f"aggregated: {body.get('AggregatedHealthState')}")
+    for ev in body.get("HealthEvents", []):
+        print(f"  {ev.get('HealthState', '?'):8} {ev.get('SourceId')}/{ev.get('Property')}: {ev.get('Description', '')}")
+    return 0 if body.get("AggregatedHealthState") != "Error" else 2
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "status": cmd_status, "events": cmd_events, "drain": cmd_drain, "undrain": cmd_undrain, "approve": cmd_approve,
+    "health": cmd_health}
+"""The CLI's commands run here, by name."""

@@ -1,0 +1,93 @@
+"""maintd's memory is an operator-visible cost (issue 16: peak RSS under 35 MB with the shipped
+config, the documentation's naive poller takes about 21 MB): every module loaded stays resident for
+the life of the process. So a daemon built from a config imports only what that config uses; the
+figures themselves are measured by `bench steady` (docs/PERFORMANCE.md), this test guards which
+heavy parts stay out.
+
+Each case runs in a fresh interpreter: the test process itself has imported everything.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SHIPPED = Path(__file__).resolve().parent.parent / "config" / "maintd.yaml"
+
+BUILD = """
+import dataclasses, json, sys, tempfile
+from agent import cli
+from agent.clock import SystemClock
+from agent.config import load, loads
+from agent.daemon import build
+from agent.systemd import Notifier
+
+cfg = load(sys.argv[1], check_perms=False) if sys.argv[1].endswith(".yaml") else loads(sys.argv[1])
+with tempfile.TemporaryDirectory() as tmp:
+    cfg = dataclasses.replace(cfg, state=dataclasses.replace(cfg.state, dir=tmp),
+                              server=dataclasses.replace(cfg.server, listen="127.0.0.1:0"))
+    build(cfg, SystemClock(), notifier=Notifier({}))
+print(json.dumps(sorted(sys.modules)))
+"""
+
+NOT_FOR_THE_SHIPPED_CONFIG = (
+    "dateutil",  # recurrences only
+    "agent.rrules",
+    "zoneinfo",  # schedules with a time zone only
+    "difflib",  # "did you mean" hints of a refused config only
+    "agent.handlers.webhook",
+    "agent.handlers.health",
+    "agent.cliclient",  # the commands that talk to a running daemon
+    "agent.emulator",
+    "agent.demo",
+    "agent.docgen",
+)
+"""Modules a daemon built from the shipped config does not load (a prefix covers its submodules)."""
+
+
+def loaded_after_build(config: str) -> set[str]:
+    """The modules loaded by importing the CLI and building (not starting) the daemon from `config`
+    (a path, or YAML text)."""
+    out = subprocess.run([sys.executable, "-c", BUILD, config], capture_output=True, text=True, timeout=60,
+                         check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def offenders(loaded: set[str], heavy: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in loaded if any(m == h or m.startswith(h + ".") for h in heavy))
+
+
+@pytest.fixture(scope="module")
+def shipped() -> set[str]:
+    return loaded_after_build(str(SHIPPED))
+
+
+def test_the_shipped_config_loads_no_schedule_plugin_handler_or_tool_code(shipped):
+    assert "agent.daemon" in shipped
+    assert offenders(shipped, NOT_FOR_THE_SHIPPED_CONFIG) == []
+
+
+def test_the_shipped_config_loads_no_http_client_library(shipped):
+    assert offenders(shipped, ("requests", "urllib3", "charset_normalizer", "idna", "importlib.metadata")) == []
+
+
+def test_drain_and_exec_handlers_load_neither_webhook_nor_health_handler_code():
+    loaded = loaded_after_build("handlers:\n"
+                                "  - {name: drain, type: drain, phases: [scheduled, completed]}\n"
+                                "  - {name: checkpoint, type: exec, phases: [scheduled], command: [/bin/true]}\n")
+    assert {"agent.handlers.drain", "agent.handlers.exec"} <= loaded
+    assert offenders(loaded, ("agent.handlers.webhook", "agent.handlers.health")) == []
+
+
+def test_a_recurrence_loads_what_it_needs():
+    loaded = loaded_after_build("profiles:\n"
+                                "  - {name: default, approval: auto}\n"
+                                "  - name: nights\n"
+                                "    approval: auto\n"
+                                "    recurrence: {frequency: day, time_zone: Europe/Stockholm,"
+                                " schedule: {hours: [1], minutes: [0]}}\n")
+    assert {"dateutil.rrule", "agent.rrules", "zoneinfo"} <= loaded
