@@ -8,7 +8,7 @@ generation number; a write covers the generation of its snapshot, and writers ta
 write already covered returns at once (writes coalesce).
 
 Two paths:
-- `record`, `clear_result`, `set_flag`, `flush` write through before they return (a handler
+- `record`, `set_flag`, `flush` write through before they return (a handler
   result is on disk before the daemon acts on it) and raise `StateError` when the disk refuses.
 - `apply` and `prune` (the loop's path) return at once: a background writer saves them and the
   journal lines they queue. `save_soon` asks it to retry; `write_error` and `write_failures` tell
@@ -239,14 +239,6 @@ class Store:
             self._data["results"].setdefault(event_id, {})[key] = value
             if journal:
                 self._queue_line(journal, event_id=event_id, key=key, **value)
-            generation = self._changed()
-        self._save(generation)
-
-    def clear_result(self, event_id: str, key: str) -> None:
-        """Forget a result (an idempotent handler interrupted by a crash runs again)."""
-        with self._lock:
-            if self._data["results"].get(event_id, {}).pop(key, None) is None:
-                return
             generation = self._changed()
         self._save(generation)
 
