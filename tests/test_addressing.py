@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from agent.addressing import (
+from agent.coordination.peer_addressing import (
     Identity,
     base36,
     event_url,
@@ -17,8 +17,8 @@ from agent.addressing import (
     resolve,
     template_fields,
 )
-from agent.config import ConfigError, loads
-from agent.peersfile import PeersFile
+from agent.config.config import ConfigError, loads
+from agent.coordination.peers_file import PeersFile
 
 WEB_15 = Identity("web_15", "web00000f", "web")
 
