@@ -12,6 +12,7 @@ from typing import Any, Sequence
 from agent import __version__
 from agent.config import config as config_mod
 from agent.errors import ConfigError
+from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers_file import PeersFile
 
 EX_CONFIG = 78
@@ -114,7 +115,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _addressing(c: config_mod.CoordinationConfig) -> str:
+def _addressing(c: CoordinationConfig) -> str:
     """How peers will be addressed: the static map, the peers file as it reads now, the template."""
     lines = ["peers are reached through (first match wins):",
              f"  coordination.peers       {len(c.peers)} static entr{'y' if len(c.peers) == 1 else 'ies'}"]

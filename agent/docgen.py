@@ -14,7 +14,7 @@ from pathlib import Path
 from prometheus_client.metrics import MetricWrapperBase
 
 from agent.config.config import Config
-from agent.config.config_schema import describe
+from agent.model.config_schema import describe
 from agent.coordination.coordination_rules import FleetGate, PrometheusGate
 from agent.handlers.registry import CommonKeys, builtin_types
 from agent.metrics import Metrics

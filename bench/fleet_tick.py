@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.clock import FakeClock
-from agent.config.config import CoordinationConfig
+from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordination_rules import PeerState
 from agent.coordination.coordinator import Coordinator, EventCoordination
 from agent.model.events import Event

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from agent.config.config import PrepareConfig
+from agent.prepare.prepare_plan import PrepareConfig
 from agent.model.events import Event
 from agent.prepare.prepare_plan import make_plan
 from agent.windows.approval_policy import parse_profiles

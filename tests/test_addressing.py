@@ -7,17 +7,16 @@ import os
 import pytest
 
 from agent.coordination.peer_addressing import (
-    Identity,
     base36,
     event_url,
     folded,
     from_template,
-    identity_from_compute,
     peer_fields,
     resolve,
     template_fields,
 )
 from agent.config.config import ConfigError, loads
+from agent.model.identity import Identity, identity_from_compute
 from agent.coordination.peers_file import PeersFile
 
 WEB_15 = Identity("web_15", "web00000f", "web")

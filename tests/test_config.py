@@ -11,7 +11,7 @@ import pytest
 from agent.config import config
 
 from agent.config import config_loading as configload
-from agent.config.config_schema import parse_duration_text
+from agent.model.config_schema import parse_duration_text
 from agent.errors import ConfigError
 
 

@@ -10,7 +10,7 @@ import pytest
 import requests
 import responses
 
-from agent.config.config import CoordinationConfig
+from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordination_rules import PeerState, acting_leader, liveness_interval, push_due, recheck_delay, watch_chain
 from agent.coordination.coordinator import Coordinator
 from agent.model.events import Event

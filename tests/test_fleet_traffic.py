@@ -6,7 +6,7 @@ import pytest
 import requests
 import responses
 
-from agent.config.config import CoordinationConfig
+from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
 from agent.health.health_store import HealthStore
 from agent.metrics import Metrics

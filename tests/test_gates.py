@@ -6,7 +6,8 @@ import pytest
 import requests
 import responses
 
-from agent.config.config import CoordinationConfig, loads
+from agent.config.config import loads
+from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
 from agent.errors import ConfigError
 from agent.coordination.coordination_rules import (

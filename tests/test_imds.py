@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.coordination.peer_addressing import Identity
+from agent.model.identity import Identity
 from agent.errors import ImdsRequestRejected, ImdsUnavailable
 from agent.loop.cadence import next_poll_delay
 from agent.imds.imds_client import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult, parse_retry_after

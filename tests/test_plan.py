@@ -6,7 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from agent.config.config import PrepareConfig, loads
+from agent.config.config import loads
+from agent.prepare.prepare_plan import PrepareConfig
 from agent.errors import ConfigError
 from agent.model.events import Event
 from agent.prepare.prepare_plan import first_window, make_plan, with_coordination

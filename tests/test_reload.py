@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agent.loop import wiring
-from agent.coordination.peer_addressing import Identity
+from agent.model.identity import Identity
 from agent.loop.daemon import build
 from agent.health.health_store import HealthState
 from agent.imds.imds_client import PollResult

@@ -13,8 +13,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent.coordination.peer_addressing import template_fields
-from agent.config.config_schema import (
+from agent.model.config_schema import (
     boolean,
     choice,
     duration,
@@ -29,18 +28,16 @@ from agent.config.config_schema import (
 )
 from agent.config.config_loading import parse_yaml, read_text
 from agent.coordination.coordination_rules import NO_GATES, Gates
+from agent.coordination.coordination_settings import CoordinationConfig
 from agent.errors import ConfigError, ConfigValueError
 from agent.handlers.base import HandlerSpec
 from agent.handlers.registry import parse_handlers
 from agent.health.health_rules import RuleSpec, parse_rules
+from agent.prepare.prepare_plan import PrepareConfig
 from agent.windows.approval_policy import (
     DEFAULT_PROFILE,
-    NOW,
-    LeadTime,
     Profile,
     check_handler_names,
-    parse_lead_time,
-    parse_lead_times_by_type,
     parse_profiles,
 )
 
@@ -149,48 +146,6 @@ class ProbeConfig:
 @dataclasses.dataclass(frozen=True)
 class HealthConfig:
     consider_warning_as_error: bool = opt(boolean, False, "count Warning as Error when aggregating health (probe, fleet gate)")
-
-
-@dataclasses.dataclass(frozen=True)
-class CoordinationConfig:
-    peer_url: str = opt(text(r"^https?://\S+$", "a URL template such as http://{computer_name}:8088"),
-                        "http://{computer_name}:8088",
-                        "how to reach a peer named in Resources: {name}, {computer_name} (derived on a Uniform "
-                        "scale set, else the name), {instance_id}")
-    peers: dict[str, str] = opt(mapping_of(text(r"^https?://\S+$", "a base URL such as http://10.0.0.5:8088")), {},
-                                "static map VM name -> base URL; wins over peers_file and peer_url")
-    peers_file: str | None = opt(optional(text(r"^/", "an absolute path")), None,
-                                 "YAML/JSON map VM name -> base URL, reread when it changes; wins over peer_url")
-    token_file: str | None = opt(optional(text(r"^/", "an absolute path")), None,
-                                 "shared bearer token peers send (and this VM requires) on /v1 reads")
-    unreachable_peers: str = opt(choice("wait", "ignore"), "wait",
-                                 "wait: an unreachable peer blocks approval; ignore: after peer_timeout it no longer does")
-    peer_timeout: float = opt(duration(1, 86400), 120.0, "with ignore: how long a peer must be unreachable to be ignored")
-    takeover_after: float = opt(duration(1, 86400), 60.0,
-                                "a VM approves in the leader's place once every lower-ranked peer is unreachable this long")
-    request_timeout: float = opt(duration(0.05, 30), 2.0, "timeout of one peer readiness request")
-    max_concurrency: int = opt(integer(1, 256), 16, "peers asked at once (requests to one peer go one after another)")
-    peer_recheck_max: float = opt(duration(1, 300), 10.0,
-                                  "longest wait before the leader asks a not-ready peer again (ready peers push)")
-    approval_retry_for: float = opt(duration(1, 3600), 60.0, "how long one approval POST is retried with backoff")
-
-    def validate(self) -> None:
-        try:
-            template_fields(self.peer_url)
-        except ValueError as exc:
-            raise ConfigValueError("peer_url", str(exc)) from None
-
-
-@dataclasses.dataclass(frozen=True)
-class PrepareConfig:
-    """When the scheduled-phase handlers start (see agent.prepare.prepare_plan): the lead time covers the whole preparation."""
-
-    lead_time: LeadTime = opt(parse_lead_time, NOW,
-                              "prepare this long before NotBefore (or before a window that allows approval "
-                              "opens); now = at first sight; at most 7d")
-    lead_time_by_type: dict[str, LeadTime] = opt(parse_lead_times_by_type, {},
-                                                 "per EventType lead time, e.g. {Reboot: 10m, Preempt: now}; "
-                                                 "wins over profiles[].lead_time and lead_time")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from agent.config.config_schema import choice, duration, integer, list_of, opt, optional, section, text
+from agent.model.config_schema import choice, duration, integer, list_of, opt, optional, section, text
 from agent.errors import ConfigValueError
 
 # --- gate specs ------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from agent import logs
-from agent.coordination.peer_addressing import Address, Identity
+from agent.coordination.peer_addressing import Address
+from agent.model.identity import Identity
 from agent.clock import Clock
 from agent.coordination.coordination_rules import NO_GATES, Gates, Held, lower_reachable, not_ready
 from agent.coordination.peer_directory import SHOWN_PEERS

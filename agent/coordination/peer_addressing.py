@@ -20,8 +20,10 @@ from __future__ import annotations
 import re
 import string
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 from urllib.parse import quote
+
+from agent.model.identity import Identity
 
 TEMPLATE_FIELDS = ("name", "computer_name", "instance_id")
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -29,26 +31,6 @@ HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*$")
 EVENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 COMPUTER_ID_DIGITS = 6
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
-
-
-@dataclass(frozen=True)
-class Identity:
-    """This VM as IMDS compute metadata describes it."""
-
-    name: str
-    computer_name: str = ""
-    scale_set: str = ""
-
-
-def identity_from_compute(body: Any) -> Identity:
-    """The Identity in an IMDS `compute` answer; ValueError when it names no VM."""
-    if not isinstance(body, dict) or not isinstance(body.get("name"), str) or not body["name"]:
-        raise ValueError("compute metadata has no name")
-    os_profile = body.get("osProfile")
-    computer = os_profile.get("computerName") if isinstance(os_profile, dict) else None
-    scale_set = body.get("vmScaleSetName")
-    return Identity(body["name"], computer if isinstance(computer, str) else "",
-                    scale_set if isinstance(scale_set, str) else "")
 
 
 def base36(n: int) -> str:

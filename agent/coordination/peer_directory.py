@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from agent import logs
-from agent.coordination.peer_addressing import Address, Identity, folded, resolve
-from agent.config.config import CoordinationConfig
+from agent.coordination.peer_addressing import Address, folded, resolve
+from agent.model.identity import Identity
+from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordination_rules import PeerState
 from agent.health.health_store import HealthState, HealthStore
 from agent.coordination.peers_file import PeersFile

@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 import requests
 
-from agent.config.config_schema import boolean, choice, duration, opt, optional, text
+from agent.model.config_schema import boolean, choice, duration, opt, optional, text
 from agent.errors import ConfigValueError
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result
 from agent.handlers.webhook import post, target

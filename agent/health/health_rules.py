@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-from agent.config.config_schema import (choice, duration, fmt_duration, list_of, named_list, number, opt, optional,
+from agent.model.config_schema import (choice, duration, fmt_duration, list_of, named_list, number, opt, optional,
                                  parse_section, text)
 from agent.errors import ConfigValueError
 

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from agent.clock import Clock
-from agent.config.config_schema import parse_duration_text
+from agent.model.config_schema import parse_duration_text
 from agent.errors import ReservedSource, StaleReport, TooManyReports
 
 RESERVED_PREFIX = "System."

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from agent import logs
 from agent.clock import Clock
-from agent.config.config_schema import fmt_duration
+from agent.model.config_schema import fmt_duration
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import Metrics
 from agent.health.health_rules import SOURCE_ID, RuleSpec, RuleState, describe, evaluate, hms

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from urllib.parse import urlencode, urlsplit
 
 from agent import jsonsafe
-from agent.coordination.peer_addressing import Identity, identity_from_compute
+from agent.model.identity import Identity, identity_from_compute
 from agent.clock import Clock
 from agent.errors import ImdsError, ImdsRequestRejected, ImdsUnavailable
 from agent.model.events import MAX_NAME, Document, parse_document

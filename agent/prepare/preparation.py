@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 from agent import logs
 from agent.clock import Clock
-from agent.config.config import PrepareConfig
+from agent.prepare.prepare_plan import PrepareConfig
 from agent.errors import StateError
 from agent.model.events import Event
 from agent.metrics import Metrics

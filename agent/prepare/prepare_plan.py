@@ -17,14 +17,15 @@ approves (an operator may under a `manual` profile) and Azure starts the event a
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from agent.config.config import PrepareConfig
-from agent.config.config_schema import fmt_duration
+from agent.model.config_schema import fmt_duration, opt
 from agent.model.events import Event
-from agent.windows.approval_policy import ALLOWING, MAX_LEAD_TIME, NOW, LeadTime, Profile, in_force
+from agent.windows.approval_policy import (ALLOWING, MAX_LEAD_TIME, NOW, LeadTime, Profile, in_force, parse_lead_time,
+                                          parse_lead_times_by_type)
 
 MAX_STEPS = 1000
 """Instants looked at when searching for a window's opening or its closing (a bound, never reached by a sane config)."""
@@ -32,6 +33,18 @@ MAX_STEPS = 1000
 
 def _iso(t: datetime | None) -> str | None:
     return t.isoformat().replace("+00:00", "Z") if t is not None else None
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareConfig:
+    """When the scheduled-phase handlers start (see agent.prepare.prepare_plan): the lead time covers the whole preparation."""
+
+    lead_time: LeadTime = opt(parse_lead_time, NOW,
+                              "prepare this long before NotBefore (or before a window that allows approval "
+                              "opens); now = at first sight; at most 7d")
+    lead_time_by_type: dict[str, LeadTime] = opt(parse_lead_times_by_type, {},
+                                                 "per EventType lead time, e.g. {Reboot: 10m, Preempt: now}; "
+                                                 "wins over profiles[].lead_time and lead_time")
 
 
 def fmt_lead(lead: LeadTime) -> str:

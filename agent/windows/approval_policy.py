@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agent.config.config_schema import (
+from agent.model.config_schema import (
     boolean,
     choice,
     duration,

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from datetime import date, datetime, time, timezone
 from typing import TYPE_CHECKING, Any
 
-from agent.config.config_schema import REQUIRED, choice, did_you_mean, integer, list_of, opt, optional, parse_section, section, text
+from agent.model.config_schema import REQUIRED, choice, did_you_mean, integer, list_of, opt, optional, parse_section, section, text
 from agent.errors import ConfigValueError
 
 if TYPE_CHECKING:
