@@ -453,3 +453,15 @@ def test_any_status_line_or_header_is_a_result_or_an_imds_error(imds, clock, raw
         do(make_client(imds, clock, timeout=0.5))
     except ImdsError:
         pass
+
+
+@pytest.mark.parametrize("interim", [b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n",
+                                     b"HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\n\r\n",
+                                     b"HTTP/1.1 100 Continue\r\n\r\n"])
+def test_interim_1xx_answers_are_skipped_within_the_polls_deadline(imds, client, interim):
+    """An IMDS (or a box in front of it) that sends 103 Early Hints or any other 1xx before its answer
+    does not fail the poll: the interim answers are skipped and the final one read."""
+    body = json.dumps(DOC).encode()
+    imds.add_callback("GET", SE, lambda _: Raw(interim + _with_length(body), then="keep"))
+    assert client.get_document().document.incarnation == 1
+    assert count(client, "200") == 1
