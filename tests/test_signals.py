@@ -19,7 +19,8 @@ from agent.clock import SystemClock
 from agent.config import loads
 from agent.daemon import build
 from agent.systemd import Notifier
-from tests.e2e.harness import CLEAN_ENV, free_port, wait_until
+from tests.e2e.harness import CLEAN_ENV, Agent, Emulator, free_port, wait_until
+from tests.imds_server import FakeImds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,3 +125,72 @@ def test_a_signal_from_another_thread_wakes_the_loops_sleep_at_once(tmp_path, re
     d._sleep_until_due()
     assert 0.15 < time.monotonic() - started < 1.5
     assert d.control.reload.is_set()
+
+
+RECORD_RUN = ("import os\n"
+              "with open(os.environ['OUT'], 'a') as f:\n"
+              "    f.write(os.environ['MAINTD_PHASE'] + ' ' + os.environ['MAINTD_EVENT_ID'] + '\\n')\n")
+ROUNDS = 25
+
+
+def burst(pid: int, sig: int, count: int) -> None:
+    for _ in range(count):
+        os.kill(pid, sig)
+
+
+@pytest.mark.e2e
+def test_maintd_outlives_bursts_of_sighup_with_events_in_flight_and_stops_on_sigterm(tmp_path):
+    """Findings 1-2 on a real `maintd run` against the emulator: rounds of 200 back-to-back SIGHUPs (and
+    one of 20 000) while events come and go: no hang, no poll gap over 2 s, every handler run done
+    (scheduled and completed for each event), and a burst of SIGTERMs stops it with exit 0."""
+    out = tmp_path / "runs.txt"
+    hook = {"name": "record", "type": "exec", "phases": ["scheduled", "completed"],
+            "command": [sys.executable, "-c", RECORD_RUN], "env": {"OUT": str(out)}}
+    emu = Emulator(["vm-1"], "--started-duration", "1")
+    agent: Agent | None = None
+    try:
+        agent = Agent(tmp_path / "vm-1", emu.urls["vm-1"], "vm-1", {"handlers": [hook]})
+        pid = agent.proc.pid
+
+        def polls() -> list[float]:
+            return [r["time"] for r in emu.requests("vm-1") if r["method"] == "GET" and "scheduledevents" in r["path"]]
+
+        ids = []
+        for _ in range(ROUNDS):
+            ids.append(emu.add_event(event_type="Reboot", resources=["vm-1"], notice=120))
+            before = len(polls())
+            burst(pid, signal.SIGHUP, 200)
+            wait_until(lambda: len(polls()) >= before + 2, 5, "polls to go on after a burst")
+        burst(pid, signal.SIGHUP, 20_000)
+        expected = {f"{phase} {eid}" for eid in ids for phase in ("scheduled", "completed")}
+        wait_until(lambda: out.exists() and expected <= set(out.read_text().splitlines()), 60,
+                   "every event's scheduled and completed runs")
+        times = polls()
+        assert max(b - a for a, b in zip(times, times[1:])) < 2.0
+        assert len(out.read_text().splitlines()) == len(expected), "each run once"
+        burst(pid, signal.SIGTERM, 200)
+        assert agent.proc.wait(15) == 0, "".join(agent.raw[-20:])
+        assert agent.events("config.reloaded"), "the SIGHUPs were acted on"
+    finally:
+        if agent is not None:
+            agent.stop()
+        emu.stop()
+
+
+def test_a_sigterm_cuts_the_identity_retries_at_start_short(tmp_path, restore_signals):
+    """While IMDS fails the compute call at start (retries for several seconds), a SIGTERM ends the
+    retries at once: the retry pause sleeps on the loop's sleeper, which the signal wakes."""
+    imds = FakeImds()
+    try:
+        imds.get("/metadata/instance/compute", status=503, json={})
+        cfg = loads(f"state: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}', max_backoff: 10s}}\n")
+        d = build(cfg, SystemClock(), boot_id="boot-1", notifier=Notifier({}))
+        d.control.install()
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        started = time.monotonic()
+        d.start()
+        assert time.monotonic() - started < 1.5 and d.vm_name is None
+        assert d.control.stop.is_set()
+        d.shutdown()
+    finally:
+        imds.close()
