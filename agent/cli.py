@@ -51,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     daemon = build(cfg, SystemClock(), config_path=path)
     if args.once:
         return run_once(daemon)
-    daemon.install_signals()
+    daemon.control.install()
     sockets = listen_fds()
     try:
         daemon.serve(sockets[0] if sockets else None)

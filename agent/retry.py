@@ -12,11 +12,11 @@ from typing import Any, Callable
 
 import tenacity
 
-from agent.clock import Clock
+from agent.clock import Clock, Waitable
 
 
 def retrying(clock: Clock, *, retry_if: Callable[[BaseException], bool], attempts: int | None = None,
-             within: float | None = None, cancel: threading.Event | None = None, initial: float = 0.5,
+             within: float | None = None, cancel: Waitable | None = None, initial: float = 0.5,
              maximum: float = 5.0) -> tenacity.Retrying:
     """A Retrying that gives up after `attempts` tries, when `cancel` is set, or rather than start an
     attempt after `within` seconds of `clock` (it does not sleep past the deadline to try once more)."""

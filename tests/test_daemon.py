@@ -11,7 +11,7 @@ from agent.config.config import loads
 from agent.loop.daemon import build
 from agent.health.health_store import HealthState
 from agent.systemd import Notifier
-from tests.imds_server import FakeImds
+from tests.imds_server import FakeImds, Raw
 
 SE = "/metadata/scheduledevents"
 NB = "Mon, 19 Sep 2026 18:29:47 GMT"
@@ -225,3 +225,29 @@ def test_the_watchdog_is_pinged_while_imds_takes_its_time_with_the_first_answer(
     finally:
         d.shutdown()
         listener.close()
+
+
+BUSY_SUPERSCRIPT = Raw(b"HTTP/1.1 503 Busy\r\nRetry-After: \xb2\r\nContent-Length: 0\r\n\r\n", then="keep")
+
+
+def test_a_retry_after_in_unicode_digits_is_one_failed_poll_and_the_loop_goes_on(daemon, clock, imds):
+    """Issue 24: `Retry-After: ²` on a poll is a failed poll (no Retry-After), not an exception out of the
+    loop; the next answer's event is tracked."""
+    imds.add_callback("GET", SE, lambda _: BUSY_SUPERSCRIPT)
+    imds.get(SE, json=doc(reboot()))
+    run_for(daemon, clock, 5)
+    assert "E1" in daemon.tracked and daemon.cadence.polls >= 1
+
+
+def test_start_survives_a_retry_after_in_unicode_digits_on_the_compute_call(tmp_path, clock, imds):
+    """Issue 24: the same answer to the compute call at start is retried like any failed call, and the
+    VM's name comes from the next one."""
+    imds.add_callback("GET", "/metadata/instance/compute", lambda _: BUSY_SUPERSCRIPT)
+    imds.get("/metadata/instance/compute", json={"name": "vm1"})
+    cfg = loads(f"state: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n")
+    d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+    try:
+        d.start()
+        assert d.vm_name == "vm1"
+    finally:
+        d.shutdown()

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.model.identity import Identity
-from agent.errors import ImdsRequestRejected, ImdsUnavailable
+from agent.errors import ImdsError, ImdsRequestRejected, ImdsUnavailable
 from agent.loop.cadence import next_poll_delay
 from agent.imds.imds_client import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult, parse_retry_after
 from agent.metrics import Metrics
@@ -394,3 +394,74 @@ def test_an_absurd_retry_after_cannot_stop_polling():
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     for value in ("86400", "9" * 5000, "Thu, 01 Jan 2099 00:00:00 GMT"):
         assert parse_retry_after(value, now) == MAX_RETRY_AFTER
+
+
+COMPUTE = "/metadata/instance/compute"
+CALLS = {"poll": (("GET", SE), lambda c: c.get_document()),
+         "compute": (("GET", COMPUTE), lambda c: c.compute_identity()),
+         "approve": (("POST", SE), lambda c: c.approve(["E1"]))}
+
+
+@pytest.mark.parametrize("value", [b"\xb2", b"\xb9\xb3", b"1\xb2", b" \xb2 "])
+@pytest.mark.parametrize("call", CALLS.values(), ids=CALLS.keys())
+def test_a_retry_after_of_unicode_digits_fails_the_request_and_nothing_else(imds, client, call, value, logs):
+    """`Retry-After: ²` (Latin-1 0xB2 passes str.isdigit) fails the poll, the compute call and the approval
+    as an ImdsUnavailable without a Retry-After (and a log line), never a ValueError that ends `maintd run`."""
+    (method, path), do = call
+    imds.add_callback(method, path, lambda _: Raw(b"HTTP/1.1 503 Busy\r\nRetry-After: " + value
+                                                  + b"\r\nContent-Length: 0\r\n\r\n", then="keep"))
+    with pytest.raises(ImdsUnavailable) as info:
+        do(client)
+    assert info.value.status == 503 and info.value.retry_after is None
+    assert [e["value"] for e in logs if e["event"] == "imds.retry_after_ignored"] == [value.decode("latin-1").strip()]
+
+
+def test_retry_after_is_read_strictly():
+    """Only ASCII digits or an HTTP-date count; Unicode digits, signs, fractions and dates that are no
+    dates are ignored."""
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert parse_retry_after(" 12 ", now) == 12
+    for value in ("²", "١٢", "+5", "-5", "1.5", "1e3", "0x10", "Thu, 01 Jan 2026 99:00:30 GMT", "tomorrow"):
+        assert parse_retry_after(value, now) is None, value
+
+
+STATUS_LINES = st.sampled_from([b"HTTP/1.1 %d X" % s for s in (103, 200, 304, 400, 404, 410, 429, 500, 503, 999)]
+                               + [b"HTTP/1.1 \xb2\xb2\xb2 X", b"HTTP/1.1 \xd9\xa3 X", b"HTTP/1.1 2OO OK", b"HTTP/9 200 OK",
+                                  b"HTTP/1.1 -200 X", b"HTTP/1.1 200"]) | st.binary(max_size=40)
+NAMES = st.sampled_from([b"Retry-After", b"retry-after", b"ETag", b"Content-Type", b"Content-Length",
+                        b"Transfer-Encoding", b"Connection"])
+VALUES = st.sampled_from([b"\xb2", b"\xb9\xb3", b"\xd9\xa3", b"1" * 400, b"Thu, 01 Jan 2026 00:00:30 GMT",
+                          b"Mon, 01 Jan 0001 00:00:00 -2359", b"application/json", b"chunked", b"close", b"-1", b"0",
+                          b"\xff\xfe"])
+HEADER_NAMES = st.one_of(NAMES, NAMES, NAMES, st.binary(min_size=1, max_size=20))
+HEADER_VALUES = st.one_of(VALUES, VALUES, VALUES, st.binary(max_size=60))
+RAW_ANSWERS = st.builds(lambda status, headers, body: status + b"\r\n" + b"".join(n + b": " + v + b"\r\n" for n, v in headers)
+                        + b"\r\n" + body,
+                        STATUS_LINES, st.lists(st.tuples(HEADER_NAMES, HEADER_VALUES), max_size=6),
+                        st.sampled_from([b"", json.dumps(DOC).encode(), b'{"name": "vm1"}', b"{}"]) | st.binary(max_size=80))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=RAW_ANSWERS, which=st.sampled_from(sorted(CALLS)))
+def test_any_status_line_or_header_is_a_result_or_an_imds_error(imds, clock, raw, which):
+    """Fuzz over status lines, header names and values and bodies: the poll, the compute call and the
+    approval return or raise an ImdsError, never anything else."""
+    imds.clear()
+    (method, path), do = CALLS[which]
+    imds.add_callback(method, path, lambda _: Raw(raw))
+    try:
+        do(make_client(imds, clock, timeout=0.5))
+    except ImdsError:
+        pass
+
+
+@pytest.mark.parametrize("interim", [b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n",
+                                     b"HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\n\r\n",
+                                     b"HTTP/1.1 100 Continue\r\n\r\n"])
+def test_interim_1xx_answers_are_skipped_within_the_polls_deadline(imds, client, interim):
+    """An IMDS (or a box in front of it) that sends 103 Early Hints or any other 1xx before its answer
+    does not fail the poll: the interim answers are skipped and the final one read."""
+    body = json.dumps(DOC).encode()
+    imds.add_callback("GET", SE, lambda _: Raw(interim + _with_length(body), then="keep"))
+    assert client.get_document().document.incarnation == 1
+    assert count(client, "200") == 1

@@ -179,7 +179,7 @@ def test_a_reload_replans_held_events_but_never_rolls_back_one_preparing(make, c
 
     path = tmp_path / "maintd.yaml"
     path.write_text(path.read_text().replace("lead_time: 30m", "lead_time: 2h"))
-    d.request_reload()
+    d.control.request_reload()
     run_until(d, clock, MONDAY_10 + timedelta(seconds=6))
     e1, e2 = plan_of(d, "E1"), plan_of(d, "E2")
     assert e1["prepare_at"] == "2026-01-05T20:00:00Z" and e1["preparation"] == "held"
@@ -218,7 +218,7 @@ def test_the_default_config_prepares_at_first_sight(make, clock, imds, tmp_path)
     assert plan_of(d, "E1")["prepare_reason"] == "now"
     path = tmp_path / "maintd.yaml"
     path.write_text(path.read_text() + "prepare: {lead_time: 10m}\n")
-    d.request_reload()
+    d.control.request_reload()
     run_until(d, clock, MONDAY_10 + timedelta(seconds=10))
     assert len(approvals(imds)) == 1
     assert not [e for e in read_journal(d.store.dir) if e["kind"] == "plan.changed"]

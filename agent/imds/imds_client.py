@@ -3,7 +3,8 @@
 Requests go over `agent.imds.imds_connection` connections opened straight to the endpoint, so HTTP(S)_PROXY never
 redirects IMDS calls (IMDS must not be reached through a proxy). Every request sends `Metadata: true`.
 Answers are bounded before they are parsed (size, nesting depth, field sizes) and anything that
-cannot be read is a failed request, never an exception the caller did not ask for. The poll loop is
+cannot be read (status line, any header, body) is a failed request (`ImdsError`), never an exception the
+caller did not ask for: every answer is read inside one guard (`ImdsClient._request`). The poll loop is
 its own retry: `get_document` never retries; `cadence.next_poll_delay` says how long to wait after a failure
 (exponential with jitter, capped, honouring Retry-After).
 """
@@ -16,9 +17,10 @@ import threading
 from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Callable, TypeVar
 from urllib.parse import urlencode, urlsplit
 
-from agent import jsonsafe
+from agent import jsonsafe, logs
 from agent.model.identity import Identity, identity_from_compute
 from agent.clock import Clock
 from agent.errors import ImdsError, ImdsRequestRejected, ImdsUnavailable
@@ -39,6 +41,8 @@ answer asking for a day would stop polling for a day, and 5000 nines for good.""
 MIN_REQUEST_GAP = 0.25
 """Seconds between two requests to a real IMDS: 4 req/s, under its shared per-VM limit of 5."""
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class PollResult:
@@ -50,20 +54,23 @@ class PollResult:
 
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or HTTP-date), at most MAX_RETRY_AFTER; None when
-    absent or unreadable."""
-    if not value:
+    """Seconds from a Retry-After header, at most MAX_RETRY_AFTER; None when absent or unreadable.
+
+    Strict: delta-seconds are ASCII digits only (`str.isdigit` also passes `²` and `١٢`), anything else
+    must be an HTTP-date."""
+    value = (value or "").strip()
+    if not value or not value.isascii():
         return None
-    value = value.strip()
     if value.isdigit():
         return min(float(value), MAX_RETRY_AFTER)
     try:
         when = email.utils.parsedate_to_datetime(value)
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        seconds = (when - now).total_seconds()
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return min(max(0.0, (when - now).total_seconds()), MAX_RETRY_AFTER)
+    return min(max(0.0, seconds), MAX_RETRY_AFTER)
 
 
 def _is_loopback(endpoint: str) -> bool:
@@ -118,8 +125,9 @@ class ImdsClient:
             self._last_request = self.clock.monotonic()
 
     def _request(self, endpoint_label: str, connection: Connection, request: bytes, *, timeout: float,
-                 max_body: int) -> Reply:
-        """One exchange, timed and counted; any transport failure or oversize answer is ImdsUnavailable."""
+                 max_body: int, read: Callable[[Reply], T]) -> T:
+        """One exchange, timed and counted, and its answer `read`; any transport failure, oversize answer or
+        failure to read it (whatever `read` raises) is an ImdsError, never anything else."""
         self._pace()
         start = self.clock.monotonic()
         try:
@@ -132,19 +140,34 @@ class ImdsClient:
             raise ImdsUnavailable(f"IMDS {kind}: {type(exc).__name__}: {str(exc)[:200]}") from exc
         self.metrics.imds_requests.labels(endpoint_label, str(reply.status)).inc()
         self.metrics.imds_duration.labels(endpoint_label).observe(self.clock.monotonic() - start)
-        return reply
+        try:
+            return read(reply)
+        except ImdsError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - no status, header or body may end the caller's loop
+            raise ImdsUnavailable(f"IMDS answer unreadable: {type(exc).__name__}: {str(exc)[:200]}",
+                                  reply.status, _text(reply.body)[:200]) from exc
 
-    def _once(self, endpoint_label: str, request: bytes, timeout: float) -> Reply:
+    def _once(self, endpoint_label: str, request: bytes, timeout: float, read: Callable[[Reply], T]) -> T:
         """A rare call on a connection of its own, closed after it."""
         with closing(Connection(self.endpoint)) as connection:
-            return self._request(endpoint_label, connection, request, timeout=timeout, max_body=MAX_SMALL_BYTES)
+            return self._request(endpoint_label, connection, request, timeout=timeout, max_body=MAX_SMALL_BYTES,
+                                 read=read)
+
+    def _retry_after(self, reply: Reply) -> float | None:
+        header = reply.header("Retry-After").strip()
+        seconds = parse_retry_after(header, self.clock.now())
+        if seconds is None and header:
+            logs.get("imds").warning("imds.retry_after_ignored", value=header[:100], status=reply.status,
+                                     reason="neither ASCII digits nor an HTTP-date")
+        return seconds
 
     def _raise_for(self, reply: Reply) -> None:
         status = reply.status
         if 200 <= status < 300 or status == 304:
             return
         body = _text(reply.body)
-        retry_after = parse_retry_after(reply.header("Retry-After"), self.clock.now())
+        retry_after = self._retry_after(reply)
         if status in (400, 405):
             raise ImdsRequestRejected(f"IMDS rejected the request ({status})", status, body)
         raise ImdsUnavailable(f"IMDS answered {status}", status, body, retry_after)
@@ -157,10 +180,11 @@ class ImdsClient:
     def get_document(self) -> PollResult:
         """Poll Scheduled Events once within its timeout (connect, headers, body); raises ImdsError on any
         failure, including any answer that cannot be read as a document (never retries)."""
-        timeout = self.next_timeout
         start = self.clock.monotonic()
-        reply = self._request("scheduledevents", self._poll, self._poll_request, timeout=timeout,
-                              max_body=MAX_DOCUMENT_BYTES)
+        return self._request("scheduledevents", self._poll, self._poll_request, timeout=self.next_timeout,
+                             max_body=MAX_DOCUMENT_BYTES, read=lambda reply: self._poll_result(reply, start))
+
+    def _poll_result(self, reply: Reply, start: float) -> PollResult:
         self._raise_for(reply)
         self._answered = True
         duration = self.clock.monotonic() - start
@@ -198,12 +222,15 @@ class ImdsClient:
         request = request_bytes("POST", self._poll.host_header,
                                 self._target(SCHEDULED_EVENTS_PATH, self.api_version),
                                 {**HEADERS, "Content-Type": "application/json"}, body)
-        self._raise_for(self._once("approve", request, self.timeout))
+        self._once("approve", request, self.timeout, read=self._raise_for)
 
     def compute_identity(self) -> Identity:
         """This VM's `compute.name` (what Resources lists), computer name and scale set; raises ImdsError,
         whatever the answer holds."""
-        reply = self._once("compute", self._get_bytes(COMPUTE_PATH, self.compute_api_version), max(self.timeout, 10.0))
+        return self._once("compute", self._get_bytes(COMPUTE_PATH, self.compute_api_version), max(self.timeout, 10.0),
+                          read=self._identity)
+
+    def _identity(self, reply: Reply) -> Identity:
         self._raise_for(reply)
         try:
             identity = identity_from_compute(jsonsafe.loads(reply.body, max_bytes=MAX_SMALL_BYTES))

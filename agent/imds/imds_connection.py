@@ -6,6 +6,8 @@ opened to the endpoint's own address with `socket.create_connection`: no proxy v
 consulted (IMDS must not be reached through a proxy). Every read and write is given only the time
 left until the exchange's deadline, so an IMDS that trickles one byte every few seconds cannot
 hold a poll past its timeout; the body is refused past `max_body` bytes before it is all read.
+Interim answers (any 1xx: 103 Early Hints, 102 Processing, 100 Continue) are skipped within the same
+deadline; `http.client` alone skips only 100.
 """
 
 from __future__ import annotations
@@ -88,6 +90,15 @@ class _DeadlineReader(io.RawIOBase):
         return io.BufferedReader(self)
 
 
+class _Response(http.client.HTTPResponse):
+    """`http.client`'s answer parser, skipping every interim 1xx answer as it skips 100 Continue (its
+    headers too, at most 100 of them each); the deadline bounds how many can come."""
+
+    def _read_status(self) -> tuple[str, int, str]:
+        version, status, reason = super()._read_status()  # type: ignore[misc]
+        return version, http.client.CONTINUE if 100 <= status < 200 else status, reason
+
+
 def _left(deadline: float) -> float:
     left = deadline - time.monotonic()
     if left <= 0:
@@ -167,7 +178,7 @@ class Connection:
             sock.settimeout(_left(deadline))
             sock.sendall(request)
             reader = _DeadlineReader(sock, deadline)
-            response = http.client.HTTPResponse(reader)  # type: ignore[arg-type]
+            response = _Response(reader)  # type: ignore[arg-type]
             response.begin()
             length = response.length
             if length is not None and length > max_body:

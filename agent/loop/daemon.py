@@ -5,7 +5,8 @@ The loop polls once per `imds.poll_interval` (deadline += interval, so 3600 poll
 worker threads and report back through the state store. The IMDS request runs on the loop's own
 thread with one deadline for the whole exchange (a stop interrupts it at once); only IMDS's slow
 first answer, longer than a watchdog interval, waits on a thread of its own while the loop keeps
-pinging the systemd watchdog. Signal handlers only set flags; the loop acts on them next tick.
+pinging the systemd watchdog. Signal handlers only record (`Control`: flags that take no lock, and
+every signal wakes the loop's sleep through its self-pipe); the loop acts on them on its next wake.
 
 The parts are built in `wiring.py`; what the loop reports (logs, metrics, health) is worded in
 `report.py`; what the HTTP API shows is read from the `LoopView` the loop publishes each tick.
@@ -15,12 +16,12 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any
+from typing import Any, Callable
 
 
 from agent import logs
 from agent.loop.api import LoopView
-from agent.clock import Clock
+from agent.clock import Clock, SignalFlag
 from agent.config.config import Config
 from agent.errors import ImdsError
 from agent.model.events import Document
@@ -41,6 +42,43 @@ HANDLER_STOP_GRACE = 10.0
 """Seconds running handlers get to finish when maintd stops, before they are cut short."""
 PRUNE_EVERY = 60.0
 """Longest gap between two checks for finished events past `state.retention`."""
+
+
+class Control:
+    """What the loop is asked from outside (stop, reload; during a stop's drain, a second stop) and the
+    loop's own sleep, which every request cuts short.
+
+    A signal handler runs on the main thread between any two bytecodes, also while the loop holds a
+    lock (a `threading.Event`'s, in its `wait` or `clear`): a handler that takes a lock can deadlock
+    the loop. So handlers only set `SignalFlag`s and interrupt a poll's socket (neither takes a lock),
+    `signal.set_wakeup_fd` makes every signal write a byte to the sleep's self-pipe, and the loop acts
+    on the flags on its next wake (the Supervisor way).
+    """
+
+    def __init__(self, clock: Clock, interrupt_poll: Callable[[], None]) -> None:
+        self.sleeper = clock.sleeper()
+        self.stop, self.reload, self.second_stop = (SignalFlag(clock, self.sleeper) for _ in range(3))
+        self._interrupt_poll = interrupt_poll
+
+    def request_stop(self, *_: Any) -> None:
+        """Ask the loop to stop; a poll under way fails now, not at its timeout (signal-safe)."""
+        self.stop.set()
+        self._interrupt_poll()
+
+    def request_reload(self, *_: Any) -> None:
+        """Ask the loop to reload the config (signal-safe)."""
+        self.reload.set()
+
+    def install(self) -> None:
+        """SIGTERM/SIGINT stop, SIGHUP reloads; every signal wakes the loop (main thread only)."""
+        signal.set_wakeup_fd(self.sleeper.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGHUP, self.request_reload)
+
+    def stopping(self) -> None:
+        """From now on a SIGTERM ends the stop's drain wait (main thread only)."""
+        signal.signal(signal.SIGTERM, lambda *_: self.second_stop.set())
 
 
 class Daemon:
@@ -65,9 +103,7 @@ class Daemon:
         self.cadence = Cadence(next_poll=clock.monotonic(), started_at=clock.monotonic())
         self.last_tick = clock.monotonic()
         self._pruned_at = float("-inf")
-        self.stop_requested = threading.Event()
-        self._second_stop = threading.Event()
-        self.reload_requested = threading.Event()
+        self.control = Control(clock, lambda: self.parts.imds.interrupt())
         self._coordinate_soon = threading.Event()
         self.profile: Profile | None = None
         self._update_profile()
@@ -111,14 +147,14 @@ class Daemon:
 
     def resolve_identity(self, attempts: int) -> None:
         """Learn this VM's name from IMDS (a few tries at start, then once per poll cycle)."""
-        self.vm_name = self.parts.resolve_identity(attempts, self.stop_requested)
+        self.vm_name = self.parts.resolve_identity(attempts, self.control.stop)
         self.parts.publish_settings(self.profile)
 
     # --- the loop -----------------------------------------------------------------------
 
     def run(self) -> None:
         """Tick until a stop is requested."""
-        while not self.stop_requested.is_set():
+        while not self.control.stop.is_set():
             self.tick()
             self._sleep_until_due()
 
@@ -126,16 +162,16 @@ class Daemon:
         wait = self.cadence.next_poll - self.clock.monotonic()
         if self.notifier.watchdog_interval is not None:
             wait = min(wait, self.notifier.watchdog_interval)
-        if wait > 0 and not (self.stop_requested.is_set() or self.reload_requested.is_set()
+        if wait > 0 and not (self.control.stop.is_set() or self.control.reload.is_set()
                              or self._coordinate_soon.is_set()):
-            self.clock.sleep(wait)
+            self.control.sleeper.sleep(wait)
 
     def tick(self) -> list[Transition]:
         """One pass: reload if asked, poll if due, hand transitions on, flush pending state."""
         now = self.clock.monotonic()
         self.last_tick = now
-        if self.reload_requested.is_set():
-            self.reload_requested.clear()
+        if self.control.reload.is_set():
+            self.control.reload.clear()
             self.reload()
         transitions: list[Transition] = []
         if now >= self.cadence.next_poll:
@@ -247,13 +283,7 @@ class Daemon:
     def wake_coordination(self) -> None:
         """Decide about approvals now rather than after the next poll (a VM just became ready)."""
         self._coordinate_soon.set()
-        self._wake()
-
-    def _wake(self) -> None:
-        """Cut the loop's sleep short (signal-safe)."""
-        wake = getattr(self.clock, "wake", None)
-        if wake:
-            wake()
+        self.control.sleeper.wake()
 
     def serve(self, sock: Any = None) -> ApiServer:
         """Start the HTTP server (on a socket-activated `sock` when systemd passed one)."""
@@ -280,29 +310,12 @@ class Daemon:
         self._publish()
         return True
 
-    def request_stop(self, *_: Any) -> None:
-        """Ask the loop to stop (signal-safe)."""
-        self.stop_requested.set()
-        self.parts.imds.interrupt()  # a poll under way fails now, not at its timeout
-        self._wake()
-
-    def request_reload(self, *_: Any) -> None:
-        """Ask the loop to reload the config (signal-safe)."""
-        self.reload_requested.set()
-        self._wake()
-
-    def install_signals(self) -> None:
-        """SIGTERM/SIGINT stop, SIGHUP reloads."""
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
-        signal.signal(signal.SIGHUP, self.request_reload)
-
     def shutdown(self) -> None:
         """Drain if configured, let handlers finish briefly, flush state, tell systemd we are stopping."""
         self.notifier.stopping()
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda *_: self._second_stop.set())  # a second SIGTERM ends the drain wait
-        self.parts.drain_for_stop(self._second_stop)
+            self.control.stopping()
+        self.parts.drain_for_stop(self.control.second_stop)
         self.parts.stop(HANDLER_STOP_GRACE)
         if self.tcp_probe is not None:
             self.tcp_probe.stop()

@@ -8,7 +8,6 @@ kept and named), `serve` starts the HTTP server (and the TCP probe) over the API
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +15,7 @@ from typing import Any, Callable
 from agent.config import config as config_mod
 from agent import logs
 from agent.loop.api import LocalApi, LoopView
-from agent.clock import Clock
+from agent.clock import Clock, Waitable
 from agent.config.config import Config
 from agent.errors import ConfigError, ImdsError, StateError
 from agent.coordination.coordinator import Coordinator
@@ -156,7 +155,7 @@ class Parts:
         return new
 
 
-    def resolve_identity(self, attempts: int, cancel: threading.Event) -> str | None:
+    def resolve_identity(self, attempts: int, cancel: Waitable) -> str | None:
         """Ask IMDS for this VM's compute identity (tenacity on the injected clock); its name, or None,
         reported, when IMDS cannot tell."""
         retrying = retrying_on(self.clock, retry_if=is_transient, attempts=attempts, cancel=cancel,
@@ -194,7 +193,7 @@ class Parts:
         self.notifier.ready("config reloaded")
         return True
 
-    def drain_for_stop(self, cut_short: threading.Event) -> None:
+    def drain_for_stop(self, cut_short: Waitable) -> None:
         """probe.drain_on_stop: leave rotation and wait for the LB to notice before exiting (a role's OnStop)."""
         probe = self.config.probe
         if not (probe.drain_on_stop == "always" or (probe.drain_on_stop == "shutdown" and system_is_stopping())):
