@@ -86,7 +86,7 @@ class WebhookOptions:
                                "your own body, with {fields}: " + ", ".join(TEMPLATE_FIELDS))
     headers: dict[str, str] = opt(mapping_of(text()), {}, "extra request headers")
     retries: int = opt(integer(0, 20), 3, "retries after a connection error, timeout, 429 or 5xx")
-    request_timeout: float = opt(duration(0.1, 300), 10.0, "timeout of one request")
+    request_timeout: float = opt(duration(0.1, 300), 10.0, "timeout of one whole request (answer head and body)")
 
     def validate(self) -> None:
         if (self.url is None) == (self.url_file is None):
