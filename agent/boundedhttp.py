@@ -218,19 +218,17 @@ def exchange(s: requests.Session, method: str, url: str, *, timeout: float, max_
         except BaseException:
             r.close()
             raise
-        if more and not truncate:
-            r.close()
-            raise AnswerTooLarge(f"answer over {max_bytes} bytes")
-        if more:
+        watch.detach()  # before the connection goes back to the pool, where the watchdog must never cut it
+        if more or watch.fired:
             r.close()
         else:
             r.raw.release_conn()  # read to the end: the connection is kept for the next exchange
+        if more and not truncate:
+            raise AnswerTooLarge(f"answer over {max_bytes} bytes")
         return Reply(r.status_code, r.headers, body, more)
-    except (OSError, Urllib3Error) as exc:
+    except OSError:
         if watch.fired:
             raise ExchangeTimeout(f"no whole answer within {timeout:g} s") from None
-        if isinstance(exc, Urllib3Error):
-            raise ConnectionError(f"{type(exc).__name__}") from None
         raise
     finally:
         _current.watch = None

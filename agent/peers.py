@@ -115,7 +115,7 @@ class PeerClient:
                   truncate: bool = False, **kwargs: Any) -> Reply:
         from agent import boundedhttp
 
-        return boundedhttp.exchange(self.session, method, url, timeout=timeout or self.timeout,
+        return boundedhttp.exchange(self.session, method, url, timeout=self.timeout if timeout is None else timeout,
                                     max_bytes=max_bytes, truncate=truncate, **kwargs)
 
     def _headers(self) -> dict[str, str]:
