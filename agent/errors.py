@@ -8,8 +8,10 @@
     │   └── ImdsUnavailable      connection error, timeout, 404/410/429/5xx: transient
     ├── StateError             the state file could not be read or written
     ├── HttpError              an HTTP request to maintd's server gets an error answer (status, headers)
+    ├── ExchangeTimeout (TimeoutError)  a peer, gate or webhook exchange did not end within its deadline
     └── BadInput (ValueError)  input from a party maintd does not control is refused
         ├── UnsafeJson           too large or too deeply nested to parse
+        ├── AnswerTooLarge       a peer, gate or webhook answer over the caller's byte cap
         ├── DocumentError        a Scheduled Events document unusable as a whole
         └── HealthReportRefused  a health report the store will not keep
             ├── StaleReport, ReservedSource, TooManyReports
@@ -104,6 +106,14 @@ class HttpError(MaintdError):
 
 class BadInput(MaintdError, ValueError):
     """Input from a party maintd does not control (IMDS, a peer, an HTTP client, a file) is refused."""
+
+
+class ExchangeTimeout(MaintdError, TimeoutError):
+    """A bounded HTTP exchange (`boundedhttp`) did not end, head and body, within its deadline."""
+
+
+class AnswerTooLarge(BadInput):
+    """A bounded HTTP exchange's answer is longer than the caller accepts."""
 
 
 class UnsafeJson(BadInput):

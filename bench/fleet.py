@@ -292,9 +292,10 @@ class Standin:
     def peer_url(self, src: str, vm: str) -> str:
         return f"{self.base}/{src}/p/{vm}"
 
-    def schedule(self, event_id: str, ready_in: dict[str, float], leaders: list[str]) -> None:
+    def schedule(self, event_id: str, ready_in: dict[str, float], leaders: list[str], resources: list[str]) -> None:
         self.http.post(f"{self.base}/admin/event", json={"event_id": event_id, "ready_in": ready_in,
-                                                         "leaders": leaders}, timeout=10).raise_for_status()
+                                                         "leaders": leaders, "resources": resources},
+                       timeout=10).raise_for_status()
 
     def stats(self, event_id: str) -> dict[str, Any]:
         return self.http.get(f"{self.base}/admin/stats", params={"event_id": event_id}, timeout=10).json()
@@ -343,7 +344,7 @@ class SimulatedFleet:
         self.event_ids.append(eid)
         ready_in = {vm: rng.uniform(0, spread) for vm in self.simulated}
         ready_in[rng.choice(self.simulated)] = spread
-        self.standin.schedule(eid, ready_in, [self.bases[self.leader], self.bases[self.follower]])
+        self.standin.schedule(eid, ready_in, [self.bases[self.leader], self.bases[self.follower]], self.names)
         return eid
 
     def stop(self) -> None:

@@ -2,13 +2,14 @@
 
 Each simulated peer has its own base URL, `http://127.0.0.1:PORT/{src}/p/{vm}`, where `src` names
 the real agent that was given that URL (so requests are counted per asking agent). A peer answers
-`GET {base}/v1/events/{id}` with `{"ready": bool}` and accepts `POST {base}/v1/events/{id}/peer-ready`.
+`GET {base}/v1/events/{id}` as maintd does (`vm_name`, `ready`, `names_self`, and `rank`, its place in
+the event's Resources, without which a maintd leader does not count its `ready`) and accepts `POST {base}/v1/events/{id}/peer-ready`.
 When a simulated peer turns ready it pushes `POST {leader}/v1/events/{id}/peer-ready {"vm": name}`
 to the acting leader, as a real follower would: the first of the event's `leaders` that accepts
 the connection.
 
 Control, for the benchmark only: `POST /admin/event {"event_id", "ready_in": {vm: seconds},
-"leaders": [base URL, ...]}` schedules the peers' readiness; `GET /admin/stats?event_id=ID` returns
+"leaders": [base URL, ...], "resources": [vm, ...]}` schedules the peers' readiness; `GET /admin/stats?event_id=ID` returns
 the counts. Prints `{"event": "standin.ready", "port": PORT}` on stdout once it listens; runs until
 SIGTERM. Stdlib asyncio with keep-alive HTTP/1.1: one thread serves thousands of requests a second.
 """
@@ -34,6 +35,8 @@ class SimEvent:
     """One event's simulated peers: when each turned ready, and who asked what."""
 
     leaders: list[str]
+    resources: list[str] = field(default_factory=list)
+    """The event's Resources in IMDS order (a peer's rank is its place here)."""
     ready_wall: dict[str, float] = field(default_factory=dict)
     """vm -> wall-clock time it turned ready (absent while not ready)."""
     asks: Counter[str] = field(default_factory=Counter)
@@ -63,6 +66,7 @@ class Standin:
     def schedule(self, loop: asyncio.AbstractEventLoop, body: dict[str, Any]) -> dict[str, Any]:
         event = self.events.setdefault(str(body["event_id"]), SimEvent(leaders=list(body.get("leaders", []))))
         event.leaders = list(body.get("leaders", event.leaders))
+        event.resources = [str(r) for r in body.get("resources", event.resources)]
         for vm, delay in dict(body["ready_in"]).items():
             loop.call_later(max(0.0, float(delay)), self._turn_ready, loop, str(body["event_id"]), vm)
             event.scheduled += 1
@@ -133,7 +137,9 @@ class Standin:
             event.asks_after_ready[src] += 1
         elif ready:
             event.answered_ready.add((src, vm))
-        return 200, {"vm_name": vm, "event_id": rest[2], "present": True, "ready": ready}
+        rank = next((i for i, r in enumerate(event.resources) if r.casefold() == vm.casefold()), None)
+        return 200, {"vm_name": vm, "event_id": rest[2], "present": True, "ready": ready,
+                     "names_self": rank is not None, "rank": rank}
 
 
 class HttpProtocol(asyncio.Protocol):

@@ -105,3 +105,66 @@ def test_peers_file_is_reread_when_it_changes_and_a_bad_one_keeps_the_last_good_
     assert pf.current()[0] == {"web_1": "http://10.0.0.4:8088", "web_2": "http://10.0.0.5:8088"}
     path.unlink()
     assert len(pf.current()[0]) == 2 and pf.problem
+
+
+@pytest.mark.parametrize("computer_name", ["10.0.0.000003", "10.0.0.00000f", "000000000003", "0x0a000003",
+                                           "web.evil.example000003", "-web00000f", "web00000f:80"])
+def test_a_computer_name_not_of_the_scale_set_shape_derives_no_peer_names(computer_name):
+    """Hostile compute metadata (`10.0.0.000003`) never steers a peer request, with the token, to another host."""
+    me = Identity("web_3", computer_name, "web")
+    assert peer_fields("web_5", me)["computer_name"] == "web_5"
+    address = resolve("web_5", peers={}, peers_file={}, template="http://{computer_name}:8088", me=me)
+    assert address.url is None and "peers_file" in address.problem
+
+
+def test_an_unusable_computer_name_is_logged_once_when_the_identity_is_learned(logs):
+    """The operator is told once why scale-set peers are not derived, not on every ask."""
+    from agent.coordination.coordination_settings import CoordinationConfig
+    from agent.coordination.peer_directory import PeerDirectory
+
+    directory = PeerDirectory(lambda: CoordinationConfig(), None)
+    me = Identity("web_3", "10.0.0.000003", "web")
+    for _ in range(3):
+        directory.identity = me
+        directory.address("web_5")
+    directory.identity = WEB_15
+    assert [e["computer_name"] for e in logs if e["event"] == "identity.computer_name_unusable"] == ["10.0.0.000003"]
+    assert directory.address("web_5").url == "http://web000005:8088"
+
+
+def test_a_fifo_as_peers_file_is_refused_at_once_and_the_last_good_map_kept(tmp_path, logs):
+    """A FIFO (or any non-regular file) never hangs the loop: refused with a clear line, the last good map kept."""
+    import threading
+
+    from agent.coordination.coordination_settings import CoordinationConfig
+    from agent.coordination.peer_directory import PeerDirectory
+
+    path = tmp_path / "peers.yaml"
+    path.write_text("web_1: http://10.0.0.4:8088\n")
+    directory = PeerDirectory(lambda: CoordinationConfig(peers_file=str(path)), None)
+    assert directory.refresh()
+    path.unlink()
+    os.mkfifo(path)
+    done = threading.Event()
+    threading.Thread(target=lambda: (directory.refresh(), done.set()), daemon=True).start()
+    assert done.wait(2), "reading the FIFO blocked the loop"
+    assert directory.address("web_1").url == "http://10.0.0.4:8088"
+    refused = [e for e in logs if e["event"] == "peers_file.invalid"]
+    assert len(refused) == 1 and "not a regular file" in refused[0]["problem"] and refused[0]["kept_entries"] == 1
+
+
+@pytest.mark.parametrize("kind", ["symlink", "directory"])
+def test_a_link_or_directory_as_peers_file_is_refused(tmp_path, kind):
+    """A planted symlink is not followed; a directory is not read; both keep the last good map."""
+    path = tmp_path / "peers.yaml"
+    path.write_text("web_1: http://10.0.0.4:8088\n")
+    pf = PeersFile(str(path))
+    pf.current()
+    path.unlink()
+    if kind == "symlink":
+        (tmp_path / "elsewhere.yaml").write_text("web_1: http://10.9.9.9:1\n")
+        path.symlink_to(tmp_path / "elsewhere.yaml")
+    else:
+        path.mkdir()
+    assert pf.current()[0] == {"web_1": "http://10.0.0.4:8088"}
+    assert ("symbolic link" if kind == "symlink" else "not a regular file") in pf.problem

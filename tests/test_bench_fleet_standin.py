@@ -50,7 +50,8 @@ def standin() -> Iterator[Standin]:
 def test_simulated_peers_turn_ready_push_to_the_acting_leader_and_are_counted_per_asker(standin: Standin,
                                                                                         leader: str) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    standin.schedule("E1", {"vm-0002": 0.0, "vm-0003": 600.0}, [dead, leader])
+    standin.schedule("E1", {"vm-0002": 0.0, "vm-0003": 600.0}, [dead, leader],
+                     ["vm-0000", "vm-0001", "vm-0002", "vm-0003"])
     client = http()
 
     def ask(src: str, vm: str) -> dict[str, Any]:
@@ -59,12 +60,14 @@ def test_simulated_peers_turn_ready_push_to_the_acting_leader_and_are_counted_pe
     wait_until(lambda: _Leader.pushes, 10, "the push to the live leader")
     assert _Leader.pushes == [("/v1/events/E1/peer-ready", {"vm": "vm-0002"})]
     assert ask("L", "vm-0002")["ready"] is True
+    seen = ask("F", "vm-0003")
+    assert (seen["names_self"], seen["rank"]) == (True, 3), "named at its place in Resources, as maintd answers"
     assert ask("L", "vm-0003")["ready"] is False
     assert ask("F", "vm-0002")["ready"] is True
     assert client.get(f"{standin.peer_url('L', 'vm-0002')}/v1/events/OTHER", timeout=5).status_code == 404
 
     stats = standin.stats("E1")
-    assert stats["asks"] == {"L": 2, "F": 1}
-    assert stats["requests_by_src"] == {"L": 3, "F": 1}  # every request, whatever its event or path
+    assert stats["asks"] == {"L": 2, "F": 2}
+    assert stats["requests_by_src"] == {"L": 3, "F": 2}  # every request, whatever its event or path
     assert stats["ready"] == 1 and stats["last_ready_wall"] is not None
     assert stats["pushes"] == {"ok": 1}

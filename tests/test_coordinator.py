@@ -45,11 +45,16 @@ def tracked(clock, resources, status="Scheduled", eid="E1"):
     return {eid: Tracked(e, True, clock.now(), "b", False)}
 
 
+def view(name, ready=True, **fields):
+    """A peer's answer about E1 as maintd gives it: vmN names itself at rank N-1 (the tests' Resources order)."""
+    return {"ready": ready, "names_self": True, "rank": int(name[2:]) - 1, **fields}
+
+
 def answer(peers, name, ready=True, status=200, eid="E1"):
     if status == 0:
         peers.get(f"{peer(name)}/v1/events/{eid}", body=requests.ConnectionError("down"))
     else:
-        peers.get(f"{peer(name)}/v1/events/{eid}", json={"ready": ready}, status=status)
+        peers.get(f"{peer(name)}/v1/events/{eid}", json=view(name, ready), status=status)
 
 
 def step(coord, t, vm, pending=lambda t: [], profile=AUTO):
@@ -67,7 +72,7 @@ def test_leader_approves_once_when_everyone_is_ready(tmp_path, clock, peers):
     step(coord, t, "vm1")
     assert sent == []
     assert "vm3" in coord.view("E1")["approval_decision"]
-    peers.replace(responses.GET, f"{peer('vm3')}/v1/events/E1", json={"ready": True})
+    peers.replace(responses.GET, f"{peer('vm3')}/v1/events/E1", json=view("vm3"))
     clock.advance(1)
     step(coord, t, "vm1")
     step(coord, t, "vm1")
@@ -186,7 +191,7 @@ def test_a_ready_hint_makes_the_leader_ask_again_at_once_and_approve_without_wai
     answer(peers, "vm3", ready=False)
     step(coord, t, "vm1")
     assert not coord.hint("E1", "vm2"), "a peer already known ready needs no second look"
-    peers.replace(responses.GET, f"{peer('vm3')}/v1/events/E1", json={"ready": True})
+    peers.replace(responses.GET, f"{peer('vm3')}/v1/events/E1", json=view("vm3"))
     assert coord.hint("E1", "VM3")
     step(coord, t, "vm1")  # no clock advance: still inside the same poll interval
     step(coord, t, "vm1")
@@ -236,7 +241,7 @@ def test_many_events_ask_a_peer_one_request_at_a_time_and_peers_in_parallel(tmp_
                 assert vm3_asked.wait(5), "vm3 was not asked while vm2 was busy"
             with lock:
                 active[name] -= 1
-            return 200, {}, json.dumps({"ready": True})
+            return 200, {}, json.dumps(view(name))
         return reply
 
     events = {}

@@ -12,7 +12,7 @@ from agent.health.health_store import HealthStore
 from agent.metrics import Metrics
 from agent.coordination.peer_client import INVALID
 from agent.state.state_store import Store
-from tests.test_coordinator import answer, peer, setup, step, tracked
+from tests.test_coordinator import answer, peer, setup, step, tracked, view
 
 VMS = [f"vm{i}" for i in range(1, 7)]
 
@@ -120,12 +120,12 @@ def test_two_peers_at_one_address_never_lend_each_other_readiness(tmp_path, cloc
     """vm2 and vm3 given one URL (a peers-file copy-paste): vm3's agent answering ready does not make vm2 ready."""
     coord, sent, _ = setup(tmp_path, clock, peers={"vm2": peer("vm3"), "vm3": peer("vm3")})
     t = tracked(clock, ["vm1", "vm2", "vm3"])
-    peers.get(f"{peer('vm3')}/v1/events/E1", json={"ready": True, "vm_name": "VM3"})
+    peers.get(f"{peer('vm3')}/v1/events/E1", json=view("vm3", vm_name="VM3"))
     run(coord, t, "vm1", clock, 30)
     assert sent == []
-    view = coord.view("E1")["peers"]
-    assert view["vm3"]["ready"] is True and view["vm2"]["ready"] is False
-    assert "answered as 'VM3'" in view["vm2"]["detail"]
+    shown = coord.view("E1")["peers"]
+    assert shown["vm3"]["ready"] is True and shown["vm2"]["ready"] is False
+    assert "answered as 'VM3'" in shown["vm2"]["detail"]
     assert [e["peer"] for e in logs if e["event"] == "peer.invalid_answer"] == ["vm2"]
 
 
@@ -133,7 +133,7 @@ def test_a_peer_answering_under_its_own_name_is_ready(tmp_path, clock, peers):
     """The name check compares without case, as Resources does: `VM2` answering for vm2 counts."""
     coord, sent, _ = setup(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2"])
-    peers.get(f"{peer('vm2')}/v1/events/E1", json={"ready": True, "vm_name": "VM2"})
+    peers.get(f"{peer('vm2')}/v1/events/E1", json=view("vm2", vm_name="VM2"))
     run(coord, t, "vm1", clock, 3)
     assert sent == [["E1"]]
 
@@ -168,7 +168,7 @@ def test_peers_file_problems_are_reported_in_health_and_a_fix_is_used_at_once(tm
     coord = Coordinator(CoordinationConfig(peers_file=str(path)), approve=sent.append, store=Store(tmp_path, clock),
                         clock=clock, metrics=Metrics(), health=health)
     peers.get("http://old.invalid:1/v1/events/E1", body=requests.ConnectionError("down"))
-    peers.get("http://new.invalid:2/v1/events/E1", json={"ready": True})
+    peers.get("http://new.invalid:2/v1/events/E1", json=view("vm2"))
     t = tracked(clock, ["vm1", "vm2"])
     run(coord, t, "vm1", clock, 20)
     path.write_text("vm2: [broken\n")
@@ -208,6 +208,6 @@ def test_an_exception_nobody_foresaw_while_asking_is_not_ready_and_the_peer_is_a
     peers.get(f"{peer('vm2')}/v1/events/E1", body=TypeError("odd"))
     run(coord, t, "vm1", clock, 3)
     assert coord.metrics.peer_requests.labels(INVALID)._value.get() >= 2 and sent == []
-    peers.replace(responses.GET, f"{peer('vm2')}/v1/events/E1", json={"ready": True})
+    peers.replace(responses.GET, f"{peer('vm2')}/v1/events/E1", json=view("vm2"))
     run(coord, t, "vm1", clock, 5)
     assert sent == [["E1"]]

@@ -47,7 +47,7 @@ class PrometheusGate:
     alerts: tuple[str, ...] = opt(list_of(_regex, unique=True), (),
                                   "block while an alert whose name matches one of these (names or regexes) fires")
     query: str | None = opt(optional(text()), None, "PromQL; block while it returns any sample")
-    timeout: float = opt(duration(0.1, 60), 5.0, "timeout of one query")
+    timeout: float = opt(duration(0.1, 60), 5.0, "timeout of one whole query (answer head and body)")
     on_failure: str = opt(choice("block", "ignore"), "block", "what a failed query means: block, or ignore the gate")
 
     def validate(self) -> None:

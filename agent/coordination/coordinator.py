@@ -137,6 +137,7 @@ class Coordinator:
             if rank is None:
                 continue
             state = self._events.setdefault(event_id, EventCoordination())
+            state.exchange.follow(t.event.resources)
             mode, rule = profile.approval_for(t.event)
             state.mode, state.rule = mode, rule
             others = [r for r in t.event.resources if r.casefold() != me]

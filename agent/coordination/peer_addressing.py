@@ -6,7 +6,10 @@
 - Uniform scale sets: `{scale-set}_{instance id}` (`web_3`); the instance's computer name is
   `{computerNamePrefix}{instance id in base 36, 6 digits}` (`web000003`). The prefix is learned from
   this VM's own compute metadata (`osProfile.computerName` minus its own base-36 id), so a peer of
-  the same scale set gets `{computer_name}` without anything typed by hand;
+  the same scale set gets `{computer_name}` without anything typed by hand. Only a computer name of
+  that shape is used (one host-name label: a prefix starting with a letter, then the base-36 id):
+  compute metadata saying `10.0.0.000003` would otherwise send peer requests, and the token, to
+  `10.0.0.000005`;
 - anything else (Flexible scale sets, other subnets): `coordination.peers_file` or `peers`.
 
 Lookup order: `peers` (config), then the peers file, then the template; the maps may be keyed by
@@ -30,6 +33,8 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*$")
 EVENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 COMPUTER_ID_DIGITS = 6
+SCALE_SET_COMPUTER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,56}[0-9A-Za-z]{6}$")
+"""A Uniform scale-set computer name: one label, a prefix that starts with a letter (never IP-like), the id."""
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
@@ -51,11 +56,17 @@ def instance_id(name: str, scale_set: str) -> int | None:
     return int(tail)
 
 
+def unusable_computer_name(me: Identity) -> bool:
+    """Whether this Uniform scale-set VM's computer name is not of the shape its peers' names are derived from."""
+    return instance_id(me.name, me.scale_set) is not None and not SCALE_SET_COMPUTER_NAME.match(me.computer_name)
+
+
 def computer_name_prefix(me: Identity) -> str | None:
     """The scale set's computerNamePrefix, when this VM's own names prove it (Uniform, default naming)."""
     own = instance_id(me.name, me.scale_set)
     suffix = base36(own).rjust(COMPUTER_ID_DIGITS, "0") if own is not None else ""
-    if not suffix or not me.computer_name.lower().endswith(suffix) or len(me.computer_name) == len(suffix):
+    if not suffix or not SCALE_SET_COMPUTER_NAME.match(me.computer_name) \
+            or not me.computer_name.lower().endswith(suffix) or len(me.computer_name) == len(suffix):
         return None
     return me.computer_name[:-len(suffix)]
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from agent import logs
-from agent.coordination.peer_addressing import Address, folded, resolve
-from agent.model.identity import Identity
+from agent.coordination.peer_addressing import Address, Identity, folded, resolve, unusable_computer_name
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordination_rules import PeerState
 from agent.health.health_store import HealthState, HealthStore
@@ -29,11 +28,25 @@ class PeerDirectory:
     def __init__(self, settings: Callable[[], CoordinationConfig], health: HealthStore | None) -> None:
         self.settings = settings
         self.health = health
-        self.identity: Identity | None = None
         self.log = logs.get("coordinator")
+        self._identity: Identity | None = None
         self._file = PeersFile(settings().peers_file)
         self._file_peers: dict[str, str] = {}
         self._static: tuple[dict[str, str], dict[str, str]] = ({}, {})
+
+    @property
+    def identity(self) -> Identity | None:
+        """This VM's compute identity, once IMDS told it (scale-set peers' computer names derive from it)."""
+        return self._identity
+
+    @identity.setter
+    def identity(self, me: Identity | None) -> None:
+        if me is not None and unusable_computer_name(me) and me != self._identity:
+            self.log.warning("identity.computer_name_unusable", computer_name=me.computer_name[:80],
+                             scale_set=me.scale_set[:80],
+                             detail="not {prefix}{6 base-36 digits}: scale-set peers' computer names are not derived; "
+                                    "list them in coordination.peers_file")
+        self._identity = me
 
     def address(self, name: str) -> Address:
         """Where a peer is asked: `peers`, then `peers_file`, then the `peer_url` template."""

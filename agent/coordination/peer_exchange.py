@@ -48,6 +48,14 @@ class Exchange:
     push_to: str | None = None
     push_at: float = float("-inf")
     pushing: bool = False
+    resources: tuple[str, ...] = ()
+    ranks: dict[str, int] = field(default_factory=dict)
+
+    def follow(self, resources: tuple[str, ...]) -> None:
+        """Learn the event's Resources: a peer's answer counts only at its rank there."""
+        if resources != self.resources:
+            self.resources = resources
+            self.ranks = {r.casefold(): i for i, r in reversed(list(enumerate(resources)))}
 
     def lookup(self, name: str) -> PeerState | None:
         """The peer named `name`, case-insensitively."""
@@ -103,7 +111,7 @@ class PeerExchange:
         if address.url is None:
             answer = Answer(UNREACHABLE, address.problem)
         else:
-            answer = self.client.ask(address.url, event_id, name)
+            answer = self.client.ask(address.url, event_id, name, ex.ranks.get(name.casefold(), -1))
             self.metrics.peer_requests.labels(answer.outcome).inc()
         now = self.clock.monotonic()
         with self.lock:

@@ -2,15 +2,19 @@
 
 The file is YAML (so JSON too): `{"web_3": "http://10.0.0.7:8088", ...}`. It is stat'ed at most
 once per `current()` call (once per coordination tick) and read again only when its size, mtime
-or inode changed. A missing, unreadable or invalid file never empties the fleet: the last good map
+or inode changed. It is opened without following a link and without blocking (`O_NOFOLLOW |
+O_NONBLOCK`), and read only when the open file is a regular one of at most `MAX_BYTES`: a FIFO
+there would otherwise hang the loop in `open`. A missing, unreadable or invalid file never empties the fleet: the last good map
 stays in use and `problem` says what is wrong (the coordinator logs it and reports it in health
 and `maintd status`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from typing import Any
 
 import yaml
@@ -60,6 +64,33 @@ def parse(text: str) -> dict[str, str]:
     return out
 
 
+def read_regular(path: str, max_bytes: int) -> str:
+    """The text of the regular file at `path`, never blocking on a FIFO nor following a link; ValueError
+    saying why not (OSError when it cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError("is a symbolic link, which is not followed") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("is not a regular file (a FIFO, socket, device or directory is never read)")
+        if st.st_size > max_bytes:
+            raise ValueError(f"{st.st_size} bytes, more than the {max_bytes} accepted")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise ValueError(f"more than the {max_bytes} bytes accepted")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("is not UTF-8 text") from None
+
+
 class PeersFile:
     """The last good map from one file; `current()` rereads it when it changed."""
 
@@ -81,10 +112,7 @@ class PeersFile:
             if signature == self._signature:
                 return self.peers, False
             self._signature = signature  # an invalid file is read again only once it changes
-            if st.st_size > MAX_BYTES:
-                raise ValueError(f"{st.st_size} bytes, more than the {MAX_BYTES} accepted")
-            with open(self.path, encoding="utf-8") as f:
-                self.peers = parse(f.read(MAX_BYTES + 1))
+            self.peers = parse(read_regular(self.path, MAX_BYTES))
             self.problem = None
             self.loads += 1
         except OSError as exc:

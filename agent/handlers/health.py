@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-import requests
+from agent import boundedhttp
 
 from agent.model.config_schema import boolean, choice, duration, opt, optional, text
 from agent.errors import ConfigValueError
@@ -117,7 +117,7 @@ class HealthHandler(Handler):
         body = health_information(self._prop(ctx), state, description, ttl, ttl is not None, self._sequence(ctx))
         tls: dict[str, Any] = {  # per request: a Session's verify loses to $REQUESTS_CA_BUNDLE
             "cert": (o.client_cert, o.client_key) if o.client_key else o.client_cert, "verify": o.ca_cert or o.verify}
-        with requests.Session() as session:
+        with boundedhttp.session() as session:
             try:
                 answer = post(ctx, session, url, attempts=PUSH_ATTEMPTS, request_timeout=PUSH_TIMEOUT, json=body, **tls)
             except OSError as exc:  # a certificate or CA file that cannot be read
@@ -125,8 +125,8 @@ class HealthHandler(Handler):
         r = answer.response
         if r is None:
             return f"Service Fabric push to {target(url)} failed after {answer.tries} attempt(s): {answer.error}"
-        if r.status_code >= 400:
-            return f"Service Fabric {target(url)} answered {r.status_code}: {r.text[:200]}"
+        if r.status >= 400:
+            return f"Service Fabric {target(url)} answered {r.status}: {r.text[:200]}"
         return None
 
     def _report(self, ctx: Context, state: HealthState) -> Result:

@@ -13,8 +13,10 @@ so a quote in a Description cannot break it.
 `post` is the one retrying POST of the handlers (the `health` handler's Service Fabric push uses it
 too): connection errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter
 (longer when a 429 says Retry-After), and neither a wait nor a request reaches past the run's
-budget. Unlike IMDS calls, webhooks honour the proxy environment (HTTPS_PROXY, NO_PROXY). Redirects
-are never followed: `requests` would carry the body and the custom (often secret) headers to
+budget. Each try is a `boundedhttp` exchange: its whole answer must come within the try's timeout,
+and only the first 64 KiB of the body are read (an endless or trickling endpoint cannot hold a
+handler past its budget or grow the daemon's memory). Unlike IMDS calls, webhooks honour the proxy
+environment (HTTPS_PROXY, NO_PROXY). Redirects are never followed: `requests` would carry the body and the custom (often secret) headers to
 whatever host a 307 names, so a 3xx is a failed POST that names the status.
 """
 
@@ -30,7 +32,8 @@ from urllib.parse import urlsplit
 
 import requests
 
-from agent import __version__, logs
+from agent import __version__, boundedhttp, logs
+from agent.boundedhttp import Reply
 from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, text
 from agent.errors import ConfigValueError
 from agent.handlers.base import FAILED, OK, Context, Handler, Result
@@ -39,6 +42,8 @@ from agent.retry import retrying
 TEMPLATE_FIELDS = ("event_id", "event_type", "status", "vm", "resources", "not_before", "phase", "description",
                    "source", "duration_seconds", "outcome", "approved_by", "text")
 MIN_ATTEMPT = 0.5
+MAX_REPLY_BYTES = 64 * 1024
+"""The most of an endpoint's answer read (only its status and first 200 characters are used)."""
 """Seconds a request gets at least: no retry starts with less than this left of the budget."""
 
 
@@ -81,7 +86,7 @@ class WebhookOptions:
                                "your own body, with {fields}: " + ", ".join(TEMPLATE_FIELDS))
     headers: dict[str, str] = opt(mapping_of(text()), {}, "extra request headers")
     retries: int = opt(integer(0, 20), 3, "retries after a connection error, timeout, 429 or 5xx")
-    request_timeout: float = opt(duration(0.1, 300), 10.0, "timeout of one request")
+    request_timeout: float = opt(duration(0.1, 300), 10.0, "timeout of one whole request (answer head and body)")
 
     def validate(self) -> None:
         if (self.url is None) == (self.url_file is None):
@@ -137,8 +142,8 @@ def render(template: str, fields: dict[str, str]) -> tuple[bytes, str]:
 class _Retryable(Exception):
     """An answer worth trying again (429, 5xx)."""
 
-    def __init__(self, response: requests.Response) -> None:
-        super().__init__(f"answered {response.status_code}")
+    def __init__(self, response: Reply) -> None:
+        super().__init__(f"answered {response.status}")
         self.response = response
 
 
@@ -146,7 +151,7 @@ class _Retryable(Exception):
 class Answer:
     """How a POST ended: the last response (None when none came), the error otherwise, the tries made."""
 
-    response: requests.Response | None
+    response: Reply | None
     error: str
     tries: int
 
@@ -170,7 +175,7 @@ def _transient(exc: BaseException) -> bool:
     """Worth another try: 429/5xx, a timeout, a connection error other than TLS (a bad certificate stays bad)."""
     if isinstance(exc, requests.exceptions.SSLError):
         return False
-    return isinstance(exc, (_Retryable, requests.ConnectionError, requests.Timeout))
+    return isinstance(exc, (_Retryable, requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError))
 
 
 def post(ctx: Context, session: requests.Session, url: str, *, attempts: int, request_timeout: float,
@@ -183,12 +188,13 @@ def post(ctx: Context, session: requests.Session, url: str, *, attempts: int, re
     deadline = clock.monotonic() + ctx.timeout
     tries = 0
 
-    def send() -> requests.Response:
+    def send() -> Reply:
         nonlocal tries
         tries += 1
         left = max(MIN_ATTEMPT, deadline - clock.monotonic())
-        response = session.post(url, timeout=min(request_timeout, left), allow_redirects=False, **kwargs)
-        if response.status_code == 429 or response.status_code >= 500:
+        response = boundedhttp.exchange(session, "POST", url, timeout=min(request_timeout, left),
+                                        max_bytes=MAX_REPLY_BYTES, truncate=True, **kwargs)
+        if response.status == 429 or response.status >= 500:
             raise _Retryable(response)
         return response
 
@@ -201,10 +207,10 @@ def post(ctx: Context, session: requests.Session, url: str, *, attempts: int, re
         response = retry(send)
     except _Retryable as exc:
         return Answer(exc.response, "", tries)
-    except requests.RequestException as exc:
+    except (requests.RequestException, ConnectionError, TimeoutError) as exc:
         return Answer(None, type(exc).__name__, tries)
     if response.is_redirect:
-        return Answer(None, f"answered {response.status_code}, a redirect (not followed)", tries)
+        return Answer(None, f"answered {response.status}, a redirect (not followed)", tries)
     return Answer(response, "", tries)
 
 
@@ -264,14 +270,14 @@ class WebhookHandler(Handler):
         where = target(url)
         data, content_type = self.body(ctx)
         headers = {"Content-Type": content_type, "User-Agent": f"maintd/{__version__}", **self.options.headers}
-        with requests.Session() as session:
+        with boundedhttp.session() as session:
             answer = post(ctx, session, url, attempts=self.options.retries + 1,
                           request_timeout=self.options.request_timeout, data=data, headers=headers)
         tries = f" after {answer.tries} attempts" if answer.tries > 1 else ""
         r = answer.response
-        if r is not None and r.status_code < 400:
-            return Result(OK, f"{where} answered {r.status_code}{tries}")
-        error = f"{where}: {answer.error}" if r is None else f"{where} answered {r.status_code}"
+        if r is not None and r.status < 400:
+            return Result(OK, f"{where} answered {r.status}{tries}")
+        error = f"{where}: {answer.error}" if r is None else f"{where} answered {r.status}"
         logs.get("webhook").warning("webhook.failed", handler=self.spec.name, event_id=ctx.event.event_id,
                                     phase=ctx.phase, target=where, attempts=answer.tries, error=error)
         return Result(FAILED, error + tries + (f": {r.text[:200]}" if r is not None and r.text else ""))
