@@ -150,15 +150,11 @@ class Drops:
     def __init__(self, on_drop: Callable[[str], None]) -> None:
         self.on_drop = on_drop
         self.log = logs.get("server")
-        self._last: dict[str, tuple[float, int]] = {}
+        self._throttle = logs.Throttle(DROP_LOG_EVERY)
 
     def __call__(self, reason: str, client: str, open_connections: int) -> None:
         self.on_drop(reason)
-        now = time.monotonic()
-        last, since = self._last.get(reason, (float("-inf"), 0))
-        if now - last < DROP_LOG_EVERY:
-            self._last[reason] = (last, since + 1)
-            return
-        self._last[reason] = (now, 0)
-        self.log.warning("http.connection_dropped", reason=reason, client=client, more_since_last_line=since,
-                         open_connections=open_connections)
+        since = self._throttle(reason)
+        if since is not None:
+            self.log.warning("http.connection_dropped", reason=reason, client=client, more_since_last_line=since,
+                             open_connections=open_connections)

@@ -30,6 +30,8 @@ from agent import logs
 from agent.httpconn import BUSY, LINGER, READ, WRITE, Conn, Deadlines, Drops, try_send
 from agent.httpwire import HttpError, Request
 
+PIPELINE_TURN = 8
+"""Requests answered from one connection's buffer before the loop turns to the others (fairness)."""
 LINGER_SECONDS = 1.0
 """Seconds a closing connection keeps reading (and dropping) what the client still sends, so the
 kernel does not reset the connection before the client has read the answer."""
@@ -63,13 +65,23 @@ class Workers:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="http-worker")
 
     def submit(self, conn: Conn, request: Request) -> None:
+        """Queue `request`; its slot is taken only once the pool holds the job, whatever is raised."""
         self.queued += 1
-        self._pool.submit(self._work, conn, request)
+        taken = False
+        try:
+            self._pool.submit(self._work, conn, request)
+            taken = True
+        finally:
+            if not taken:
+                self.queued -= 1
 
     def _work(self, conn: Conn, request: Request) -> None:
-        data, close = self.answer(request)
-        self._done.append((conn, data, close))
-        self.wake()
+        answer: tuple[bytes, bool] = (b"", True)  # closes the connection unanswered if `answer` breaks its promise
+        try:
+            answer = self.answer(request)
+        finally:
+            self._done.append((conn, *answer))
+            self.wake()
 
     def wake(self) -> None:
         try_send(self.wake_w, b"x")
@@ -101,6 +113,7 @@ class EventLoopServer:
         self.per_client = per_client
         self.max_connections = max_connections
         self.log = logs.get("server")
+        self._errors = logs.Throttle()
         self._dropped = Drops(on_drop)
         self._sel = selectors.DefaultSelector()
         self._listeners = listeners
@@ -112,6 +125,8 @@ class EventLoopServer:
         self._conns: dict[int, Conn] = {}
         self._per_client: collections.Counter[str] = collections.Counter()
         self._deadlines = Deadlines()
+        self._ready: collections.deque[Conn] = collections.deque()
+        """Connections with more pipelined requests in their buffer than their last turn answered."""
         self._stop = False
         self._paused = False
         self._thread: threading.Thread | None = None
@@ -144,13 +159,14 @@ class EventLoopServer:
     def _run(self) -> None:
         try:
             while not self._stop:
-                for key, mask in self._sel.select(self._deadlines.timeout()):
+                for key, mask in self._sel.select(0 if self._ready else self._deadlines.timeout()):
                     try:
                         key.data(key.fileobj, mask)
                     except Exception as exc:  # a bug costs one connection, never the server
                         self._failed(key.fileobj, exc)
                     if self._stop:
                         break
+                self._serve_ready()
                 self._expire(time.monotonic())
         finally:
             for conn in list(self._conns.values()):
@@ -160,7 +176,9 @@ class EventLoopServer:
             self._sel.close()
 
     def _failed(self, sock: socket.socket, exc: Exception) -> None:
-        self.log.error("http.internal_error", error=repr(exc), exc_info=True)
+        left_out = self._errors(type(exc).__name__)
+        if left_out is not None:
+            self.log.error("http.internal_error", error=repr(exc), more_since_last_line=left_out, exc_info=True)
         conn = self._conns.get(sock.fileno())
         if conn is not None:
             try:
@@ -256,17 +274,33 @@ class EventLoopServer:
             pass  # dropped: the answer is sent, the connection is closing
         else:
             conn.buf += data
-            self._take(conn)
+            self._serve(conn)
 
-    def _take(self, conn: Conn) -> None:
-        """Dispatch the request complete in the buffer, or refuse one that cannot be served."""
-        try:
-            request = conn.take(self.max_body)
-        except HttpError as exc:
-            self._send(conn, self.app.refuse(exc), True)
-            return
-        if request is not None:
+    def _serve(self, conn: Conn) -> None:
+        """Answer the requests complete in the buffer one after another (a loop, never a recursion), until one
+        goes to a worker, an answer waits for the client to read, or the turn is over (then the rest waits
+        in `_ready` while other connections are served)."""
+        for _ in range(PIPELINE_TURN):
+            if conn.state != READ or not conn.open:
+                return
+            try:
+                request = conn.take(self.max_body)
+            except HttpError as exc:
+                self._send(conn, self.app.refuse(exc), True)
+                return
+            if request is None:
+                return
             self._dispatch(conn, request)
+        if conn.state == READ and conn.open and conn.buf:
+            self._ready.append(conn)
+
+    def _serve_ready(self) -> None:
+        for _ in range(len(self._ready)):
+            conn = self._ready.popleft()
+            try:
+                self._serve(conn)
+            except Exception as exc:
+                self._failed(conn.sock, exc)
 
     def _dispatch(self, conn: Conn, request: Request) -> None:
         if self.app.cheap(request):
@@ -285,6 +319,7 @@ class EventLoopServer:
                 conn.state = READ
                 self._sel.register(conn.sock, selectors.EVENT_READ, self._readable)
                 self._send(conn, data, close)
+                self._serve(conn)  # a pipelined request may already have arrived
 
     # --- answers -------------------------------------------------------------------------
 
@@ -314,13 +349,12 @@ class EventLoopServer:
             return
         conn.state = READ
         self._deadlines.set(conn, self.request_timeout)
-        if conn.buf:
-            self._take(conn)  # a pipelined request already arrived
 
     def _writable(self, sock: socket.socket, _: int) -> None:
         conn = self._conns.get(sock.fileno())
         if conn is not None:
             self._flush(conn)
+            self._serve(conn)  # a pipelined request may already have arrived
 
     def _linger(self, conn: Conn) -> None:
         try:
