@@ -51,13 +51,11 @@ def try_send(sock: socket.socket, data: bytes | memoryview) -> int:
 class Conn:
     """One client connection: its socket, who it is, what has arrived and what is left to send."""
 
-    __slots__ = ("sock", "client", "uid", "gid", "local", "buf", "state", "deadline", "out", "request", "accepted")
+    __slots__ = ("sock", "client", "uid", "gid", "buf", "state", "deadline", "out", "request", "accepted")
 
-    def __init__(self, sock: socket.socket, client: str, creds: tuple[int, int] | None, local: bool,
-                 now: float) -> None:
+    def __init__(self, sock: socket.socket, client: str, creds: tuple[int, int] | None, now: float) -> None:
         self.sock, self.client = sock, client
         self.uid, self.gid = creds if creds else (None, None)
-        self.local = local
         self.buf = bytearray()
         self.state = READ
         self.deadline = now
@@ -67,19 +65,24 @@ class Conn:
 
     @classmethod
     def accepted_from(cls, sock: socket.socket, addr: Any, now: float) -> Conn:
-        """A just-accepted socket, non-blocking: a unix socket's caller by uid/gid (`SO_PEERCRED`), local;
-        a TCP one by address, local only from 127.0.0.1 or ::1."""
+        """A just-accepted socket, non-blocking: a unix socket's caller by uid/gid (`SO_PEERCRED`), a TCP one by
+        address."""
         sock.setblocking(False)
         if sock.family == socket.AF_UNIX:
             _, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-            return cls(sock, "", (uid, gid), True, now)
+            return cls(sock, "", (uid, gid), now)
         # headers and body leave in one write, but a client's delayed ACK must never hold an answer
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(sock, addr[0], None, is_loopback(addr[0]), now)
+        return cls(sock, addr[0], None, now)
 
     @property
     def open(self) -> bool:
         return self.sock.fileno() >= 0
+
+    @property
+    def who(self) -> str:
+        """Whom the per-client cap counts this connection against: its address, or its uid on the unix socket."""
+        return self.client or f"uid {self.uid}"
 
     def waiting_for_more(self) -> bool:
         """Whether part of a request has arrived (a deadline then answers 408 rather than closing quietly)."""

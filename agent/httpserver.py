@@ -3,9 +3,9 @@
 Each connection costs a file descriptor and a small buffer, not a thread. A request must arrive
 whole (head and body) within `request_timeout` of the moment the server started waiting for it —
 a deadline per request, not per read, so trickling one byte at a time buys nothing. One client
-address holds at most `per_client` connections (loopback and the unix socket are exempt); when
-`max_connections` are open, a new connection evicts the oldest one waiting for a request from
-another address rather than being refused, so a load balancer's probe always gets in.
+address (this host's too; on the unix socket, one uid) holds at most `per_client` connections; when
+`max_connections` are open, a new connection evicts an idle one of the client holding the most
+rather than being refused, so a load balancer's probe always gets in.
 
 Cheap answers (the probe, /healthz) are made on the loop itself, so they never wait for a busy
 worker; the rest runs on a small worker pool whose answers come back through a socketpair. The
@@ -212,36 +212,35 @@ class EventLoopServer:
                     self._pause(True)
                 return
             conn = Conn.accepted_from(sock, addr, time.monotonic())
-            client = conn.client
-            if not conn.local and self._per_client[client] >= self.per_client:
-                self._dropped("per_client", client, len(self._conns))
+            if self._per_client[conn.who] >= self.per_client:
+                self._dropped("per_client", conn.who, len(self._conns))
                 sock.close()
                 continue
             if len(self._conns) >= self.max_connections and not self._evict():
                 sock.close()
                 continue
             self._conns[sock.fileno()] = conn
-            self._per_client[client] += 1
+            self._per_client[conn.who] += 1
             self._sel.register(sock, selectors.EVENT_READ, self._readable)
             self._deadlines.set(conn, self.request_timeout)
 
     def _evict(self) -> bool:
-        """Close the oldest non-local connection that waits for a request; False when there is none."""
-        waiting = [c for c in self._conns.values() if c.state == READ and not c.local]
-        if not waiting:
+        """Close the oldest connection not with a worker of the client holding the most; False when there is none."""
+        idle = [c for c in self._conns.values() if c.state != BUSY]
+        if not idle:
             return False
-        oldest = min(waiting, key=lambda c: c.accepted)
-        self._dropped("evicted", oldest.client, len(self._conns))
-        self._close(oldest)
+        victim = min(idle, key=lambda c: (-self._per_client[c.who], c.accepted))
+        self._dropped("evicted", victim.who, len(self._conns))
+        self._close(victim)
         return True
 
     def _close(self, conn: Conn) -> None:
         if conn.sock.fileno() < 0:
             return
         self._conns.pop(conn.sock.fileno(), None)
-        self._per_client[conn.client] -= 1
-        if self._per_client[conn.client] <= 0:
-            del self._per_client[conn.client]
+        self._per_client[conn.who] -= 1
+        if self._per_client[conn.who] <= 0:
+            del self._per_client[conn.who]
         if conn.state != BUSY:
             self._sel.unregister(conn.sock)
         conn.sock.close()

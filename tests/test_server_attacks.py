@@ -9,7 +9,7 @@ import socket
 
 from agent import logs as agent_logs
 from tests.test_server import session, url
-from tests.test_server_hostile import connect, servers  # noqa: F401  (servers is a fixture)
+from tests.test_server_hostile import closed_by_server, connect, dropped, servers  # noqa: F401  (a fixture)
 
 PROBE = b"GET /probe HTTP/1.1\r\nHost: x\r\n\r\n"
 PEER_ASK = b"GET /v1/events/E1 HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -88,3 +88,19 @@ def test_throttle_logs_a_key_once_then_a_count_of_what_it_left_out():
     assert throttle("other") == 0
     now[0] = 61.0
     assert (throttle("boom"), throttle("boom"), throttle("other")) == (3, None, 0)
+
+
+def test_idle_loopback_connections_are_capped_and_evicted_so_the_lb_probe_gets_in(servers):
+    """A local user opening 300 idle connections from 127.0.0.1 holds only its per-client share; when the server is full
+    (another 127.0.0.3 share), a probe from 127.0.0.2 on a new connection is answered every time, evicting theirs."""
+    srv, _, port = servers(max_connections=64, per_client=32, read_timeout=30)
+    hoard = [connect(port, source) for source in ("127.0.0.1",) * 300 + ("127.0.0.3",) * 32]
+    try:
+        held = [s for s in hoard if closed_by_server(s, 0.01) is None]
+        assert len(held) <= 64 and srv.loop.connections <= 64
+        answers = [exchange(port, b"GET /probe HTTP/1.0\r\n\r\n", timeout=2) for _ in range(40)]
+        assert all(a.startswith(b"HTTP/1.1 200") for a in answers), [a[:20] for a in answers]
+        assert dropped(srv, "per_client") >= 300 - 32 and dropped(srv, "evicted") >= 1
+    finally:
+        for s in hoard:
+            s.close()
