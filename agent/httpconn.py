@@ -1,10 +1,12 @@
 """What the HTTP event loop keeps per connection, apart from the loop itself: a connection's state
 and the incremental parsing of the request arriving on it, the heap of per-request deadlines, and
-the rate-limited record of protective closes. Nothing here blocks or owns a thread.
+the bytes buffered by all connections together, and the rate-limited record of protective closes.
+Nothing here blocks or owns a thread.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 import ipaddress
 import itertools
@@ -48,14 +50,27 @@ def try_send(sock: socket.socket, data: bytes | memoryview) -> int:
         return -1
 
 
+class Buffered:
+    """The bytes every connection's input buffer holds, together, against one budget."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def fits(self, more: int) -> bool:
+        return self.used + more <= self.limit
+
+
 class Conn:
     """One client connection: its socket, who it is, what has arrived and what is left to send."""
 
-    __slots__ = ("sock", "client", "uid", "gid", "buf", "state", "deadline", "out", "request", "accepted")
+    __slots__ = ("sock", "client", "uid", "gid", "buffered", "buf", "state", "deadline", "out", "request", "accepted")
 
-    def __init__(self, sock: socket.socket, client: str, creds: tuple[int, int] | None, now: float) -> None:
+    def __init__(self, sock: socket.socket, client: str, creds: tuple[int, int] | None, buffered: Buffered,
+                 now: float) -> None:
         self.sock, self.client = sock, client
         self.uid, self.gid = creds if creds else (None, None)
+        self.buffered = buffered
         self.buf = bytearray()
         self.state = READ
         self.deadline = now
@@ -64,16 +79,16 @@ class Conn:
         self.accepted = now
 
     @classmethod
-    def accepted_from(cls, sock: socket.socket, addr: Any, now: float) -> Conn:
+    def accepted_from(cls, sock: socket.socket, addr: Any, buffered: Buffered, now: float) -> Conn:
         """A just-accepted socket, non-blocking: a unix socket's caller by uid/gid (`SO_PEERCRED`), a TCP one by
         address."""
         sock.setblocking(False)
         if sock.family == socket.AF_UNIX:
             _, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-            return cls(sock, "", (uid, gid), now)
+            return cls(sock, "", (uid, gid), buffered, now)
         # headers and body leave in one write, but a client's delayed ACK must never hold an answer
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(sock, addr[0], None, now)
+        return cls(sock, addr[0], None, buffered, now)
 
     @property
     def open(self) -> bool:
@@ -83,6 +98,23 @@ class Conn:
     def who(self) -> str:
         """Whom the per-client cap counts this connection against: its address, or its uid on the unix socket."""
         return self.client or f"uid {self.uid}"
+
+    def feed(self, data: bytes) -> None:
+        """Add bytes that arrived (counted in `buffered`)."""
+        self.buf += data
+        self.buffered.used += len(data)
+
+    def _consume(self, size: int) -> bytes:
+        taken = bytes(self.buf[:size])
+        del self.buf[:size]
+        self.buffered.used -= len(taken)
+        if not self.buf:
+            self.buf = bytearray()  # a drained buffer gives its memory back
+        return taken
+
+    def discard(self) -> None:
+        """Drop what is buffered (the connection is closing)."""
+        self._consume(len(self.buf))
 
     def waiting_for_more(self) -> bool:
         """Whether part of a request has arrived (a deadline then answers 408 rather than closing quietly)."""
@@ -97,20 +129,68 @@ class Conn:
             end = head_end(self.buf)
             if end < 0:
                 return None
-            try:
-                self.request = parse_head(bytes(self.buf[:end]), max_body)
-            finally:
-                del self.buf[:end]
+            self.request = parse_head(self._consume(end), max_body)
             self.request.client, self.request.uid, self.request.gid = self.client, self.uid, self.gid
             if self.request.expects_continue and len(self.buf) < self.request.content_length:
                 try_send(self.sock, b"HTTP/1.1 100 Continue\r\n\r\n")
         request = self.request
         if len(self.buf) < request.content_length:
             return None
-        request.body = bytes(self.buf[:request.content_length])
-        del self.buf[:request.content_length]
+        request.body = self._consume(request.content_length)
         self.request = None
         return request
+
+
+class Table:
+    """The open connections by file descriptor: counted per client, their input buffers against one budget,
+    and which one to give up when room is needed."""
+
+    def __init__(self, per_client: int, max_connections: int, max_buffered: int) -> None:
+        self.per_client = per_client
+        self.max_connections = max_connections
+        self.buffered = Buffered(max_buffered)
+        self._by_fd: dict[int, Conn] = {}
+        self._count: collections.Counter[str] = collections.Counter()
+
+    def __len__(self) -> int:
+        return len(self._by_fd)
+
+    def get(self, fd: int) -> Conn | None:
+        return self._by_fd.get(fd)
+
+    def all(self) -> list[Conn]:
+        return list(self._by_fd.values())
+
+    def over_share(self, conn: Conn) -> bool:
+        """Whether `conn`'s client already holds its `per_client` connections."""
+        return self._count[conn.who] >= self.per_client
+
+    @property
+    def full(self) -> bool:
+        return len(self._by_fd) >= self.max_connections
+
+    def add(self, conn: Conn) -> None:
+        self._by_fd[conn.sock.fileno()] = conn
+        self._count[conn.who] += 1
+
+    def remove(self, conn: Conn) -> None:
+        """Forget `conn` (before its socket is closed) and drop what it buffered."""
+        self._by_fd.pop(conn.sock.fileno(), None)
+        self._count[conn.who] -= 1
+        if self._count[conn.who] <= 0:
+            del self._count[conn.who]
+        conn.discard()
+
+    def to_evict(self) -> Conn | None:
+        """The oldest connection not with a worker of the client holding the most; None when every one is."""
+        idle = [c for c in self._by_fd.values() if c.state != BUSY]
+        return min(idle, key=lambda c: (-self._count[c.who], c.accepted)) if idle else None
+
+    def to_shrink(self, more: int) -> Conn | None:
+        """The connection with the largest buffer while `more` bytes do not fit in the budget; None once they do."""
+        if self.buffered.fits(more) or not self._by_fd:
+            return None
+        return max(self._by_fd.values(), key=lambda c: len(c.buf))
 
 
 class Deadlines:

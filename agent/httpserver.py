@@ -27,11 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Protocol
 
 from agent import logs
-from agent.httpconn import BUSY, LINGER, READ, WRITE, Conn, Deadlines, Drops, try_send
-from agent.httpwire import HttpError, Request
+from agent.httpconn import BUSY, LINGER, READ, WRITE, Conn, Deadlines, Drops, Table, try_send
+from agent.httpwire import MAX_HEAD, HttpError, Request
 
 PIPELINE_TURN = 8
 """Requests answered from one connection's buffer before the loop turns to the others (fairness)."""
+MAX_BUFFERED = 32 * 1024 * 1024
+"""Bytes of requests still arriving held by all connections together (at least four whole requests):
+beyond it the largest buffer is dropped, so many partial heads cannot hold the memory of thousands."""
 LINGER_SECONDS = 1.0
 """Seconds a closing connection keeps reading (and dropping) what the client still sends, so the
 kernel does not reset the connection before the client has read the answer."""
@@ -105,16 +108,16 @@ class EventLoopServer:
     """Serves `app` on `listeners` from one thread; `start()` and `close()`."""
 
     def __init__(self, listeners: list[socket.socket], app: App, *, request_timeout: float, max_body: int,
-                 per_client: int, max_connections: int, workers: int = 4,
+                 per_client: int, max_connections: int, workers: int = 4, max_buffered: int = MAX_BUFFERED,
                  on_drop: Callable[[str], None] = lambda reason: None) -> None:
         self.app = app
         self.request_timeout = request_timeout
         self.max_body = max_body
-        self.per_client = per_client
         self.max_connections = max_connections
         self.log = logs.get("server")
         self._errors = logs.Throttle()
         self._dropped = Drops(on_drop)
+        self._conns = Table(per_client, max_connections, max(max_buffered, 4 * (MAX_HEAD + max_body)))
         self._sel = selectors.DefaultSelector()
         self._listeners = listeners
         for sock in listeners:
@@ -122,8 +125,6 @@ class EventLoopServer:
             self._sel.register(sock, selectors.EVENT_READ, self._accept)
         self._workers = Workers(workers, app.answer)
         self._sel.register(self._workers.wake_r, selectors.EVENT_READ, self._woken)
-        self._conns: dict[int, Conn] = {}
-        self._per_client: collections.Counter[str] = collections.Counter()
         self._deadlines = Deadlines()
         self._ready: collections.deque[Conn] = collections.deque()
         """Connections with more pipelined requests in their buffer than their last turn answered."""
@@ -135,6 +136,11 @@ class EventLoopServer:
     def connections(self) -> int:
         """Connections open now (tests, status)."""
         return len(self._conns)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of requests still arriving held now, all connections together (tests, status)."""
+        return self._conns.buffered.used
 
     def start(self) -> None:
         """Serve on a daemon thread named `http`."""
@@ -169,7 +175,7 @@ class EventLoopServer:
                 self._serve_ready()
                 self._expire(time.monotonic())
         finally:
-            for conn in list(self._conns.values()):
+            for conn in self._conns.all():
                 self._close(conn)
             for sock in (*self._listeners, self._workers.wake_r, self._workers.wake_w):
                 sock.close()
@@ -211,25 +217,23 @@ class EventLoopServer:
                 if exc.errno in (errno.EMFILE, errno.ENFILE) and not self._evict():
                     self._pause(True)
                 return
-            conn = Conn.accepted_from(sock, addr, time.monotonic())
-            if self._per_client[conn.who] >= self.per_client:
+            conn = Conn.accepted_from(sock, addr, self._conns.buffered, time.monotonic())
+            if self._conns.over_share(conn):
                 self._dropped("per_client", conn.who, len(self._conns))
                 sock.close()
                 continue
-            if len(self._conns) >= self.max_connections and not self._evict():
+            if self._conns.full and not self._evict():
                 sock.close()
                 continue
-            self._conns[sock.fileno()] = conn
-            self._per_client[conn.who] += 1
+            self._conns.add(conn)
             self._sel.register(sock, selectors.EVENT_READ, self._readable)
             self._deadlines.set(conn, self.request_timeout)
 
     def _evict(self) -> bool:
-        """Close the oldest connection not with a worker of the client holding the most; False when there is none."""
-        idle = [c for c in self._conns.values() if c.state != BUSY]
-        if not idle:
+        """Make room for a connection (see `Table.to_evict`); False when there is none to close."""
+        victim = self._conns.to_evict()
+        if victim is None:
             return False
-        victim = min(idle, key=lambda c: (-self._per_client[c.who], c.accepted))
         self._dropped("evicted", victim.who, len(self._conns))
         self._close(victim)
         return True
@@ -237,10 +241,7 @@ class EventLoopServer:
     def _close(self, conn: Conn) -> None:
         if conn.sock.fileno() < 0:
             return
-        self._conns.pop(conn.sock.fileno(), None)
-        self._per_client[conn.who] -= 1
-        if self._per_client[conn.who] <= 0:
-            del self._per_client[conn.who]
+        self._conns.remove(conn)
         if conn.state != BUSY:
             self._sel.unregister(conn.sock)
         conn.sock.close()
@@ -272,8 +273,16 @@ class EventLoopServer:
         elif conn.state == LINGER:
             pass  # dropped: the answer is sent, the connection is closing
         else:
-            conn.buf += data
-            self._serve(conn)
+            self._make_room(len(data))
+            if conn.open:
+                conn.feed(data)
+                self._serve(conn)
+
+    def _make_room(self, size: int) -> None:
+        """Close the connections holding the largest buffers until `size` more bytes fit in the budget."""
+        while (largest := self._conns.to_shrink(size)) is not None:
+            self._dropped("memory", largest.who, len(self._conns))
+            self._close(largest)
 
     def _serve(self, conn: Conn) -> None:
         """Answer the requests complete in the buffer one after another (a loop, never a recursion), until one
@@ -326,7 +335,7 @@ class EventLoopServer:
         conn.out = memoryview(data)
         conn.state = WRITE if not close else LINGER
         if close:
-            conn.buf.clear()
+            conn.discard()
         self._flush(conn, first=True)
 
     def _flush(self, conn: Conn, first: bool = False) -> None:

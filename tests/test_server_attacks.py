@@ -5,7 +5,11 @@ and the peers keep being answered throughout, and the log stays small."""
 from __future__ import annotations
 
 import io
+import os
 import socket
+import time
+
+import pytest
 
 from agent import logs as agent_logs
 from tests.test_server import session, url
@@ -104,3 +108,47 @@ def test_idle_loopback_connections_are_capped_and_evicted_so_the_lb_probe_gets_i
     finally:
         for s in hoard:
             s.close()
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_partial_heads_from_128_addresses_hold_at_most_the_buffer_budget(servers):
+    """256 connections from 128 addresses each send 62 KB of a head that never ends: the server holds no more than its
+    budget (1 MiB here; the largest buffers are dropped), memory does not grow by what they sent, the probe answers,
+    and once they leave nothing is held."""
+    srv, _, port = servers(read_timeout=30, per_client=8)
+    srv.loop._conns.buffered.limit = 1 << 20
+    before = rss_bytes()
+    partial = b"GET /v1/status HTTP/1.1\r\nX-Pad: " + b"a" * 62_000
+    hoard = [connect(port, f"127.0.1.{n // 2 + 1}") for n in range(256)]
+    try:
+        for s in hoard:
+            try:
+                s.sendall(partial)
+            except OSError:
+                pass  # already dropped
+        assert exchange(port, b"GET /probe HTTP/1.0\r\n\r\n", timeout=2).startswith(b"HTTP/1.1 200")
+        assert rss_bytes() - before < 8 << 20
+        assert srv.loop.buffered <= 1 << 20 and dropped(srv, "memory") >= 200
+    finally:
+        for s in hoard:
+            s.close()
+    deadline = time.monotonic() + 2
+    while srv.loop.buffered and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert srv.loop.buffered == 0
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /probe HTTP/1.1\r\nX-A: 1\nGET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /probe HTTP/1.1\r\nX-A: 1\rHost: x\r\n\r\n",
+    b"GET /probe HTTP/1.1\nHost: x\r\n\r\n",
+])
+def test_a_bare_lf_or_cr_inside_a_head_is_a_400(servers, head):
+    """A head line must end in CRLF: a bare LF or CR anywhere in the head is a 400 and the connection is closed."""
+    _, _, port = servers()
+    answer = exchange(port, head, "127.0.0.1")
+    assert answer.startswith(b"HTTP/1.1 400") and answer.count(b"HTTP/1.1") == 1 and b"CRLF" in answer
