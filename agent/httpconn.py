@@ -20,6 +20,9 @@ from agent.httpwire import Request, head_end, parse_head
 
 READ, BUSY, WRITE, LINGER = range(4)
 """A connection waits for a request, is with a worker, is sending an answer, or is closing."""
+UNSENT_LIMIT = 64 * 1024
+"""Bytes of answers one TCP connection may have waiting in the kernel, unsent (`TCP_NOTSENT_LOWAT`): the
+next pipelined request is answered only once the client has read nearly all of the last answer."""
 DROP_LOG_EVERY = 60.0
 """Seconds between two `http.connection_dropped` log lines of one reason (the metric counts each)."""
 _LOCAL = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
@@ -88,6 +91,7 @@ class Conn:
             return cls(sock, "", (uid, gid), buffered, now)
         # headers and body leave in one write, but a client's delayed ACK must never hold an answer
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, UNSENT_LIMIT)
         return cls(sock, addr[0], None, buffered, now)
 
     @property

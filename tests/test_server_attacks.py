@@ -12,8 +12,8 @@ import time
 import pytest
 
 from agent import logs as agent_logs
-from tests.test_server import session, url
-from tests.test_server_hostile import closed_by_server, connect, dropped, servers  # noqa: F401  (a fixture)
+from tests.test_server import FakeBackend, session, url
+from tests.test_server_hostile import closed_by_server, connect, dropped, probe_seconds, servers  # noqa: F401
 
 PROBE = b"GET /probe HTTP/1.1\r\nHost: x\r\n\r\n"
 PEER_ASK = b"GET /v1/events/E1 HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -152,3 +152,35 @@ def test_a_bare_lf_or_cr_inside_a_head_is_a_400(servers, head):
     _, _, port = servers()
     answer = exchange(port, head, "127.0.0.1")
     assert answer.startswith(b"HTTP/1.1 400") and answer.count(b"HTTP/1.1") == 1 and b"CRLF" in answer
+
+
+def test_a_pipelined_metrics_flood_that_reads_nothing_gets_only_a_bounded_amount_of_answers(servers):
+    """20 000 pipelined /metrics (8 KB each) from 127.0.0.2 with a 1 KB receive window, never read: the server answers
+    no more than ~64 KiB past what the client has read (old: 1.6 MB, 199 answers), and probes keep answering fast."""
+    class Metered(FakeBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scrapes = 0
+
+        def metrics_text(self) -> bytes:
+            self.scrapes += 1
+            return b"maintd_up 1\n" * 700
+
+    _, backend, port = servers(Metered(), read_timeout=30)
+    flood = socket.socket()
+    flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    flood.bind(("127.0.0.2", 0))
+    flood.connect(("127.0.0.1", port))
+    flood.setblocking(False)
+    pipeline, sent = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 20_000, 0
+    try:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            try:
+                sent += flood.send(pipeline[sent:])
+            except BlockingIOError:
+                time.sleep(0.01)
+        assert max(probe_seconds(port) for _ in range(10)) < 0.5
+        assert backend.scrapes <= 16, backend.scrapes
+    finally:
+        flood.close()
