@@ -67,7 +67,8 @@ class Buffered:
 class Conn:
     """One client connection: its socket, who it is, what has arrived and what is left to send."""
 
-    __slots__ = ("sock", "client", "uid", "gid", "buffered", "buf", "state", "deadline", "out", "request", "accepted")
+    __slots__ = ("sock", "client", "uid", "gid", "buffered", "buf", "state", "deadline", "out", "request", "accepted",
+                 "eof")
 
     def __init__(self, sock: socket.socket, client: str, creds: tuple[int, int] | None, buffered: Buffered,
                  now: float) -> None:
@@ -80,6 +81,8 @@ class Conn:
         self.out = memoryview(b"")
         self.request: Request | None = None
         self.accepted = now
+        self.eof = False
+        """The client has shut down its sending side: answer what it sent, then close."""
 
     @classmethod
     def accepted_from(cls, sock: socket.socket, addr: Any, buffered: Buffered, now: float) -> Conn:
@@ -241,7 +244,5 @@ class Drops:
 
     def __call__(self, reason: str, client: str, open_connections: int) -> None:
         self.on_drop(reason)
-        since = self._throttle(reason)
-        if since is not None:
-            self.log.warning("http.connection_dropped", reason=reason, client=client, more_since_last_line=since,
-                             open_connections=open_connections)
+        self._throttle.log(self.log.warning, reason, "http.connection_dropped", reason=reason, client=client,
+                           open_connections=open_connections)

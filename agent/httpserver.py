@@ -137,11 +137,6 @@ class EventLoopServer:
         """Connections open now (tests, status)."""
         return len(self._conns)
 
-    @property
-    def buffered(self) -> int:
-        """Bytes of requests still arriving held now, all connections together (tests, status)."""
-        return self._conns.buffered.used
-
     def start(self) -> None:
         """Serve on a daemon thread named `http`."""
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
@@ -182,9 +177,7 @@ class EventLoopServer:
             self._sel.close()
 
     def _failed(self, sock: socket.socket, exc: Exception) -> None:
-        left_out = self._errors(type(exc).__name__)
-        if left_out is not None:
-            self.log.error("http.internal_error", error=repr(exc), more_since_last_line=left_out, exc_info=True)
+        self._errors.log(self.log.error, type(exc).__name__, "http.internal_error", error=repr(exc), exc_info=True)
         conn = self._conns.get(sock.fileno())
         if conn is not None:
             try:
@@ -267,9 +260,14 @@ class EventLoopServer:
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
-        if not data:
             self._close(conn)
+            return
+        if not data:
+            conn.eof = True
+            if conn.state == LINGER:
+                self._close(conn)
+            else:
+                self._serve(conn)  # pipelined requests sent before the half-close are still answered
         elif conn.state == LINGER:
             pass  # dropped: the answer is sent, the connection is closing
         else:
@@ -297,6 +295,8 @@ class EventLoopServer:
                 self._send(conn, self.app.refuse(exc), True)
                 return
             if request is None:
+                if conn.eof:
+                    self._close(conn)  # nothing more can arrive
                 return
             self._dispatch(conn, request)
         if conn.state == READ and conn.open and conn.buf:

@@ -112,3 +112,9 @@ class Throttle:
             return None
         self._last[key] = (now, 0)
         return left_out
+
+    def log(self, method: Callable[..., Any], key: str, event: str, **fields: Any) -> None:
+        """`method(event, more_since_last_line=..., **fields)` unless `key` was logged within `every` seconds."""
+        left_out = self(key)
+        if left_out is not None:
+            method(event, more_since_last_line=left_out, **fields)

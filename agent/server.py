@@ -222,10 +222,8 @@ class Router:
         except HttpError as exc:
             return self._error(name, exc, head_only, request.keep_alive), exc.close or not request.keep_alive
         except Exception as exc:  # a bug must cost one request, not the server
-            left_out = self._errors(f"{name} {type(exc).__name__}")
-            if left_out is not None:
-                self.log.error("http.internal_error", path=path, error=repr(exc), more_since_last_line=left_out,
-                               exc_info=True)
+            self._errors.log(self.log.error, f"{name} {type(exc).__name__}", "http.internal_error", path=path,
+                             error=repr(exc), exc_info=True)
             error = HttpError(500, "internal error; see maintd's log (http.internal_error)")
             return self._error(name, error, head_only, request.keep_alive), not request.keep_alive
         self.metrics.http_requests.labels(name, str(status)).inc()

@@ -23,7 +23,10 @@ def exchange(port: int, data: bytes, source: str = "127.0.0.2", timeout: float =
     """Send `data` on a new connection from `source`; everything answered until the server closes."""
     with connect(port, source) as s:
         s.settimeout(timeout)
-        s.sendall(data)
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before it was all sent: read what was answered
         chunks = []
         try:
             while chunk := s.recv(1 << 20):
@@ -91,7 +94,10 @@ def test_throttle_logs_a_key_once_then_a_count_of_what_it_left_out():
     assert [throttle("boom") for _ in range(4)] == [0, None, None, None]
     assert throttle("other") == 0
     now[0] = 61.0
-    assert (throttle("boom"), throttle("boom"), throttle("other")) == (3, None, 0)
+    lines: list[tuple[str, dict]] = []
+    throttle.log(lambda event, **fields: lines.append((event, fields)), "boom", "x.failed", error="e")
+    throttle.log(lambda event, **fields: lines.append((event, fields)), "boom", "x.failed", error="e")
+    assert lines == [("x.failed", {"more_since_last_line": 3, "error": "e"})] and throttle("other") == 0
 
 
 def test_idle_loopback_connections_are_capped_and_evicted_so_the_lb_probe_gets_in(servers):
@@ -132,14 +138,14 @@ def test_partial_heads_from_128_addresses_hold_at_most_the_buffer_budget(servers
                 pass  # already dropped
         assert exchange(port, b"GET /probe HTTP/1.0\r\n\r\n", timeout=2).startswith(b"HTTP/1.1 200")
         assert rss_bytes() - before < 8 << 20
-        assert srv.loop.buffered <= 1 << 20 and dropped(srv, "memory") >= 200
+        assert srv.loop._conns.buffered.used <= 1 << 20 and dropped(srv, "memory") >= 200
     finally:
         for s in hoard:
             s.close()
     deadline = time.monotonic() + 2
-    while srv.loop.buffered and time.monotonic() < deadline:
+    while srv.loop._conns.buffered.used and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert srv.loop.buffered == 0
+    assert srv.loop._conns.buffered.used == 0
 
 
 @pytest.mark.parametrize("head", [
@@ -184,3 +190,61 @@ def test_a_pipelined_metrics_flood_that_reads_nothing_gets_only_a_bounded_amount
         assert backend.scrapes <= 16, backend.scrapes
     finally:
         flood.close()
+
+
+def test_requests_sent_before_a_half_close_are_all_answered(servers):
+    """A client that pipelines 20 probes and a /v1 ask, then shuts down its sending side, gets all 21 answers."""
+    _, _, port = servers()
+    with connect(port, "127.0.0.1") as s:
+        s.settimeout(3)
+        s.sendall(PROBE * 20 + b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.count(b"HTTP/1.1 200 OK") == 21 and data.endswith(b'"vm_name": "vm1"}\n')
+
+
+@pytest.mark.parametrize("attack, status", [
+    (b"POST /v1/drain HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+     b"GET /v1/status HTTP/1.1\r\n\r\n", b"411"),  # CL + TE
+    (b"POST /v1/drain HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 44\r\n\r\n"
+     b"GET /v1/status HTTP/1.1\r\n\r\n", b"400"),  # duplicate Content-Length
+    (b"POST /v1/drain HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\nGET /v1/status HTTP/1.1\r\n\r\n", b"400"),
+    (b"GET /probe HTTP/1.1\r\nX-A: 1\r\n Transfer-Encoding: chunked\r\n\r\nGET /v1/status HTTP/1.1\r\n\r\n",
+     b"400"),  # obs-fold
+    (b"GET /probe HTTP/1.1\r\n" + b"X: a\r\n" * 101 + b"\r\nGET /v1/status HTTP/1.1\r\n\r\n", b"431"),
+    (b"GET /probe HTTP/1.1\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", b"431"),  # huge head
+    (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", b"505"),  # HTTP/2 preface
+])
+def test_smuggling_payloads_get_one_refusal_and_the_connection_is_closed(servers, attack, status):
+    """Ambiguous framing (CL+TE, two or odd lengths, obs-fold, huge heads, HTTP/2): one refusal, nothing smuggled."""
+    _, backend, port = servers()
+    answer = exchange(port, attack)
+    assert answer.startswith(b"HTTP/1.1 " + status) and answer.count(b"Server: maintd") == 1, answer[:200]
+    assert b"Connection: close" in answer and backend.drained == []
+
+
+def test_slowloris_from_40_addresses_is_cut_at_the_deadline_while_the_probe_answers(servers):
+    """40 addresses x 8 connections trickle heads that never end: probes answer throughout, each gets its 408 in time."""
+    srv, _, port = servers(read_timeout=2.0, per_client=8)
+    slow: list[socket.socket] = []
+    for n in range(320):  # no faster than the server accepts: a full listen backlog would reset some of them
+        slow.append(connect(port, f"127.0.2.{n // 8 + 1}"))
+        accepted_by = time.monotonic() + 2
+        while n % 32 == 31 and srv.loop.connections <= n and time.monotonic() < accepted_by:
+            time.sleep(0.005)
+    try:
+        for s in slow:
+            s.sendall(b"GET /v1/status HTTP/1.1\r\nX-Slow: ")
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end:
+            for s in slow[::7]:
+                s.sendall(b"a")
+            assert probe_seconds(port) < 0.2
+        answers = [closed_by_server(s, 3.0) for s in slow]
+        assert all(a is not None and a.startswith(b"HTTP/1.1 408") for a in answers)
+        assert dropped(srv, "request_timeout") == 320
+    finally:
+        for s in slow:
+            s.close()
