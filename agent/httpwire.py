@@ -2,8 +2,9 @@
 
 Strict where leniency lets one request be read two ways (request smuggling): two Content-Length
 headers, a Content-Length that is not plain digits, Transfer-Encoding (not supported: 411), folded
-header lines, and a line ending other than CRLF (a bare LF or CR inside the head). Limits: the request line (414 beyond `MAX_LINE`), the whole head (431 beyond
-`MAX_HEAD`) and the number of header lines (431 beyond `MAX_HEADERS`).
+header lines, and a line ending other than CRLF (a bare LF or CR inside the head). Limits: the
+request line (414 beyond `MAX_LINE`), the whole head (431 beyond `MAX_HEAD`) and the number of
+header lines (431 beyond `MAX_HEADERS`).
 """
 
 from __future__ import annotations

@@ -102,8 +102,8 @@ class Metrics:
                                      ["route", "code"], registry=r)
         self.http_dropped = Counter("maintd_http_connections_dropped_total",
                                     "Connections the HTTP server closed to stay available (per_client: over "
-                                    "server.max_connections_per_client; evicted: room made when full; memory: the largest input buffer when "
-                                    "all connections' buffers together reached their budget; "
+                                    "server.max_connections_per_client; evicted: room made when full; memory: the "
+                                    "largest input buffer when all connections' buffers together reached their budget; "
                                     "request_timeout: no whole request within server.read_timeout)",
                                     ["reason"], registry=r)
         self._initialise()
