@@ -1,4 +1,5 @@
-"""structlog setup (the one place that touches structlog's global configuration) and repeat limiting.
+"""structlog setup (the one place that touches structlog's global configuration) and repeat limiting
+(`RepeatLimiter` for one failure streak, `Throttle` for lines anyone can trigger again and again).
 
 JSON lines by default, a console renderer when stderr is a TTY (`log.format: auto`). Under
 journald (`$JOURNAL_STREAM` set) each JSON line is prefixed with its syslog priority (`<3>` for
@@ -11,8 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import structlog
 
@@ -88,3 +90,31 @@ class RepeatLimiter:
         count = self.count
         self.count, self.first_at, self.last_summary, self.last_key = 0, None, None, None
         return count
+
+
+class Throttle:
+    """At most one log line per key every `every` seconds: the first in full, then one line now and then
+    saying how many were left out. For errors a client can provoke at will (a flood must not fill the
+    disk). Keys must come from a bounded set (event names, exception types), never from client data.
+    """
+
+    def __init__(self, every: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every = every
+        self.clock = clock
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, key: str) -> int | None:
+        """None to stay quiet; else log now, with this many left out since the last line of `key`."""
+        now = self.clock()
+        last, left_out = self._last.get(key, (float("-inf"), 0))
+        if now - last < self.every:
+            self._last[key] = (last, left_out + 1)
+            return None
+        self._last[key] = (now, 0)
+        return left_out
+
+    def log(self, method: Callable[..., Any], key: str, event: str, **fields: Any) -> None:
+        """`method(event, more_since_last_line=..., **fields)` unless `key` was logged within `every` seconds."""
+        left_out = self(key)
+        if left_out is not None:
+            method(event, more_since_last_line=left_out, **fields)

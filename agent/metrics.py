@@ -102,7 +102,8 @@ class Metrics:
                                      ["route", "code"], registry=r)
         self.http_dropped = Counter("maintd_http_connections_dropped_total",
                                     "Connections the HTTP server closed to stay available (per_client: over "
-                                    "server.max_connections_per_client; evicted: room made when full; "
+                                    "server.max_connections_per_client; evicted: room made when full; memory: the "
+                                    "largest input buffer when all connections' buffers together reached their budget; "
                                     "request_timeout: no whole request within server.read_timeout)",
                                     ["reason"], registry=r)
         self._initialise()
@@ -120,7 +121,7 @@ class Metrics:
             self.leader.labels(event_type).set(0)
         for outcome in ("ok", "failed"):
             self.config_reloads.labels(outcome)
-        for reason in ("per_client", "evicted", "request_timeout"):
+        for reason in ("per_client", "evicted", "memory", "request_timeout"):
             self.http_dropped.labels(reason)
         self.in_rotation.set(1)
 

@@ -105,9 +105,9 @@ class ServerConfig:
                               "a request (head and body) must arrive whole within this long, however it trickles; "
                               "an idle keep-alive connection is closed after it")
     max_connections_per_client: int = opt(integer(1, 65536), 32,
-                                          "open connections one client address may hold (this host is exempt); more are closed")
+                                          "open connections one client address (this host's too) may hold; more are closed")
     max_connections: int = opt(integer(16, 1_000_000), 4096,
-                               "open connections in all; a new one then replaces the oldest idle one from another address")
+                               "open connections in all; a new one then replaces an idle one of the client holding the most")
     require_token_on_loopback: bool = opt(boolean, False,
                                           "mutating endpoints need the server.token_file token from 127.0.0.1 and ::1 too "
                                           "(any local user can reach loopback; maintd's CLI reads the token file itself)")

@@ -3,9 +3,9 @@
 Each connection costs a file descriptor and a small buffer, not a thread. A request must arrive
 whole (head and body) within `request_timeout` of the moment the server started waiting for it —
 a deadline per request, not per read, so trickling one byte at a time buys nothing. One client
-address holds at most `per_client` connections (loopback and the unix socket are exempt); when
-`max_connections` are open, a new connection evicts the oldest one waiting for a request from
-another address rather than being refused, so a load balancer's probe always gets in.
+address (this host's too; on the unix socket, one uid) holds at most `per_client` connections; when
+`max_connections` are open, a new connection evicts an idle one of the client holding the most
+rather than being refused, so a load balancer's probe always gets in.
 
 Cheap answers (the probe, /healthz) are made on the loop itself, so they never wait for a busy
 worker; the rest runs on a small worker pool whose answers come back through a socketpair. The
@@ -27,9 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Protocol
 
 from agent import logs
-from agent.http.http_connection import BUSY, LINGER, READ, WRITE, Conn, Deadlines, Drops, try_send
-from agent.http.http_wire import HttpError, Request
+from agent.http.http_connection import BUSY, LINGER, READ, WRITE, Conn, Deadlines, Drops, Table, try_send
+from agent.http.http_wire import MAX_HEAD, HttpError, Request
 
+PIPELINE_TURN = 8
+"""Requests answered from one connection's buffer before the loop turns to the others (fairness)."""
+MAX_BUFFERED = 32 * 1024 * 1024
+"""Bytes of requests still arriving held by all connections together (at least four whole requests):
+beyond it the largest buffer is dropped, so many partial heads cannot hold the memory of thousands."""
 LINGER_SECONDS = 1.0
 """Seconds a closing connection keeps reading (and dropping) what the client still sends, so the
 kernel does not reset the connection before the client has read the answer."""
@@ -63,13 +68,23 @@ class Workers:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="http-worker")
 
     def submit(self, conn: Conn, request: Request) -> None:
+        """Queue `request`; its slot is taken only once the pool holds the job, whatever is raised."""
         self.queued += 1
-        self._pool.submit(self._work, conn, request)
+        taken = False
+        try:
+            self._pool.submit(self._work, conn, request)
+            taken = True
+        finally:
+            if not taken:
+                self.queued -= 1
 
     def _work(self, conn: Conn, request: Request) -> None:
-        data, close = self.answer(request)
-        self._done.append((conn, data, close))
-        self.wake()
+        answer: tuple[bytes, bool] = (b"", True)  # closes the connection unanswered if `answer` breaks its promise
+        try:
+            answer = self.answer(request)
+        finally:
+            self._done.append((conn, *answer))
+            self.wake()
 
     def wake(self) -> None:
         try_send(self.wake_w, b"x")
@@ -93,15 +108,16 @@ class EventLoopServer:
     """Serves `app` on `listeners` from one thread; `start()` and `close()`."""
 
     def __init__(self, listeners: list[socket.socket], app: App, *, request_timeout: float, max_body: int,
-                 per_client: int, max_connections: int, workers: int = 4,
+                 per_client: int, max_connections: int, workers: int = 4, max_buffered: int = MAX_BUFFERED,
                  on_drop: Callable[[str], None] = lambda reason: None) -> None:
         self.app = app
         self.request_timeout = request_timeout
         self.max_body = max_body
-        self.per_client = per_client
         self.max_connections = max_connections
         self.log = logs.get("server")
+        self._errors = logs.Throttle()
         self._dropped = Drops(on_drop)
+        self._conns = Table(per_client, max_connections, max(max_buffered, 4 * (MAX_HEAD + max_body)))
         self._sel = selectors.DefaultSelector()
         self._listeners = listeners
         for sock in listeners:
@@ -109,9 +125,9 @@ class EventLoopServer:
             self._sel.register(sock, selectors.EVENT_READ, self._accept)
         self._workers = Workers(workers, app.answer)
         self._sel.register(self._workers.wake_r, selectors.EVENT_READ, self._woken)
-        self._conns: dict[int, Conn] = {}
-        self._per_client: collections.Counter[str] = collections.Counter()
         self._deadlines = Deadlines()
+        self._ready: collections.deque[Conn] = collections.deque()
+        """Connections with more pipelined requests in their buffer than their last turn answered."""
         self._stop = False
         self._paused = False
         self._thread: threading.Thread | None = None
@@ -144,23 +160,24 @@ class EventLoopServer:
     def _run(self) -> None:
         try:
             while not self._stop:
-                for key, mask in self._sel.select(self._deadlines.timeout()):
+                for key, mask in self._sel.select(0 if self._ready else self._deadlines.timeout()):
                     try:
                         key.data(key.fileobj, mask)
                     except Exception as exc:  # a bug costs one connection, never the server
                         self._failed(key.fileobj, exc)
                     if self._stop:
                         break
+                self._serve_ready()
                 self._expire(time.monotonic())
         finally:
-            for conn in list(self._conns.values()):
+            for conn in self._conns.all():
                 self._close(conn)
             for sock in (*self._listeners, self._workers.wake_r, self._workers.wake_w):
                 sock.close()
             self._sel.close()
 
     def _failed(self, sock: socket.socket, exc: Exception) -> None:
-        self.log.error("http.internal_error", error=repr(exc), exc_info=True)
+        self._errors.log(self.log.error, type(exc).__name__, "http.internal_error", error=repr(exc), exc_info=True)
         conn = self._conns.get(sock.fileno())
         if conn is not None:
             try:
@@ -193,37 +210,31 @@ class EventLoopServer:
                 if exc.errno in (errno.EMFILE, errno.ENFILE) and not self._evict():
                     self._pause(True)
                 return
-            conn = Conn.accepted_from(sock, addr, time.monotonic())
-            client = conn.client
-            if not conn.local and self._per_client[client] >= self.per_client:
-                self._dropped("per_client", client, len(self._conns))
+            conn = Conn.accepted_from(sock, addr, self._conns.buffered, time.monotonic())
+            if self._conns.over_share(conn):
+                self._dropped("per_client", conn.who, len(self._conns))
                 sock.close()
                 continue
-            if len(self._conns) >= self.max_connections and not self._evict():
+            if self._conns.full and not self._evict():
                 sock.close()
                 continue
-            self._conns[sock.fileno()] = conn
-            self._per_client[client] += 1
+            self._conns.add(conn)
             self._sel.register(sock, selectors.EVENT_READ, self._readable)
             self._deadlines.set(conn, self.request_timeout)
 
     def _evict(self) -> bool:
-        """Close the oldest non-local connection that waits for a request; False when there is none."""
-        waiting = [c for c in self._conns.values() if c.state == READ and not c.local]
-        if not waiting:
+        """Make room for a connection (see `Table.to_evict`); False when there is none to close."""
+        victim = self._conns.to_evict()
+        if victim is None:
             return False
-        oldest = min(waiting, key=lambda c: c.accepted)
-        self._dropped("evicted", oldest.client, len(self._conns))
-        self._close(oldest)
+        self._dropped("evicted", victim.who, len(self._conns))
+        self._close(victim)
         return True
 
     def _close(self, conn: Conn) -> None:
         if conn.sock.fileno() < 0:
             return
-        self._conns.pop(conn.sock.fileno(), None)
-        self._per_client[conn.client] -= 1
-        if self._per_client[conn.client] <= 0:
-            del self._per_client[conn.client]
+        self._conns.remove(conn)
         if conn.state != BUSY:
             self._sel.unregister(conn.sock)
         conn.sock.close()
@@ -249,24 +260,55 @@ class EventLoopServer:
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
-        if not data:
             self._close(conn)
+            return
+        if not data:
+            conn.eof = True
+            if conn.state == LINGER:
+                self._close(conn)
+            else:
+                self._serve(conn)  # pipelined requests sent before the half-close are still answered
         elif conn.state == LINGER:
             pass  # dropped: the answer is sent, the connection is closing
         else:
-            conn.buf += data
-            self._take(conn)
+            self._make_room(len(data))
+            if conn.open:
+                conn.feed(data)
+                self._serve(conn)
 
-    def _take(self, conn: Conn) -> None:
-        """Dispatch the request complete in the buffer, or refuse one that cannot be served."""
-        try:
-            request = conn.take(self.max_body)
-        except HttpError as exc:
-            self._send(conn, self.app.refuse(exc), True)
-            return
-        if request is not None:
+    def _make_room(self, size: int) -> None:
+        """Close the connections holding the largest buffers until `size` more bytes fit in the budget."""
+        while (largest := self._conns.to_shrink(size)) is not None:
+            self._dropped("memory", largest.who, len(self._conns))
+            self._close(largest)
+
+    def _serve(self, conn: Conn) -> None:
+        """Answer the requests complete in the buffer one after another (a loop, never a recursion), until one
+        goes to a worker, an answer waits for the client to read, or the turn is over (then the rest waits
+        in `_ready` while other connections are served)."""
+        for _ in range(PIPELINE_TURN):
+            if conn.state != READ or not conn.open:
+                return
+            try:
+                request = conn.take(self.max_body)
+            except HttpError as exc:
+                self._send(conn, self.app.refuse(exc), True)
+                return
+            if request is None:
+                if conn.eof:
+                    self._close(conn)  # nothing more can arrive
+                return
             self._dispatch(conn, request)
+        if conn.state == READ and conn.open and conn.buf:
+            self._ready.append(conn)
+
+    def _serve_ready(self) -> None:
+        for _ in range(len(self._ready)):
+            conn = self._ready.popleft()
+            try:
+                self._serve(conn)
+            except Exception as exc:
+                self._failed(conn.sock, exc)
 
     def _dispatch(self, conn: Conn, request: Request) -> None:
         if self.app.cheap(request):
@@ -285,6 +327,7 @@ class EventLoopServer:
                 conn.state = READ
                 self._sel.register(conn.sock, selectors.EVENT_READ, self._readable)
                 self._send(conn, data, close)
+                self._serve(conn)  # a pipelined request may already have arrived
 
     # --- answers -------------------------------------------------------------------------
 
@@ -292,7 +335,7 @@ class EventLoopServer:
         conn.out = memoryview(data)
         conn.state = WRITE if not close else LINGER
         if close:
-            conn.buf.clear()
+            conn.discard()
         self._flush(conn, first=True)
 
     def _flush(self, conn: Conn, first: bool = False) -> None:
@@ -314,13 +357,12 @@ class EventLoopServer:
             return
         conn.state = READ
         self._deadlines.set(conn, self.request_timeout)
-        if conn.buf:
-            self._take(conn)  # a pipelined request already arrived
 
     def _writable(self, sock: socket.socket, _: int) -> None:
         conn = self._conns.get(sock.fileno())
         if conn is not None:
             self._flush(conn)
+            self._serve(conn)  # a pipelined request may already have arrived
 
     def _linger(self, conn: Conn) -> None:
         try:

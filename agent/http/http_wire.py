@@ -2,8 +2,9 @@
 
 Strict where leniency lets one request be read two ways (request smuggling): two Content-Length
 headers, a Content-Length that is not plain digits, Transfer-Encoding (not supported: 411), folded
-header lines. Limits: the request line (414 beyond `MAX_LINE`), the whole head (431 beyond
-`MAX_HEAD`) and the number of header lines (431 beyond `MAX_HEADERS`).
+header lines, and a line ending other than CRLF (a bare LF or CR inside the head). Limits: the
+request line (414 beyond `MAX_LINE`), the whole head (431 beyond `MAX_HEAD`) and the number of
+header lines (431 beyond `MAX_HEADERS`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def head_end(buf: bytes | bytearray) -> int:
 def parse_head(head: bytes, max_body: int) -> Request:
     """The request in `head` (ending with the blank line); raises HttpError for anything malformed."""
     lines = head[:-4].split(b"\r\n")
+    if any(b"\n" in line or b"\r" in line for line in lines):
+        raise HttpError(400, "a bare LF or CR in the request head; every line ends in CRLF", close=True)
     if len(lines[0]) > MAX_LINE:
         raise HttpError(414, f"request line longer than {MAX_LINE} bytes", close=True)
     if len(lines) - 1 > MAX_HEADERS:

@@ -167,6 +167,7 @@ class Router:
         self.access = access
         self.max_body = max_body
         self.log = logs.get("server")
+        self._errors = logs.Throttle()
         b = backend
         get, post = ("GET",), ("POST",)
         self.exact: dict[str, Route] = {
@@ -221,7 +222,8 @@ class Router:
         except HttpError as exc:
             return self._error(name, exc, head_only, request.keep_alive), exc.close or not request.keep_alive
         except Exception as exc:  # a bug must cost one request, not the server
-            self.log.error("http.internal_error", path=path, error=repr(exc), exc_info=True)
+            self._errors.log(self.log.error, f"{name} {type(exc).__name__}", "http.internal_error", path=path,
+                             error=repr(exc), exc_info=True)
             error = HttpError(500, "internal error; see maintd's log (http.internal_error)")
             return self._error(name, error, head_only, request.keep_alive), not request.keep_alive
         self.metrics.http_requests.labels(name, str(status)).inc()

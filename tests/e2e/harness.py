@@ -155,7 +155,8 @@ class Agent(Process):
                      "max_backoff": "500ms"},
             "identity": {"name": name},
             "state": {"dir": str(workdir / "state")},
-            "server": {"listen": f"127.0.0.1:{self.port}"},
+            # every VM of a test fleet calls its peers from 127.0.0.1, which holds one client's share on each
+            "server": {"listen": f"127.0.0.1:{self.port}", "max_connections_per_client": 1024},
             "log": {"format": "json", "level": "debug"},
         }
         for key, value in (extra or {}).items():
