@@ -2,36 +2,14 @@
 # Install dist/maintd_*.deb with apt into a clean Debian 12 root (debootstrap) and run it there
 # with Debian's own library versions: maintd --version, check-config of the shipped file, demo.
 #   packaging/test-install.sh [ROOT]      (default /var/cache/maintd-ci/bookworm; reused if present)
-# Needs root, debootstrap and deb.debian.org (a package registry).
+# Needs root, debootstrap and deb.debian.org (a package registry); the root comes from debroot.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deb=$(ls -t dist/maintd_*_all.deb | head -1)
-cache=${1:-/var/cache/maintd-ci/bookworm}
-mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-
-if [ ! -x "$cache/usr/bin/apt-get" ]; then
-    echo "== debootstrap bookworm into $cache"
-    rm -rf "$cache" && mkdir -p "$(dirname "$cache")"
-    debootstrap --variant=minbase bookworm "$cache" "$mirror" >/dev/null
-fi
-
-root=$(mktemp -d /var/tmp/maintd-root.XXXXXX)
-cleanup() {
-    umount -l "$root/dev/pts" 2>/dev/null || true
-    umount -l "$root/proc" 2>/dev/null || true
-    umount -l "$root/dev" 2>/dev/null || true
-    rm -rf "$root"
-}
-trap cleanup EXIT
-echo "== fresh root $root (a copy of the cached bookworm)"
-cp -a "$cache/." "$root/"
-mount -t proc proc "$root/proc"
-mount --bind /dev "$root/dev"
-mount --bind /dev/pts "$root/dev/pts"    # apt's terminal log
-cp /etc/resolv.conf "$root/etc/resolv.conf"
+. packaging/debroot.sh
+debroot_make "${1:-}"
 cp "$deb" "$root/tmp/"
 
-in_root() { chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
 echo "== apt-get install ./$(basename "$deb")"
 in_root apt-get update -qq
 in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "/tmp/$(basename "$deb")" >/dev/null
