@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install dist/maintd_*.deb with apt into a clean Debian 12 root (debootstrap) and run it there
-# with Debian's own library versions: maintd --version, check-config of the shipped file, demo.
+# with Debian's own library versions: maintd --version, check-config of the shipped files, an
+# upgrade in place (reinstall under a running maintd: the conffile and the state are kept, nothing
+# that had finished runs again), demo.
 #   packaging/test-install.sh [ROOT]      (default /var/cache/maintd-ci/bookworm; reused if present)
 # Needs root, debootstrap and deb.debian.org (a package registry); the root comes from debroot.sh.
 set -euo pipefail
