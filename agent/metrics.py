@@ -119,6 +119,7 @@ class Metrics:
             self.gate_check_failures.labels(gate)
         for event_type in EVENT_TYPES:
             self.leader.labels(event_type).set(0)
+            self.event_notice.labels(event_type)  # a rate() needs the zero before the first observation
         for outcome in ("ok", "failed"):
             self.config_reloads.labels(outcome)
         for reason in ("per_client", "evicted", "memory", "request_timeout"):
@@ -132,8 +133,9 @@ class Metrics:
         self.health_state.set_function(lambda: float(health_state()))
 
     def init_handler(self, name: str, phases: tuple[str, ...]) -> None:
-        """Create a configured handler's series so they read 0 before its first run."""
+        """Create a configured handler's series (runs and durations) so they read 0 before its first run."""
         for phase in phases:
+            self.handler_duration.labels(name, phase)  # else the first run's rate() is NaN: "No data"
             for outcome in OUTCOMES:
                 self.handler_runs.labels(name, phase, outcome)
 

@@ -18,6 +18,7 @@ from agent.metrics import Metrics
 from agent.windows.approval_policy import Profile
 from agent.state.state_store import Store
 from agent.model.tracker import Tracked
+from tests.samples import sample
 
 AUTO = Profile(name="default", approval="auto")
 
@@ -32,7 +33,8 @@ def peers():
         yield rsps
 
 
-def setup(tmp_path, clock, **settings):
+def make_coordinator(tmp_path, clock, **settings):
+    """A coordinator on a fresh store, with the approvals it sends (named so pytest 7 never takes it for a nose `setup`)."""
     sent: list[list[str]] = []
     cfg = CoordinationConfig(peer_url="http://{name}.peers.invalid:8088", takeover_after=60.0, **settings)
     store = Store(tmp_path, clock)
@@ -52,9 +54,9 @@ def view(name, ready=True, **fields):
 
 def answer(peers, name, ready=True, status=200, eid="E1"):
     if status == 0:
-        peers.get(f"{peer(name)}/v1/events/{eid}", body=requests.ConnectionError("down"))
+        peers.add(responses.GET, f"{peer(name)}/v1/events/{eid}", body=requests.ConnectionError("down"))
     else:
-        peers.get(f"{peer(name)}/v1/events/{eid}", json=view(name, ready), status=status)
+        peers.add(responses.GET, f"{peer(name)}/v1/events/{eid}", json=view(name, ready), status=status)
 
 
 def step(coord, t, vm, pending=lambda t: [], profile=AUTO):
@@ -64,7 +66,7 @@ def step(coord, t, vm, pending=lambda t: [], profile=AUTO):
 
 def test_leader_approves_once_when_everyone_is_ready(tmp_path, clock, peers):
     """vm1 (rank 0) waits for vm2 and vm3, then sends exactly one POST, recorded as sent."""
-    coord, sent, store = setup(tmp_path, clock)
+    coord, sent, store = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2", "vm3"])
     answer(peers, "vm2", ready=True)
     answer(peers, "vm3", ready=False)
@@ -84,7 +86,7 @@ def test_leader_approves_once_when_everyone_is_ready(tmp_path, clock, peers):
 
 def test_ready_peers_are_not_asked_again(tmp_path, clock, peers):
     """Ready is final: a ready peer is asked once, a not-ready one at most once per poll interval."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2", "vm3"])
     answer(peers, "vm2", ready=True)
     answer(peers, "vm3", ready=False)
@@ -100,7 +102,7 @@ def test_ready_peers_are_not_asked_again(tmp_path, clock, peers):
 
 def test_non_leader_never_approves_while_the_leader_answers(tmp_path, clock, peers):
     """vm2 (rank 1) leaves approval to a reachable vm1, however long it waits."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2"])
     answer(peers, "vm1", ready=False)
     for _ in range(5):
@@ -111,7 +113,7 @@ def test_non_leader_never_approves_while_the_leader_answers(tmp_path, clock, pee
 
 def test_rank_1_takes_over_after_the_leader_is_unreachable_for_takeover_after(tmp_path, clock, peers):
     """vm1 down: vm2 approves only once vm1 has been unreachable for 60 s and vm3 is ready."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2", "vm3"])
     answer(peers, "vm1", status=0)
     answer(peers, "vm3", ready=True)
@@ -128,7 +130,7 @@ def test_rank_1_takes_over_after_the_leader_is_unreachable_for_takeover_after(tm
 def test_unreachable_peer_blocks_with_wait_and_is_ignored_after_peer_timeout(tmp_path, clock, peers):
     """unreachable_peers: wait never approves for a dead peer; ignore does after peer_timeout."""
     for policy, expected in (("wait", []), ("ignore", [["E1"]])):
-        coord, sent, _ = setup(tmp_path / policy, clock, unreachable_peers=policy, peer_timeout=120.0)
+        coord, sent, _ = make_coordinator(tmp_path / policy, clock, unreachable_peers=policy, peer_timeout=120.0)
         t = tracked(clock, ["vm1", "vm2"])
         answer(peers, "vm2", status=0)
         for _ in range(4):
@@ -140,7 +142,7 @@ def test_unreachable_peer_blocks_with_wait_and_is_ignored_after_peer_timeout(tmp
 
 def test_never_and_started_and_other_vms_events_are_not_approved(tmp_path, clock, peers):
     """No POST inside a `never` profile, for a Started event, or for an event not naming this VM."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     step(coord, tracked(clock, ["vm1"]), "vm1", profile=Profile(name="freeze", approval="never"))
     step(coord, tracked(clock, ["vm1"], status="Started", eid="E2"), "vm1")
     step(coord, tracked(clock, ["vm9"], eid="E3"), "vm1")
@@ -149,7 +151,7 @@ def test_never_and_started_and_other_vms_events_are_not_approved(tmp_path, clock
 
 def test_a_sent_approval_is_never_sent_again_after_restart(tmp_path, clock, peers):
     """The state store remembers `sent`: a new coordinator over it sends nothing."""
-    coord, sent, store = setup(tmp_path, clock)
+    coord, sent, store = make_coordinator(tmp_path, clock)
     step(coord, tracked(clock, ["vm1"]), "vm1")
     step(coord, tracked(clock, ["vm1"]), "vm1")
     assert sent == [["E1"]]
@@ -178,13 +180,13 @@ def test_failed_posts_are_retried_with_backoff_then_recorded(tmp_path, clock):
     step(coord, tracked(clock, ["vm1"]), "vm1")
     assert len(attempts) > 1
     assert store.result("E1", "approval")["status"] == "failed"
-    assert metrics.approvals.labels("failed")._value.get() == 1
+    assert sample(metrics, "maintd_approvals_total", outcome="failed") == 1
 
 
 def test_a_ready_hint_makes_the_leader_ask_again_at_once_and_approve_without_waiting_a_poll(tmp_path, clock, peers):
     """vm3 says it is ready: vm1 re-asks it in the same poll interval (checking, not trusting) and approves."""
     changes: list[int] = []
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     coord.on_change = lambda: changes.append(1)
     t = tracked(clock, ["vm1", "vm2", "vm3"])
     answer(peers, "vm2", ready=True)
@@ -201,11 +203,11 @@ def test_a_ready_hint_makes_the_leader_ask_again_at_once_and_approve_without_wai
 
 def test_a_ready_follower_pushes_to_the_leader_until_it_takes_it_and_then_never_again(tmp_path, clock, peers):
     """vm2 (rank 1) pushes its readiness once it is ready, retries a failed push later, stops after success."""
-    coord, _, _ = setup(tmp_path, clock)
+    coord, _, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2", "vm3"])
     answer(peers, "vm1", ready=False)
     push = f"{peer('vm1')}/v1/events/E1/peer-ready"
-    peers.post(push, status=503)
+    peers.add(responses.POST, push, status=503)
     step(coord, t, "vm2", pending=lambda t: ["checkpoint"])
     assert not [c for c in peers.calls if c.request.method == "POST"], "no push while still preparing"
     step(coord, t, "vm2")
@@ -222,7 +224,7 @@ def test_a_ready_follower_pushes_to_the_leader_until_it_takes_it_and_then_never_
 def test_many_events_ask_a_peer_one_request_at_a_time_and_peers_in_parallel(tmp_path, clock, peers):
     """Twenty events naming the same two peers: each peer gets one request at a time, no more
     threads ask than there are peers (not events x peers), and a slow peer does not delay the other."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     threads: dict[str, set[str]] = {"vm2": set(), "vm3": set()}
     active = {"vm2": 0, "vm3": 0}
     most = {"vm2": 0, "vm3": 0}

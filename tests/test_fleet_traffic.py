@@ -12,7 +12,8 @@ from agent.health.health_store import HealthStore
 from agent.metrics import Metrics
 from agent.coordination.peer_client import INVALID
 from agent.state.state_store import Store
-from tests.test_coordinator import answer, peer, setup, step, tracked, view
+from tests.test_coordinator import answer, make_coordinator, peer, step, tracked, view
+from tests.samples import sample
 
 VMS = [f"vm{i}" for i in range(1, 7)]
 
@@ -35,7 +36,7 @@ def run(coord, t, vm, clock, seconds: int, pending=lambda t: []) -> None:
 
 def test_the_leader_asks_a_slow_peer_with_backoff_not_every_second(tmp_path, clock, peers):
     """A peer preparing for two minutes is asked about a dozen times, not 120; nobody else polls it."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, VMS)
     for name in VMS[1:]:
         answer(peers, name, ready=name != "vm6")
@@ -47,11 +48,11 @@ def test_the_leader_asks_a_slow_peer_with_backoff_not_every_second(tmp_path, clo
 
 def test_a_follower_asks_only_the_leader_and_only_every_few_seconds(tmp_path, clock, peers):
     """vm4 (rank 3) watches the leader alone while it answers: no requests to vm2, vm3, vm5, vm6."""
-    coord, _, _ = setup(tmp_path, clock)
+    coord, _, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, VMS)
     for name in VMS:
         answer(peers, name, ready=False)
-    peers.post(f"{peer('vm1')}/v1/events/E1/peer-ready", json={"asked_again": True})
+    peers.add(responses.POST, f"{peer('vm1')}/v1/events/E1/peer-ready", json={"asked_again": True})
     run(coord, t, "vm4", clock, 60)
     assert [asks(peers, n) for n in ("vm2", "vm3", "vm5", "vm6")] == [0, 0, 0, 0]
     assert 10 <= asks(peers, "vm1") <= 15, "every liveness interval (takeover_after / 4, at most 5 s)"
@@ -60,10 +61,10 @@ def test_a_follower_asks_only_the_leader_and_only_every_few_seconds(tmp_path, cl
 
 def test_a_follower_takes_over_within_takeover_after_of_the_leaders_last_answer(tmp_path, clock, peers):
     """The leader answers, then dies: vm2 approves takeover_after (60 s) after its last answer, not later."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2"])
     answer(peers, "vm1", ready=True)
-    peers.post(f"{peer('vm1')}/v1/events/E1/peer-ready", json={})
+    peers.add(responses.POST, f"{peer('vm1')}/v1/events/E1/peer-ready", json={})
     run(coord, t, "vm2", clock, 10)
     last_answer = 5  # asked at 0 and 5; dead from 6 s on
     peers.replace(responses.GET, f"{peer('vm1')}/v1/events/E1", body=requests.ConnectionError("down"))
@@ -78,11 +79,11 @@ def test_a_follower_takes_over_within_takeover_after_of_the_leaders_last_answer(
 
 def test_a_follower_pushes_to_rank_1_once_the_leader_is_gone(tmp_path, clock, peers):
     """vm3 learns vm1 is unreachable and tells vm2, the next in the chain, that it is ready."""
-    coord, _, _ = setup(tmp_path, clock)
+    coord, _, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2", "vm3"])
     answer(peers, "vm1", status=0)
     answer(peers, "vm2", ready=False)
-    peers.post(f"{peer('vm2')}/v1/events/E1/peer-ready", json={"asked_again": True})
+    peers.add(responses.POST, f"{peer('vm2')}/v1/events/E1/peer-ready", json={"asked_again": True})
     run(coord, t, "vm3", clock, 5)
     assert coord.view("E1")["readiness_pushed_to"] == "vm2"
     assert coord.view("E1")["acting_leader"] == "vm2"
@@ -90,7 +91,7 @@ def test_a_follower_pushes_to_rank_1_once_the_leader_is_gone(tmp_path, clock, pe
 
 def test_a_flood_of_hints_makes_the_leader_ask_at_most_once_per_poll_interval(tmp_path, clock, peers):
     """Unauthenticated pushes cannot make the leader hammer a peer: 100 hints, one extra ask."""
-    coord, _, _ = setup(tmp_path, clock)
+    coord, _, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2"])
     answer(peers, "vm2", ready=False)
     step(coord, t, "vm1")
@@ -106,21 +107,21 @@ def test_a_flood_of_hints_makes_the_leader_ask_at_most_once_per_poll_interval(tm
                                   '{"ready": true' + " " * 300_000 + "}"])
 def test_a_garbage_answer_counts_as_not_ready_and_is_counted(tmp_path, clock, peers, body, logs):
     """A peer answering 200 with nonsense is never ready: no approval, outcome `invalid`, one log line."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2"])
-    peers.get(f"{peer('vm2')}/v1/events/E1", body=body, status=200)
+    peers.add(responses.GET, f"{peer('vm2')}/v1/events/E1", body=body, status=200)
     run(coord, t, "vm1", clock, 5)
     assert sent == []
-    assert coord.metrics.peer_requests.labels(INVALID)._value.get() >= 1
+    assert sample(coord.metrics, "maintd_peer_requests_total", outcome=INVALID) >= 1
     assert coord.view("E1")["peers"]["vm2"]["ready"] is False
     assert len([e for e in logs if e["event"] == "peer.invalid_answer"]) == 1
 
 
 def test_two_peers_at_one_address_never_lend_each_other_readiness(tmp_path, clock, peers, logs):
     """vm2 and vm3 given one URL (a peers-file copy-paste): vm3's agent answering ready does not make vm2 ready."""
-    coord, sent, _ = setup(tmp_path, clock, peers={"vm2": peer("vm3"), "vm3": peer("vm3")})
+    coord, sent, _ = make_coordinator(tmp_path, clock, peers={"vm2": peer("vm3"), "vm3": peer("vm3")})
     t = tracked(clock, ["vm1", "vm2", "vm3"])
-    peers.get(f"{peer('vm3')}/v1/events/E1", json=view("vm3", vm_name="VM3"))
+    peers.add(responses.GET, f"{peer('vm3')}/v1/events/E1", json=view("vm3", vm_name="VM3"))
     run(coord, t, "vm1", clock, 30)
     assert sent == []
     shown = coord.view("E1")["peers"]
@@ -131,16 +132,16 @@ def test_two_peers_at_one_address_never_lend_each_other_readiness(tmp_path, cloc
 
 def test_a_peer_answering_under_its_own_name_is_ready(tmp_path, clock, peers):
     """The name check compares without case, as Resources does: `VM2` answering for vm2 counts."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2"])
-    peers.get(f"{peer('vm2')}/v1/events/E1", json=view("vm2", vm_name="VM2"))
+    peers.add(responses.GET, f"{peer('vm2')}/v1/events/E1", json=view("vm2", vm_name="VM2"))
     run(coord, t, "vm1", clock, 3)
     assert sent == [["E1"]]
 
 
 def test_resource_names_that_are_not_host_names_get_no_request_and_no_token(tmp_path, clock, peers):
     """`127.0.0.1:19999/steal?x=` in Resources is never turned into an address: it stays unreachable."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     coord.client.token_reader = lambda: "secret"
     t = tracked(clock, ["vm1", "127.0.0.1:19999/steal?x=", "a/../b"])
     run(coord, t, "vm1", clock, 3)
@@ -150,7 +151,7 @@ def test_resource_names_that_are_not_host_names_get_no_request_and_no_token(tmp_
 
 def test_a_healthy_fleet_of_six_sends_one_post(tmp_path, clock, peers):
     """Every follower ready: the leader approves once, after one ask per peer."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, VMS)
     for name in VMS[1:]:
         answer(peers, name, ready=True)
@@ -167,8 +168,8 @@ def test_peers_file_problems_are_reported_in_health_and_a_fix_is_used_at_once(tm
     sent: list = []
     coord = Coordinator(CoordinationConfig(peers_file=str(path)), approve=sent.append, store=Store(tmp_path, clock),
                         clock=clock, metrics=Metrics(), health=health)
-    peers.get("http://old.invalid:1/v1/events/E1", body=requests.ConnectionError("down"))
-    peers.get("http://new.invalid:2/v1/events/E1", json=view("vm2"))
+    peers.add(responses.GET, "http://old.invalid:1/v1/events/E1", body=requests.ConnectionError("down"))
+    peers.add(responses.GET, "http://new.invalid:2/v1/events/E1", json=view("vm2"))
     t = tracked(clock, ["vm1", "vm2"])
     run(coord, t, "vm1", clock, 20)
     path.write_text("vm2: [broken\n")
@@ -187,7 +188,7 @@ def test_peers_file_problems_are_reported_in_health_and_a_fix_is_used_at_once(tm
 def test_a_leader_blip_starts_no_storm_but_a_long_outage_warms_the_next_leader(tmp_path, clock, peers):
     """vm2 sees the leader fail once: it asks nobody else. Only after half of takeover_after does it
     start asking the higher-ranked peers, so it knows who is ready when it takes over."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, VMS)
     answer(peers, "vm1", status=0)
     for name in VMS[2:]:
@@ -203,11 +204,11 @@ def test_a_leader_blip_starts_no_storm_but_a_long_outage_warms_the_next_leader(t
 
 def test_an_exception_nobody_foresaw_while_asking_is_not_ready_and_the_peer_is_asked_again(tmp_path, clock, peers):
     """Finding 7 for peers: a TypeError deep in the exchange is `invalid`, and the peer is not stuck in flight."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2"])
-    peers.get(f"{peer('vm2')}/v1/events/E1", body=TypeError("odd"))
+    peers.add(responses.GET, f"{peer('vm2')}/v1/events/E1", body=TypeError("odd"))
     run(coord, t, "vm1", clock, 3)
-    assert coord.metrics.peer_requests.labels(INVALID)._value.get() >= 2 and sent == []
+    assert sample(coord.metrics, "maintd_peer_requests_total", outcome=INVALID) >= 2 and sent == []
     peers.replace(responses.GET, f"{peer('vm2')}/v1/events/E1", json=view("vm2"))
     run(coord, t, "vm1", clock, 5)
     assert sent == [["E1"]]

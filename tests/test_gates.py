@@ -25,6 +25,7 @@ from agent.coordination.peer_client import PeerClient
 from agent.windows.approval_policy import Profile
 from agent.state.state_store import Store
 from tests.test_coordinator import peer, step, tracked
+from tests.samples import sample
 
 PROM = "http://prometheus.invalid:9090"
 
@@ -110,13 +111,13 @@ def checker(local=None, metrics=None):
 @responses.activate
 def test_prometheus_gate_blocks_on_firing_alerts_queries_and_failures():
     gate = Gates(prometheus=PrometheusGate(url=PROM, alerts=("Node.*",), query="up == 0"))
-    responses.get(f"{PROM}/api/v1/alerts", json={"data": {"alerts": [
+    responses.add(responses.GET, f"{PROM}/api/v1/alerts", json={"data": {"alerts": [
         {"labels": {"alertname": "NodeDown"}, "state": "firing"}]}})
     held = checker().check(gate, "E1", ["vm1"], "vm1", False)
     assert held and held.gate == "prometheus" and "NodeDown" in held.reason
 
     responses.replace(responses.GET, f"{PROM}/api/v1/alerts", json={"data": {"alerts": []}})
-    responses.get(f"{PROM}/api/v1/query", json={"data": {"result": [{"metric": {}, "value": [0, "1"]}]}})
+    responses.add(responses.GET, f"{PROM}/api/v1/query", json={"data": {"result": [{"metric": {}, "value": [0, "1"]}]}})
     assert "returned 1" in checker().check(gate, "E1", ["vm1"], "vm1", False).reason
 
     responses.replace(responses.GET, f"{PROM}/api/v1/query", json={"data": {"result": []}})
@@ -130,8 +131,8 @@ def test_prometheus_gate_blocks_on_firing_alerts_queries_and_failures():
 
 @responses.activate
 def test_fleet_gate_reads_every_peers_health():
-    responses.get(f"{peer('vm2')}/v1/health", json={"HealthEvents": [report("app", "db", "Error")]})
-    responses.get(f"{peer('vm3')}/v1/health", body=requests.ConnectionError("down"))
+    responses.add(responses.GET, f"{peer('vm2')}/v1/health", json={"HealthEvents": [report("app", "db", "Error")]})
+    responses.add(responses.GET, f"{peer('vm3')}/v1/health", body=requests.ConnectionError("down"))
     gates = Gates(fleet=FleetGate(max_percent_unhealthy=33))
     held = checker().check(gates, "E1", ["vm1", "vm2", "vm3"], "vm1", False)
     assert held and "vm2 (unhealthy)" in held.reason and "vm3 (unreachable)" in held.reason
@@ -148,7 +149,7 @@ def test_a_held_approval_is_visible_and_goes_out_once_the_gate_opens(tmp_path, c
     coord = Coordinator(CoordinationConfig(peer_url="http://{name}.peers.invalid:8088"), approve=sent.append,
                         store=Store(tmp_path, clock), clock=clock, metrics=metrics,
                         gates=Gates(prometheus=PrometheusGate(url=PROM, alerts=("NodeDown",))))
-    responses.get(f"{PROM}/api/v1/alerts", json={"data": {"alerts": [
+    responses.add(responses.GET, f"{PROM}/api/v1/alerts", json={"data": {"alerts": [
         {"labels": {"alertname": "NodeDown"}, "state": "firing"}]}})
     t = tracked(clock, ["vm1"])
     profile = Profile(name="default", approval="auto")
@@ -158,12 +159,12 @@ def test_a_held_approval_is_visible_and_goes_out_once_the_gate_opens(tmp_path, c
     assert view["approval_held"]["gate"] == "prometheus"
     assert any(e["event"] == "approval.held" for e in logs)
     step(coord, t, "vm1", profile=profile)
-    assert metrics.gate_blocked.labels("prometheus")._value.get() == 1
+    assert sample(metrics, "maintd_approval_gate_blocked", gate="prometheus") == 1
     responses.replace(responses.GET, f"{PROM}/api/v1/alerts", json={"data": {"alerts": []}})
     step(coord, t, "vm1", profile=profile)
     assert sent == [["E1"]] and coord.view("E1")["approval_held"] is None
     step(coord, t, "vm1", profile=profile)
-    assert metrics.gate_blocked.labels("prometheus")._value.get() == 0
+    assert sample(metrics, "maintd_approval_gate_blocked", gate="prometheus") == 0
 
 
 @responses.activate
@@ -171,7 +172,7 @@ def test_a_profile_without_gates_overrides_nothing_and_one_with_gates_replaces_t
     sent: list[list[str]] = []
     coord = Coordinator(CoordinationConfig(), approve=sent.append, store=Store(tmp_path, clock), clock=clock,
                         metrics=Metrics())
-    responses.get(f"{PROM}/api/v1/alerts", json={"data": {"alerts": [
+    responses.add(responses.GET, f"{PROM}/api/v1/alerts", json={"data": {"alerts": [
         {"labels": {"alertname": "Freeze"}, "state": "firing"}]}})
     strict = Profile(name="window", approval="auto", gates=Gates(prometheus=PrometheusGate(url=PROM, alerts=("Freeze",))))
     step(coord, tracked(clock, ["vm1"]), "vm1", profile=strict)
@@ -188,18 +189,18 @@ def test_a_profile_without_gates_overrides_nothing_and_one_with_gates_replaces_t
                                           ({"data": {"alerts": [{"state": "firing", "labels": []}]}},
                                            {"data": {"result": {"x": 1}}})])
 def test_an_odd_prometheus_answer_holds_is_counted_and_does_not_raise(alerts, query):
-    responses.get(f"{PROM}/api/v1/alerts", json=alerts)
-    responses.get(f"{PROM}/api/v1/query", json=query)
+    responses.add(responses.GET, f"{PROM}/api/v1/alerts", json=alerts)
+    responses.add(responses.GET, f"{PROM}/api/v1/query", json=query)
     metrics = Metrics()
     held = checker(metrics=metrics).check(Gates(prometheus=PrometheusGate(url=PROM, alerts=("X",), query="up")),
                                           "E1", ["vm1"], "vm1", False)
     assert held and held.gate == "prometheus"
-    assert metrics.gate_check_failures.labels("prometheus")._value.get() == 1
+    assert sample(metrics, "maintd_gate_check_failures_total", gate="prometheus") == 1
 
 
 @responses.activate
 def test_a_peer_health_state_that_is_a_list_makes_it_unhealthy_not_a_crash():
-    responses.get(f"{peer('vm2')}/v1/health", json={"HealthEvents": [{"SourceId": "app", "HealthState": ["Ok"]}]})
+    responses.add(responses.GET, f"{peer('vm2')}/v1/health", json={"HealthEvents": [{"SourceId": "app", "HealthState": ["Ok"]}]})
     held = checker().check(Gates(fleet=FleetGate(max_percent_unhealthy=0)), "E1", ["vm1", "vm2"], "vm1", False)
     assert held and "vm2 (unhealthy)" in held.reason
 
@@ -221,7 +222,7 @@ def test_a_gate_that_raises_holds_the_approval_and_is_asked_again_on_the_next_ti
     t = tracked(clock, ["vm1"])
     step(coord, t, "vm1")
     assert sent == [] and coord.view("E1")["approval_held"]["gate"] == "fleet"
-    assert metrics.gate_check_failures.labels("fleet")._value.get() == 1
+    assert sample(metrics, "maintd_gate_check_failures_total", gate="fleet") == 1
     assert any(e["event"] == "gate.check_failed" for e in logs)
     failing[0] = False
     step(coord, t, "vm1")

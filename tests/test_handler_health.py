@@ -114,12 +114,12 @@ def test_the_reports_put_the_vm_out_of_rotation_only_as_probe_fail_on_allows(mak
 
 # --- the Service Fabric push ---------------------------------------------------------------------
 
-@responses.activate(assert_all_requests_are_fired=True)
+@responses.activate
 def test_each_phase_is_pushed_to_service_fabric_with_the_client_certificate(make, clock):
     """POST /Nodes/{node}/$/ReportHealth?api-version=6.0&Immediate=true with a HealthInformation body,
     the client certificate and key, and the cluster CA; completed sends an Ok that removes itself."""
     for _ in range(3):
-        responses.post(REPORT, status=200, match=[QUERY])
+        responses.add(responses.POST, REPORT, status=200, match=[QUERY])
     h = make(f'{{name: report, type: health, phases: [scheduled, started, completed], started_state: Error, '
              f'cluster_url: "{SF}/", ttl: 30m, client_cert: /etc/maintd/sf.pem, client_key: /etc/maintd/sf.key, '
              'ca_cert: /etc/maintd/sf-ca.pem}')
@@ -129,6 +129,7 @@ def test_each_phase_is_pushed_to_service_fabric_with_the_client_certificate(make
     clock.advance(600)
     assert h.run(context(clock, "completed", outcome="canceled")).outcome == OK
     bodies = [json.loads(c.request.body) for c in responses.calls]
+    assert len(bodies) == 3, "one push per phase"
     seqs = [int(b.pop("SequenceNumber")) for b in bodies]
     ms = int(NOW.timestamp() * 1000)
     assert seqs[0] >= ms and seqs[1] >= ms + 60_000 and seqs[2] >= ms + 660_000 and seqs == sorted(set(seqs)), \
@@ -150,7 +151,7 @@ def test_each_phase_is_pushed_to_service_fabric_with_the_client_certificate(make
 @responses.activate
 def test_without_ttl_a_pushed_report_lasts_until_replaced(make, clock):
     """No ttl: no TimeToLive in the body, and RemoveWhenExpired false (it never expires)."""
-    responses.post(REPORT, status=200, match=[QUERY])
+    responses.add(responses.POST, REPORT, status=200, match=[QUERY])
     h = make(f'{{name: report, type: health, phases: [scheduled], cluster_url: "{SF}", client_cert: /etc/c.pem, '
              'verify: false}')
     assert h.run(context(clock)).outcome == OK
@@ -163,7 +164,7 @@ def test_without_ttl_a_pushed_report_lasts_until_replaced(make, clock):
 @responses.activate
 def test_node_name_overrides_the_vm_name_and_is_quoted(make, clock):
     """Service Fabric node names differ from VM names (`_nt1vm_0`); odd characters are escaped in the path."""
-    responses.post(f"{SF}/Nodes/_nt1vm_0%2Fa%20b/$/ReportHealth", status=200, match=[QUERY])
+    responses.add(responses.POST, f"{SF}/Nodes/_nt1vm_0%2Fa%20b/$/ReportHealth", status=200, match=[QUERY])
     h = make(f'{{name: report, type: health, phases: [scheduled], cluster_url: "{SF}", node_name: "_nt1vm_0/a b"}}')
     assert h.run(context(clock)).outcome == OK
 
@@ -171,7 +172,7 @@ def test_node_name_overrides_the_vm_name_and_is_quoted(make, clock):
 @responses.activate
 def test_sequence_numbers_keep_increasing_even_within_one_millisecond(make, clock):
     """Two reports at the same instant still get strictly increasing SequenceNumbers (SF refuses stale ones)."""
-    responses.post(REPORT, status=200)
+    responses.add(responses.POST, REPORT, status=200)
     h = make(f'{{name: report, type: health, phases: [scheduled, started], cluster_url: "{SF}"}}')
     h.run(context(clock))
     h.run(context(clock, "started"))
@@ -183,7 +184,7 @@ def test_sequence_numbers_keep_increasing_even_within_one_millisecond(make, cloc
 @responses.activate
 def test_a_refused_push_fails_the_run_but_keeps_the_local_report(make, clock):
     """403 from the cluster: failed with the answer, not retried; the local Warning stands."""
-    responses.post(REPORT, status=403, body='{"Error": {"Code": "FABRIC_E_UNAUTHORIZED"}}')
+    responses.add(responses.POST, REPORT, status=403, body='{"Error": {"Code": "FABRIC_E_UNAUTHORIZED"}}')
     h = make(f'{{name: report, type: health, phases: [scheduled], cluster_url: "{SF}"}}')
     result = h.run(context(clock))
     assert result.outcome == FAILED and len(responses.calls) == 1
@@ -195,8 +196,8 @@ def test_a_refused_push_fails_the_run_but_keeps_the_local_report(make, clock):
 @responses.activate
 def test_a_busy_cluster_is_retried(make, clock):
     """503 then 200: pushed on the second try, with the same SequenceNumber."""
-    responses.post(REPORT, status=503)
-    responses.post(REPORT, status=200)
+    responses.add(responses.POST, REPORT, status=503)
+    responses.add(responses.POST, REPORT, status=200)
     h = make(f'{{name: report, type: health, phases: [scheduled], cluster_url: "{SF}"}}')
     assert h.run(context(clock)).outcome == OK
     assert len({c.request.body for c in responses.calls}) == 1 and len(responses.calls) == 2
@@ -205,7 +206,7 @@ def test_a_busy_cluster_is_retried(make, clock):
 @responses.activate
 def test_an_unreachable_cluster_fails_after_three_tries_within_the_budget(make, clock):
     """Connection refused three times: failed, naming the error type; the waits fit the run's timeout."""
-    responses.post(REPORT, body=requests.ConnectionError("refused"))
+    responses.add(responses.POST, REPORT, body=requests.ConnectionError("refused"))
     h = make(f'{{name: report, type: health, phases: [completed], cluster_url: "{SF}"}}')
     t0 = clock.monotonic()
     result = h.run(context(clock, "completed", outcome="completed", timeout=10.0))

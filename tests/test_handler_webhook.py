@@ -62,10 +62,10 @@ def sent(i: int = -1) -> dict:
 
 # --- preset bodies -------------------------------------------------------------------------------
 
-@responses.activate(assert_all_requests_are_fired=True)
+@responses.activate
 def test_slack_posts_one_readable_line(make, clock):
     """The line names the type, the VM, NotBefore in UTC with a countdown, and who approved."""
-    responses.post(HOOK_URL, status=200, body="ok",
+    responses.add(responses.POST, HOOK_URL, status=200, body="ok",
                    match=[matchers.header_matcher({"Content-Type": "application/json",
                                                    "User-Agent": f"maintd/{__version__}"})])
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", preset: slack}}')
@@ -77,7 +77,7 @@ def test_slack_posts_one_readable_line(make, clock):
 @responses.activate
 def test_teams_posts_the_line_as_an_adaptive_card_message(make, clock):
     """Teams Workflows take Adaptive Cards only: the line is a TextBlock in a card attachment (and plain text)."""
-    responses.post(HOOK_URL, status=202)
+    responses.add(responses.POST, HOOK_URL, status=202)
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", preset: teams}}')
     assert h.run(context(clock, approved_by="vm-1")).outcome == OK
     line = "Reboot of vm-3 not before 14:05 UTC (in 9 min), approved by vm-1"
@@ -104,7 +104,7 @@ def test_teams_posts_the_line_as_an_adaptive_card_message(make, clock):
 @responses.activate
 def test_each_phase_has_its_own_wording(make, clock, phase, outcome, approved_by, description, line):
     """scheduled / started / completed (or canceled) read differently; no approver, no 'approved by'."""
-    responses.post(HOOK_URL, status=200)
+    responses.add(responses.POST, HOOK_URL, status=200)
     h = make(f'{{name: ops, type: webhook, phases: [{phase}], url: "{HOOK_URL}", preset: slack}}')
     assert h.run(context(clock, phase, description=description, outcome=outcome, approved_by=approved_by)).outcome == OK
     assert sent() == {"text": line}
@@ -116,7 +116,7 @@ def test_each_phase_has_its_own_wording(make, clock, phase, outcome, approved_by
 @responses.activate
 def test_the_countdown_reads_in_seconds_minutes_or_hours(make, clock, seconds_before, countdown):
     """Short waits in seconds, then minutes, then hours; a NotBefore already reached reads 'due now'."""
-    responses.post(HOOK_URL, status=200)
+    responses.add(responses.POST, HOOK_URL, status=200)
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", preset: slack}}')
     ctx = context(clock)
     ctx.clock = FakeClock(start=ctx.event.not_before - timedelta(seconds=seconds_before))
@@ -127,7 +127,7 @@ def test_the_countdown_reads_in_seconds_minutes_or_hours(make, clock, seconds_be
 @responses.activate
 def test_an_event_for_other_vms_names_them_not_this_one(make, clock):
     """With `scope: any`, an event that does not name this VM is reported for the VMs it does name."""
-    responses.post(HOOK_URL, status=200)
+    responses.add(responses.POST, HOOK_URL, status=200)
     h = make(f'{{name: ops, type: webhook, phases: [started], scope: any, url: "{HOOK_URL}", preset: slack}}')
     assert h.run(context(clock, "started", names_self=False, resources=("vm-7", "vm-8"))).outcome == OK
     assert sent() == {"text": "Reboot of vm-7, vm-8 has started"}
@@ -136,7 +136,7 @@ def test_an_event_for_other_vms_names_them_not_this_one(make, clock):
 @responses.activate
 def test_the_approver_is_read_from_the_state_store_when_this_vm_approved(make, clock):
     """When this VM sent the approval, the line says so (the coordinator's record is the source)."""
-    responses.post(HOOK_URL, status=200)
+    responses.add(responses.POST, HOOK_URL, status=200)
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", preset: slack}}')
     h.services.store.record(EVENT_ID, "approval", {"status": "sending", "by": "vm-3"})
     h.run(context(clock))
@@ -149,7 +149,7 @@ def test_the_approver_is_read_from_the_state_store_when_this_vm_approved(make, c
 @responses.activate
 def test_generic_posts_exactly_the_payload_hooks_get_on_stdin(make, clock):
     """The generic body is ctx.payload(): phase, VM, outcome and the event in IMDS field names."""
-    responses.post(HOOK_URL, status=204)
+    responses.add(responses.POST, HOOK_URL, status=204)
     h = make(f'{{name: ops, type: webhook, phases: [completed], url: "{HOOK_URL}"}}')
     ctx = context(clock, "completed", outcome="canceled")
     assert h.run(ctx).outcome == OK
@@ -162,7 +162,7 @@ def test_generic_posts_exactly_the_payload_hooks_get_on_stdin(make, clock):
 @responses.activate
 def test_a_json_template_stays_valid_json_whatever_the_event_says(make, clock):
     """Quotes, backslashes and newlines in a Description are escaped inside a JSON template."""
-    responses.post(HOOK_URL, status=200, match=[matchers.header_matcher({"Content-Type": "application/json",
+    responses.add(responses.POST, HOOK_URL, status=200, match=[matchers.header_matcher({"Content-Type": "application/json",
                                                                         "X-Team": "sre"})])
     h = make(f'{{name: t, type: webhook, phases: [scheduled], url: "{HOOK_URL}", headers: {{X-Team: sre}}, '
              'template: \'{{"id": "{event_id}", "vm": "{vm}", "why": "{description}", "msg": "{text}"}}\'}')
@@ -176,7 +176,7 @@ def test_a_json_template_stays_valid_json_whatever_the_event_says(make, clock):
 @responses.activate
 def test_a_text_template_is_sent_as_text(make, clock):
     """A template that is not JSON goes out as text/plain with the values as they are."""
-    responses.post(HOOK_URL, status=200,
+    responses.add(responses.POST, HOOK_URL, status=200,
                    match=[matchers.header_matcher({"Content-Type": "text/plain; charset=utf-8"})])
     h = make(f'{{name: t, type: webhook, phases: [scheduled], url: "{HOOK_URL}", '
              'template: "maintenance {event_type} on {resources} at {not_before} ({phase}): \\"{description}\\""}')
@@ -208,8 +208,8 @@ def test_url_file_is_read_at_every_run_so_a_rotated_url_is_used(make, clock, tmp
     """Rewrite the file between runs: the second POST goes to the new URL, no reload needed."""
     url_file = tmp_path / "slack-url"
     url_file.write_text(HOOK_URL + "\n")
-    responses.post(HOOK_URL, status=200)
-    responses.post(OTHER_URL, status=200)
+    responses.add(responses.POST, HOOK_URL, status=200)
+    responses.add(responses.POST, OTHER_URL, status=200)
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url_file: "{url_file}", preset: slack}}')
     assert h.run(context(clock)).outcome == OK
     url_file.write_text(OTHER_URL)
@@ -237,7 +237,7 @@ def test_secrets_never_reach_logs_or_results(make, clock, tmp_path, logs):
     """Connection errors quote the URL in their text; maintd logs and records only scheme://host."""
     url_file = tmp_path / "url"
     url_file.write_text(HOOK_URL)
-    responses.post(HOOK_URL, body=requests.ConnectionError(f"Max retries exceeded with url: {HOOK_URL}"))
+    responses.add(responses.POST, HOOK_URL, body=requests.ConnectionError(f"Max retries exceeded with url: {HOOK_URL}"))
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url_file: "{url_file}", retries: 1, '
              'headers: {Authorization: Bearer t0p-s3cret}}')
     result = h.run(context(clock))
@@ -255,7 +255,7 @@ def test_secrets_never_reach_logs_or_results(make, clock, tmp_path, logs):
 def test_503_is_retried_with_backoff_until_it_succeeds(make, clock):
     """Two 503s then 200: three POSTs, ok, and the clock shows the backoff waits (exponential, jittered)."""
     for status in (503, 503, 200):
-        responses.post(HOOK_URL, status=status)
+        responses.add(responses.POST, HOOK_URL, status=status)
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", preset: slack}}')
     t0 = clock.monotonic()
     result = h.run(context(clock))
@@ -268,7 +268,7 @@ def test_503_is_retried_with_backoff_until_it_succeeds(make, clock):
 @responses.activate
 def test_a_4xx_is_not_retried(make, clock, status):
     """A refused request stays refused: one POST, failed, with the answer's first words."""
-    responses.post(HOOK_URL, status=status, body="invalid_payload")
+    responses.add(responses.POST, HOOK_URL, status=status, body="invalid_payload")
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", preset: slack}}')
     result = h.run(context(clock))
     assert result.outcome == FAILED and len(responses.calls) == 1
@@ -279,9 +279,9 @@ def test_a_4xx_is_not_retried(make, clock, status):
 @responses.activate
 def test_a_redirect_is_not_followed_so_secret_headers_stay_with_the_configured_host(make, clock, status):
     """A 3xx naming another host would get the body and the custom headers: one POST, failed, named."""
-    responses.post(HOOK_URL, status=status, headers={"Location": "https://evil.example.invalid/collect"})
-    responses.post("https://evil.example.invalid/collect", status=200)
-    responses.get("https://evil.example.invalid/collect", status=200)
+    responses.add(responses.POST, HOOK_URL, status=status, headers={"Location": "https://evil.example.invalid/collect"})
+    responses.add(responses.POST, "https://evil.example.invalid/collect", status=200)
+    responses.add(responses.GET, "https://evil.example.invalid/collect", status=200)
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", preset: slack, '
              'headers: {X-Api-Key: s3cr3t}}')
     result = h.run(context(clock))
@@ -293,8 +293,8 @@ def test_a_redirect_is_not_followed_so_secret_headers_stay_with_the_configured_h
 @responses.activate
 def test_429_waits_as_long_as_retry_after_says(make, clock):
     """Slack's 429 carries Retry-After: the next try waits at least that long."""
-    responses.post(HOOK_URL, status=429, headers={"Retry-After": "7"})
-    responses.post(HOOK_URL, status=200)
+    responses.add(responses.POST, HOOK_URL, status=429, headers={"Retry-After": "7"})
+    responses.add(responses.POST, HOOK_URL, status=200)
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", preset: slack}}')
     t0 = clock.monotonic()
     assert h.run(context(clock)).outcome == OK
@@ -304,7 +304,7 @@ def test_429_waits_as_long_as_retry_after_says(make, clock):
 @responses.activate
 def test_retries_stop_after_the_configured_count(make, clock):
     """retries: 2 means three POSTs at most; the last answer is the result."""
-    responses.post(HOOK_URL, status=502, body="bad gateway")
+    responses.add(responses.POST, HOOK_URL, status=502, body="bad gateway")
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", retries: 2}}')
     result = h.run(context(clock))
     assert len(responses.calls) == 3
@@ -314,7 +314,7 @@ def test_retries_stop_after_the_configured_count(make, clock):
 @responses.activate
 def test_retries_never_outlast_the_handlers_timeout(make, clock):
     """Against an endpoint that always answers 503, 20 retries end inside a 4 s budget, waits included."""
-    responses.post(HOOK_URL, status=503)
+    responses.add(responses.POST, HOOK_URL, status=503)
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", retries: 20}}')
     t0 = clock.monotonic()
     result = h.run(context(clock, timeout=4.0))
@@ -328,8 +328,8 @@ def test_retries_never_outlast_the_handlers_timeout(make, clock):
 @responses.activate
 def test_a_request_timeout_is_retried_and_reported(make, clock):
     """A read timeout counts as transient; each request gets `request_timeout`, capped by the time left."""
-    responses.post(HOOK_URL, body=requests.exceptions.ReadTimeout("read timed out"))
-    responses.post(HOOK_URL, body=requests.exceptions.ReadTimeout("read timed out"))
+    responses.add(responses.POST, HOOK_URL, body=requests.exceptions.ReadTimeout("read timed out"))
+    responses.add(responses.POST, HOOK_URL, body=requests.exceptions.ReadTimeout("read timed out"))
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", retries: 1, '
              'request_timeout: 2s}')
     result = h.run(context(clock))
@@ -340,7 +340,7 @@ def test_a_request_timeout_is_retried_and_reported(make, clock):
 @responses.activate
 def test_a_tls_failure_is_not_retried(make, clock):
     """A certificate that does not verify will not verify on the next try either."""
-    responses.post(HOOK_URL, body=requests.exceptions.SSLError("certificate verify failed"))
+    responses.add(responses.POST, HOOK_URL, body=requests.exceptions.SSLError("certificate verify failed"))
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}"}}')
     assert h.run(context(clock)).detail == "https://hooks.example.invalid: SSLError"
     assert len(responses.calls) == 1
@@ -352,7 +352,7 @@ def test_webhooks_go_through_the_proxy_from_the_environment(make, clock, monkeyp
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example.invalid:3128")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    responses.post(HOOK_URL, status=200)
+    responses.add(responses.POST, HOOK_URL, status=200)
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}"}}')
     assert h.run(context(clock)).outcome == OK
     assert responses.calls[0].request.req_kwargs["proxies"].get("https") == "http://proxy.example.invalid:3128"

@@ -18,6 +18,7 @@ from agent.loop.cadence import next_poll_delay
 from agent.imds.imds_client import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult, parse_retry_after
 from agent.metrics import Metrics
 from tests.imds_server import FakeImds, Raw
+from tests.samples import sample
 
 SE = "/metadata/scheduledevents"
 DOC = {"DocumentIncarnation": 1, "Events": []}
@@ -41,7 +42,7 @@ def client(imds, clock):
 
 
 def count(client, code, endpoint="scheduledevents"):
-    return client.metrics.imds_requests.labels(endpoint, code)._value.get()
+    return sample(client.metrics, "maintd_imds_requests_total", endpoint=endpoint, code=code)
 
 
 def test_poll_sends_metadata_header_and_api_version(imds, client):
@@ -141,7 +142,7 @@ def test_malformed_json_is_unavailable_and_counted(imds, client):
     imds.get(SE, body='{"DocumentIncarnation": 1, "Ev')
     with pytest.raises(ImdsUnavailable, match="malformed"):
         client.get_document()
-    assert client.metrics.documents_malformed._value.get() == 1
+    assert sample(client.metrics, "maintd_documents_malformed_total") == 1
 
 
 def test_etag_is_sent_back_and_304_means_unchanged(imds, client):
@@ -291,7 +292,7 @@ def test_deep_nesting_fails_the_poll_and_the_next_good_answer_is_read(imds, clie
     imds.get(SE, json={**DOC, "DocumentIncarnation": 3})
     with pytest.raises(ImdsUnavailable, match="malformed"):
         client.get_document()
-    assert client.metrics.documents_malformed._value.get() == 1
+    assert sample(client.metrics, "maintd_documents_malformed_total") == 1
     assert client.get_document().document.incarnation == 3
 
 

@@ -120,3 +120,34 @@ def test_deb_builds_and_installs_in_a_clean_debian_12_root():
     install = subprocess.run([str(ROOT / "packaging/test-install.sh")], cwd=ROOT, capture_output=True, text=True)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
     assert "done: prepared, approved" in install.stdout
+
+
+@pytest.mark.package
+@pytest.mark.skipif(not CAN_INSTALL, reason="needs root and debootstrap (.ci/run installs it)")
+def test_the_unit_and_fault_tests_pass_on_debian_12s_libraries():
+    """packaging/test-debian.sh: Debian's pytest runs the suite (less e2e/) on exactly what the .deb depends on."""
+    build = subprocess.run([str(ROOT / "packaging/build.sh"), "deb"], cwd=ROOT, capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout + build.stderr
+    run = subprocess.run([str(ROOT / "packaging/test-debian.sh")], cwd=ROOT, capture_output=True, text=True)
+    failures = "\n".join(line for line in run.stdout.splitlines() if line.startswith(("FAILED", "ERROR")))
+    assert run.returncode == 0, (failures or run.stdout[-3000:]) + run.stderr[-3000:]
+    assert re.search(r"\d+ passed", run.stdout.splitlines()[-1]), run.stdout[-500:]
+    proven = dict(re.findall(r"^python3-(\S+)\t(\d+(?:\.\d+)*)", run.stdout, re.M))
+    assert {name: proven[name] for name in debian_bounds()} == debian_bounds(), "the bounds are what ran"
+
+
+def debian_bounds() -> dict[str, str]:
+    """pyproject.toml's lower bounds by Debian package name (python3-NAME), runtime and test dependencies."""
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    debian_name = {"PyYAML": "yaml", "python-dateutil": "dateutil"}
+    return {debian_name.get(name, name): version for d in project["dependencies"] + project["optional-dependencies"]["test"]
+            for name, version in [re.fullmatch(r"([\w-]+)>=([\d.]+)", d).groups()]}
+
+
+def test_lower_bounds_are_what_the_deb_depends_on():
+    """pyproject.toml's runtime lower bounds and the .deb's Depends are one list."""
+    nfpm = yaml.safe_load((ROOT / "packaging/nfpm.yaml").read_text())
+    depends = dict(re.fullmatch(r"python3-([\w-]+) \(>= ([\d.]+)\)", d).groups() for d in nfpm["depends"][1:])
+    assert {k: v for k, v in debian_bounds().items() if k not in ("pytest", "responses", "hypothesis")} == depends
+

@@ -22,7 +22,7 @@ from agent.handlers.registry import instantiate
 from agent.metrics import Metrics
 from agent.coordination.peer_client import INVALID, NOT_READY, READY, UNREACHABLE, PeerClient, readiness
 from agent.state.state_store import Store
-from tests.test_coordinator import peer, setup, step, tracked, view
+from tests.test_coordinator import make_coordinator, peer, step, tracked, view
 from tests.test_handler_webhook import context
 
 TIMEOUT = 1.0
@@ -230,11 +230,11 @@ def peers():
 
 def test_a_leader_answering_503_to_every_ask_is_never_taken_over(tmp_path, clock, peers):
     """vm1 busy (503 to everything) for 10 minutes: vm2 never takes over, vm3 being ready or not."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2", "vm3"])
-    peers.get(f"{peer('vm1')}/v1/events/E1", status=503, body="busy")
-    peers.post(f"{peer('vm1')}/v1/events/E1/peer-ready", status=503, body="busy")
-    peers.get(f"{peer('vm3')}/v1/events/E1", json=view("vm3"))
+    peers.add(responses.GET, f"{peer('vm1')}/v1/events/E1", status=503, body="busy")
+    peers.add(responses.POST, f"{peer('vm1')}/v1/events/E1/peer-ready", status=503, body="busy")
+    peers.add(responses.GET, f"{peer('vm3')}/v1/events/E1", json=view("vm3"))
     for _ in range(600):
         step(coord, t, "vm2")
         clock.advance(1)
@@ -245,10 +245,10 @@ def test_a_leader_answering_503_to_every_ask_is_never_taken_over(tmp_path, clock
 
 def test_a_leader_that_falls_silent_is_still_taken_over(tmp_path, clock, peers):
     """Silence (connection refused) past takeover_after still hands approval to rank 1."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2", "vm3"])
-    peers.get(f"{peer('vm1')}/v1/events/E1", body=ConnectionRefusedError("refused"))
-    peers.get(f"{peer('vm3')}/v1/events/E1", json=view("vm3"))
+    peers.add(responses.GET, f"{peer('vm1')}/v1/events/E1", body=ConnectionRefusedError("refused"))
+    peers.add(responses.GET, f"{peer('vm3')}/v1/events/E1", json=view("vm3"))
     for _ in range(70):
         step(coord, t, "vm2")
         clock.advance(1)
@@ -275,9 +275,9 @@ def test_readiness_needs_ready_named_and_at_rank():
 
 def test_the_leader_waits_for_a_peer_whose_view_does_not_name_it(tmp_path, clock, peers):
     """vm2 answers ready from a view without itself in the event: vm1 never approves on that word."""
-    coord, sent, _ = setup(tmp_path, clock)
+    coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2"])
-    peers.get(f"{peer('vm2')}/v1/events/E1", json={"ready": True, "names_self": False, "rank": None})
+    peers.add(responses.GET, f"{peer('vm2')}/v1/events/E1", json={"ready": True, "names_self": False, "rank": None})
     for _ in range(30):
         step(coord, t, "vm1")
         clock.advance(1)

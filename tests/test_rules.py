@@ -19,6 +19,7 @@ from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import Metrics
 from agent.health.health_rules import RuleSpec, RuleState, aggregate, compare, describe, evaluate
 from agent.health.sampling import RuleEngine, SystemSampler
+from tests.samples import sample
 
 OK, W, E = HealthState.OK, HealthState.WARNING, HealthState.ERROR
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)  # FakeClock's start
@@ -274,7 +275,7 @@ def test_sampler_failures_turn_warning_after_three_counted_and_logged_once(clock
     eng, health = engine(clock, rule(time_grain=60.0), sampler=sampler)
     run(eng, clock, 21)  # samples at 0, 10, 20 s
     assert report(health) == (W, "cannot sample cpu_percent since 00:00:00Z: boom")
-    assert eng.metrics.rule_sample_failures._value.get() == 3
+    assert sample(eng.metrics, "maintd_rule_sample_failures_total") == 3
     assert len(events(logs, "rule.sample_failed")) == 1, "logged once per streak"
     sampler.fail = None
     run(eng, clock, 10)
@@ -298,7 +299,7 @@ def test_any_exception_and_a_non_finite_number_count_as_failures(clock, failure)
     sampler.fail = failure
     eng, health = engine(clock, rule(), sampler=sampler)
     run(eng, clock, 21)
-    assert report(health)[0] == W and eng.metrics.rule_sample_failures._value.get() == 3
+    assert report(health)[0] == W and sample(eng.metrics, "maintd_rule_sample_failures_total") == 3
 
 
 def test_a_triggered_rule_that_cannot_sample_keeps_its_worse_state(clock):

@@ -175,9 +175,13 @@ class Reporter:
     def state_loaded(self, store: Store) -> LoadReport:
         """Load the state file; a bad one is reported (and was moved aside by the store)."""
         report = store.load()
+        for aside in report.journal_aside:
+            self.log.warning("journal.newer_format", moved_aside=aside, hint="written by a newer maintd; "
+                             "kept for it, never appended to here; a new journal file is started")
         if report.problem:
             self.metrics.state_load_failures.inc()
-            self.log.error("state.corrupt" if report.moved_aside else "state.unreadable", problem=report.problem,
+            self.log.error("state.newer_format" if report.newer_format else
+                           "state.corrupt" if report.moved_aside else "state.unreadable", problem=report.problem,
                            moved_aside=report.moved_aside, path=str(store.path))
             self.health.set("state", "load", HealthState.WARNING, f"{report.problem}; started fresh"
                             + (f" (old file kept at {report.moved_aside})" if report.moved_aside else ""))

@@ -3,11 +3,14 @@ could write, read a file without following links, check a state object's shape, 
 file aside, and replace the file atomically (`mkstemp`, fsync, rename, fsync of the directory).
 
 `read_state` never raises for a bad file: what cannot be used is moved aside (`state.json.corrupt-*`)
-and reported, so maintd starts fresh instead of dying at every restart.
+and reported, so maintd starts fresh instead of dying at every restart. A file of a newer format than
+`STATE_FORMAT` (written by a newer maintd, then downgraded) is moved aside the same way
+(`state.json.format-N-*`), untouched, for that newer maintd to read again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import stat
@@ -23,6 +26,10 @@ from agent.errors import StateError
 from agent.model.events import parse_event
 
 STATE_FILE = "state.json"
+STATE_FORMAT = 1
+"""The layout of state.json this maintd reads and writes (see `agent.state.state_store`). Bump it, and teach
+`read_state` to convert the older layouts, when the layout changes. A file from before the `format`
+field says `"version": 1` instead: that is format 1."""
 MAX_STATE_BYTES = 64 * 1024 * 1024
 """Largest state file read back (a week of events with hook output tails is well under 10 MB)."""
 
@@ -42,6 +49,17 @@ class LoadReport:
     events: int
     moved_aside: str | None = None
     problem: str | None = None
+    newer_format: bool = False
+    journal_aside: tuple[str, ...] = ()
+    """Journal files of a newer format, moved aside (see `agent.state.journal.set_aside_newer`)."""
+
+
+def file_format(data: Any) -> int:
+    """The format a state object says it is (`format`, or `version` before that field existed)."""
+    value = data.get("format", data.get("version", 1)) if isinstance(data, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"format is not a positive integer: {value!r}")
+    return value
 
 
 def check_dir(directory: str | os.PathLike[str]) -> None:
@@ -117,6 +135,10 @@ def read_state(path: Path, clock: Clock) -> tuple[dict[str, Any] | None, LoadRep
             pass
     try:
         data = jsonsafe.loads(read_file(path, MAX_STATE_BYTES), max_bytes=MAX_STATE_BYTES)
+        if (found := file_format(data)) > STATE_FORMAT:
+            report = _set_aside(path, clock, f"{path} is format {found}, newer than the {STATE_FORMAT} this maintd "
+                                             "reads (written by a newer maintd)", f"format-{found}")
+            return None, dataclasses.replace(report, newer_format=True)
         check_shape(data)
     except FileNotFoundError:
         return None, LoadReport(0)
@@ -127,20 +149,28 @@ def read_state(path: Path, clock: Clock) -> tuple[dict[str, Any] | None, LoadRep
         return None, _set_aside(path, clock, f"corrupt state file: {exc}")
     data.setdefault("results", {})
     data.setdefault("flags", {})
+    data.pop("version", None)  # format 1 as written before the `format` field
+    data["format"] = STATE_FORMAT
     return data, LoadReport(len(data["events"]))
 
 
-def _set_aside(path: Path, clock: Clock, problem: str) -> LoadReport:
+def set_aside(path: Path, clock: Clock, label: str) -> str:
+    """Rename `path` to `<path>.<label>-<UTC stamp>` (a free name) and return it; OSError as is."""
     stamp = clock.now().strftime("%Y%m%dT%H%M%SZ")
     for n in range(100):
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}" + (f"-{n}" if n else ""))
+        aside = path.with_name(f"{path.name}.{label}-{stamp}" + (f"-{n}" if n else ""))
         if not os.path.lexists(aside):
             break
+    os.rename(path, aside)
+    return str(aside)
+
+
+def _set_aside(path: Path, clock: Clock, problem: str, label: str = "corrupt") -> LoadReport:
     try:
-        os.rename(path, aside)
+        aside = set_aside(path, clock, label)
     except OSError as exc:
         return LoadReport(0, problem=f"{problem}; cannot move it aside: {exc.strerror or exc}")
-    return LoadReport(0, moved_aside=str(aside), problem=problem)
+    return LoadReport(0, moved_aside=aside, problem=problem)
 
 
 def replace_file(path: Path, payload: bytes) -> None:

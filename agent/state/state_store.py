@@ -21,8 +21,8 @@ JSON, too deep, the wrong shape, a directory, a symlink, unreadable) is moved as
 atomic replacement) is `statefile`'s job, the journal's files `journal`'s: this module keeps the
 in-memory copy, the locks and the generations.
 
-Layout of state.json (version 1):
-    {"version": 1,
+Layout of state.json (format 1, `statefile.STATE_FORMAT`; files from before the field say "version": 1):
+    {"format": 1,
      "events":  {EventId: {"event": {...IMDS fields}, "names_self", "first_seen", "boot_id",
                            "seen_started", "history": [{"kind", "at", "status", "outcome"}],
                            "vanished_at", "outcome"}},
@@ -32,6 +32,7 @@ Layout of state.json (version 1):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -42,11 +43,9 @@ from typing import Any
 from agent.clock import Clock
 from agent.errors import StateError
 from agent.model.events import parse_event
-from agent.state.journal import JOURNAL_FILE, append as append_journal
-from agent.state.state_file import STATE_FILE, LoadReport, iso, parse_iso, read_state, replace_file
+from agent.state.journal import JOURNAL_FILE, append as append_journal, set_aside_newer
+from agent.state.state_file import STATE_FILE, STATE_FORMAT, LoadReport, iso, parse_iso, read_state, replace_file
 from agent.model.tracker import Tracked, Transition
-
-_VERSION = 1
 
 class Store:
     """Thread-safe state store; worker threads record handler results through it."""
@@ -63,7 +62,7 @@ class Store:
         self._lock = threading.Lock()  # the in-memory state; never held across file I/O
         self._io = threading.Lock()  # one writer at a time (state file and journal)
         self._writer_done = threading.Condition(self._lock)
-        self._data: dict[str, Any] = {"version": _VERSION, "events": {}, "results": {}, "flags": {}}
+        self._data: dict[str, Any] = {"format": STATE_FORMAT, "events": {}, "results": {}, "flags": {}}
         self._generation = 0  # bumped by every change
         self._saved = 0  # the generation on disk
         self._lines: list[str] = []  # journal lines not yet appended
@@ -76,12 +75,13 @@ class Store:
     # --- loading ------------------------------------------------------------------------
 
     def load(self) -> LoadReport:
-        """Read state.json; an unusable one is moved aside and the store starts empty."""
+        """Read state.json; an unusable one (or a newer format's) is moved aside and the store starts empty.
+        Journal files of a newer format are moved aside too."""
         data, report = read_state(self.path, self.clock)
         if data is not None:
             with self._lock:
                 self._data = data
-        return report
+        return dataclasses.replace(report, journal_aside=set_aside_newer(self.dir, self.clock, self.journal_keep))
 
     # --- saving -------------------------------------------------------------------------
 
