@@ -35,6 +35,7 @@ from agent.windows.approval_policy import Decision, Profile, decide
 from agent.retry import retrying as retrying_on
 from agent.state.state_store import Store
 from agent.model.tracker import Tracked
+from agent.model.events import SCHEDULED
 
 APPROVAL_KEY = "approval"
 RETRY_FAILED_AFTER = 10.0
@@ -143,7 +144,7 @@ class Coordinator:
             others = [r for r in t.event.resources if r.casefold() != me]
             lower, higher = others[:rank], others[rank:]
             pending = local_pending(t) if mode in ("auto", "manual") else []
-            if t.event.status == "Scheduled" and mode in ("auto", "immediate") and not self._sent(event_id):
+            if t.event.status == SCHEDULED and mode in ("auto", "immediate") and not self._sent(event_id):
                 self.peers.run(event_id, state.exchange, vm_name, lower, higher, mode == "auto", not pending, now)
             peers = state.exchange.peers
             reachable = lower_reachable(lower, peers, now, s.takeover_after)

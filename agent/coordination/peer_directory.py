@@ -17,6 +17,7 @@ from agent.coordination.coordination_rules import PeerState
 from agent.health.health_store import HealthState, HealthStore
 from agent.coordination.peers_file import PeersFile
 from agent.model.tracker import Tracked
+from agent.model.events import SCHEDULED
 
 SHOWN_PEERS = 50
 """Peers listed per event in views (counts cover all of them)."""
@@ -80,7 +81,7 @@ class PeerDirectory:
         """For `maintd status`: the sources, and each peer of every pending event naming this VM (URL, how, answer)."""
         events: dict[str, dict[str, str]] = {}
         for event_id, t in list(tracked.items()):
-            if t.event.status != "Scheduled" or vm_name is None or t.event.rank(vm_name) is None:
+            if t.event.status != SCHEDULED or vm_name is None or t.event.rank(vm_name) is None:
                 continue
             peers = known.get(event_id, {})
             names = [r for r in t.event.resources if r.casefold() != vm_name.casefold()]

@@ -38,6 +38,7 @@ from agent.model.config_schema import choice, duration, integer, mapping_of, opt
 from agent.errors import ConfigValueError
 from agent.handlers.base import FAILED, OK, Context, Handler, Result
 from agent.retry import retrying
+from agent.model.outcomes import PHASE_SCHEDULED, PHASE_STARTED
 
 TEMPLATE_FIELDS = ("event_id", "event_type", "status", "vm", "resources", "not_before", "phase", "description",
                    "source", "duration_seconds", "outcome", "approved_by", "text")
@@ -109,18 +110,18 @@ def readable(ctx: Context, now: datetime, approved_by: str | None) -> str:
     """One line for people: what, which VM(s), when, who approved."""
     e = ctx.event
     who = f"{e.event_type} of {ctx.vm_name if ctx.names_self and ctx.vm_name else ', '.join(e.resources)}"
-    if ctx.phase == "scheduled":
+    if ctx.phase == PHASE_SCHEDULED:
         when = ""
         if e.not_before is not None:
             when = f" not before {e.not_before:%H:%M} UTC ({_span((e.not_before - now).total_seconds())})"
         line = f"{who}{when}"
-    elif ctx.phase == "started":
+    elif ctx.phase == PHASE_STARTED:
         line = f"{who} has started"
     else:
         line = f"{who} was canceled" if ctx.outcome == "canceled" else f"{who} is over"
     if approved_by:
         line += f", approved by {approved_by}"
-    if e.description and ctx.phase == "scheduled":
+    if e.description and ctx.phase == PHASE_SCHEDULED:
         line += f" — {e.description}"
     return line
 

@@ -25,6 +25,7 @@ from agent.prepare.handler_runner import Runner
 from agent.http.routes import ApiError, token_ok
 from agent.state.state_store import Store
 from agent.model.tracker import Tracked
+from agent.model.events import SCHEDULED
 
 
 def _iso(dt: datetime | None) -> str | None:
@@ -105,7 +106,7 @@ class LocalApi:
             "events": len(lv.tracked),
             "events_naming_this_vm": sum(1 for t in lv.tracked.values() if t.names_self),
             "not_ready": {eid: why for eid, t in lv.tracked.items()
-                          if t.names_self and t.event.status == "Scheduled" and (why := self.runner.not_ready(t))},
+                          if t.names_self and t.event.status == SCHEDULED and (why := self.runner.not_ready(t))},
             "state": {"dir": str(self.store.dir), "unsaved_changes": self.store.dirty,
                       "write_error": self.store.write_error},
             "profile": lv.profile.name, "profile_approval": lv.profile.approval,
@@ -115,7 +116,7 @@ class LocalApi:
 
     def _ready(self, tracked: Tracked | None) -> bool:
         """Whether this VM has finished preparing for the event (every scheduled handler settled)."""
-        return tracked is not None and tracked.event.status == "Scheduled" and self.runner.is_ready(tracked)
+        return tracked is not None and tracked.event.status == SCHEDULED and self.runner.is_ready(tracked)
 
     def event(self, event_id: str) -> dict[str, Any] | None:
         lv = self.view()
@@ -140,7 +141,7 @@ class LocalApi:
             "rank": rank,
             "first_seen": first_seen,
             "ready": self._ready(tracked),
-            "not_ready": self.runner.not_ready(tracked) if tracked is not None and tracked.event.status == "Scheduled" else [],
+            "not_ready": self.runner.not_ready(tracked) if tracked is not None and tracked.event.status == SCHEDULED else [],
             "results": self.store.results(event_id),
             "history": (record or {}).get("history", []),
             "outcome": (record or {}).get("outcome"),
@@ -173,7 +174,7 @@ class LocalApi:
         tracked = self.view().tracked.get(event_id)
         if tracked is None:
             raise ApiError(404, f"no current event {event_id}")
-        if tracked.event.status != "Scheduled":
+        if tracked.event.status != SCHEDULED:
             raise ApiError(409, f"event {event_id} is {tracked.event.status}; only Scheduled events can be approved")
         self.store.record(event_id, "manual_approval", {"at": self.clock.now().isoformat(), "by": by},
                           journal="approval.manual")

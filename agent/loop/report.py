@@ -13,7 +13,7 @@ from agent import logs
 from agent.clock import Clock
 from agent.config.config import ImdsConfig
 from agent.errors import ImdsError, ImdsRequestRejected
-from agent.model.events import Document
+from agent.model.events import KNOWN_STATUSES, SCHEDULED, Document
 from agent.handlers.base import FAILED, OK, TIMED_OUT, Result
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import Metrics
@@ -27,7 +27,7 @@ def next_maintenance(tracked: Iterable[Tracked]) -> dict[str, datetime]:
     out: dict[str, datetime] = {}
     for t in tracked:
         nb = t.event.not_before
-        if t.names_self and t.event.status == "Scheduled" and nb is not None:
+        if t.names_self and t.event.status == SCHEDULED and nb is not None:
             label = t.event.type_label
             out[label] = min(out.get(label, nb), nb)
     return out
@@ -148,7 +148,7 @@ class Reporter:
         self.metrics.events.clear()
         counts: dict[tuple[str, str, str], int] = {}
         for t in tracked.values():
-            key = (t.event.type_label, t.event.status if t.event.status in ("Scheduled", "Started") else "Other",
+            key = (t.event.type_label, t.event.status if t.event.status in KNOWN_STATUSES else "Other",
                    "self" if t.names_self else "other")
             counts[key] = counts.get(key, 0) + 1
         for key, n in counts.items():

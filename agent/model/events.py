@@ -31,7 +31,10 @@ from agent.errors import DocumentError
 
 
 KNOWN_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
-KNOWN_STATUSES = ("Scheduled", "Started")
+SCHEDULED = "Scheduled"
+STARTED = "Started"
+KNOWN_STATUSES = (SCHEDULED, STARTED)
+"""Every EventStatus IMDS documents; compare with these names, never with the literals."""
 _LIVE_MIGRATION = re.compile(r"live[ -]?migration", re.IGNORECASE)
 MAX_EVENTS = 10_000
 """Most events read from one document (ten times the largest benchmarked); more is a malformed document."""

@@ -3,7 +3,9 @@ and the views show — defined once, importing nothing."""
 
 from __future__ import annotations
 
-PHASES = ("scheduled", "started", "completed")
+PHASE_SCHEDULED, PHASE_STARTED, PHASE_COMPLETED = "scheduled", "started", "completed"
+PHASES = (PHASE_SCHEDULED, PHASE_STARTED, PHASE_COMPLETED)
+"""Handler phases: an event appeared Scheduled, turned Started, left the document."""
 OK, FAILED, TIMED_OUT, SKIPPED, CANCELED = "ok", "failed", "timed_out", "skipped", "canceled"
 OUTCOMES = (OK, FAILED, TIMED_OUT, SKIPPED, CANCELED)
 """Final outcomes of a run (`canceled`: cut short because its event left the document)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Mapping
 
-from agent.model.events import Document, Event
+from agent.model.events import STARTED, Document, Event
 
 APPEARED = "appeared"
 STATUS_CHANGED = "status_changed"
@@ -48,7 +48,7 @@ class Transition:
 
 
 def _vanish_outcome(t: Tracked, boot_id: str, now: datetime) -> str:
-    if t.seen_started or t.event.status == "Started":
+    if t.seen_started or t.event.status == STARTED:
         return COMPLETED
     if t.names_self and boot_id and t.boot_id and boot_id != t.boot_id:
         return COMPLETED
@@ -76,10 +76,10 @@ def diff(
         names_self = event.names(vm_name)
         before = previous.get(event.event_id)
         if before is None:
-            current[event.event_id] = Tracked(event, names_self, now, boot_id, event.status == "Started")
+            current[event.event_id] = Tracked(event, names_self, now, boot_id, event.status == STARTED)
             transitions.append(Transition(APPEARED, event, names_self, now))
             continue
-        seen_started = before.seen_started or event.status == "Started"
+        seen_started = before.seen_started or event.status == STARTED
         if before.event == event and before.seen_started == seen_started:
             current[event.event_id] = before  # the common case, every poll: nothing new about this event
         else:

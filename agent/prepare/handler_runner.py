@@ -23,10 +23,11 @@ from typing import Any, Callable
 
 from agent import logs
 from agent.errors import StateError
-from agent.model.events import Event, parse_event
+from agent.model.events import SCHEDULED, STARTED, Event, parse_event
 from agent.handlers.base import Context, Handler, Result, Services, Settings
 from agent.lanes import Lanes
-from agent.model.outcomes import CANCELED, FAILED, INTERRUPTED, OK, RUNNING, SKIPPED
+from agent.model.outcomes import (CANCELED, FAILED, INTERRUPTED, OK, PHASE_COMPLETED, PHASE_SCHEDULED, PHASE_STARTED, RUNNING,
+                                  SKIPPED)
 from agent.windows.approval_policy import Profile, phase_for
 from agent.prepare.run_records import attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
 from agent.model.tracker import Tracked, Transition
@@ -45,7 +46,7 @@ def result_key(handler: str, phase: str) -> str:
 
 def budget(timeout: float, phase: str, not_before: datetime | None, now: datetime) -> float:
     """Seconds a run may take: its timeout, capped before NotBefore in the scheduled phase (≤ 0: too late)."""
-    if phase != "scheduled" or not_before is None:
+    if phase != PHASE_SCHEDULED or not_before is None:
         return timeout
     return min(timeout, (not_before - now).total_seconds() - DEADLINE_MARGIN)
 
@@ -87,7 +88,7 @@ class Runner:
     def submit(self, tr: Transition) -> None:
         """Queue the phase a transition starts; a vanished event first cuts its pending work short."""
         phase = phase_for(tr)
-        if phase == "completed":
+        if phase == PHASE_COMPLETED:
             self._preempt(tr.event.event_id, tr.outcome)
         if phase is not None:
             self._enqueue(phase, tr.event, tr.names_self, tr.outcome)
@@ -96,13 +97,13 @@ class Runner:
         """After a restart: settle interrupted runs, then queue the phase each present event is in, and
         the `completed` phase of a gone event whose completed run was interrupted (the undrain, say)."""
         for eid, t in tracked.items():
-            phase = "scheduled" if t.event.status == "Scheduled" else "started" if t.event.status == "Started" else None
+            phase = PHASE_SCHEDULED if t.event.status == SCHEDULED else PHASE_STARTED if t.event.status == STARTED else None
             self._settle(eid, phase)
             if phase:
                 self._enqueue(phase, t.event, t.names_self, None)
         for eid, rec in self.store.event_records().items():
-            if eid not in tracked and rec.get("vanished_at") and self._settle(eid, "completed"):
-                self._enqueue("completed", parse_event(rec["event"]), bool(rec.get("names_self")), rec.get("outcome"))
+            if eid not in tracked and rec.get("vanished_at") and self._settle(eid, PHASE_COMPLETED):
+                self._enqueue(PHASE_COMPLETED, parse_event(rec["event"]), bool(rec.get("names_self")), rec.get("outcome"))
 
     def _settle(self, event_id: str, phase: str | None) -> bool:
         """Settle the event's `running` records: those of `phase` (the one it is in) may run again, the
@@ -131,7 +132,7 @@ class Runner:
 
     def _enqueue(self, phase: str, event: Event, names_self: bool, outcome: str | None) -> None:
         eid = event.event_id
-        if phase == "completed":  # its own lane: never behind the scheduled work it cut
+        if phase == PHASE_COMPLETED:  # its own lane: never behind the scheduled work it cut
             cut, lane = self.stopping, (eid, phase)
         else:
             with self._lock:
@@ -206,7 +207,7 @@ class Runner:
                       deadline=event.not_before, dry_run=self.dry_run, clock=self.clock, cancel=cut,
                       stopping=self.stopping, settings=settings, outcome=outcome, attempt=attempt)
         t0 = self.clock.monotonic()
-        cuttable = phase != "completed"
+        cuttable = phase != PHASE_COMPLETED
         if cuttable:
             with self._lock:
                 self._running[event.event_id] = spec.name
@@ -272,8 +273,8 @@ class Runner:
         if self.dry_run:
             return []
         out = []
-        for handler in self.selected("scheduled", t.event, t.names_self):
-            rec = self.store.result(t.event.event_id, result_key(handler.spec.name, "scheduled"))
+        for handler in self.selected(PHASE_SCHEDULED, t.event, t.names_self):
+            rec = self.store.result(t.event.event_id, result_key(handler.spec.name, PHASE_SCHEDULED))
             if blocks(rec, handler.spec.on_failure):
                 out.append((handler, rec))
         return out

@@ -21,7 +21,7 @@ from agent import logs
 from agent.clock import Clock
 from agent.prepare.prepare_plan import PrepareConfig
 from agent.errors import StateError
-from agent.model.events import Event
+from agent.model.events import SCHEDULED, Event
 from agent.metrics import Metrics
 from agent.prepare.prepare_plan import Plan, make_plan, with_coordination
 from agent.windows.approval_policy import NOW, Profile
@@ -32,7 +32,7 @@ PREPARATION_KEY = "preparation"
 
 
 def _pending(event_status: str, names_self: bool) -> bool:
-    return names_self and event_status == "Scheduled"
+    return names_self and event_status == SCHEDULED
 
 
 def _same_open_window(a: Plan, b: Plan, now: datetime) -> bool:
@@ -78,7 +78,7 @@ class Preparation:
                     with self._lock:
                         self._held[eid] = tr
                 continue
-            if tr.kind == VANISHED or tr.event.status != "Scheduled":
+            if tr.kind == VANISHED or tr.event.status != SCHEDULED:
                 self._forget(eid, "vanished" if tr.kind == VANISHED else f"event is {tr.event.status}")
             self.forward(tr)
         self._export()

@@ -30,9 +30,10 @@ from agent.model.config_schema import (
 )
 from agent.errors import ConfigValueError
 from agent.coordination.coordination_rules import Gates
-from agent.model.events import KNOWN_TYPES, Event
+from agent.model.events import KNOWN_TYPES, SCHEDULED, STARTED, Event
 from agent.windows.schedule import FixedDate, Recurrence, Selection, parse_fixed_date, parse_recurrence, select, validate_profiles
 from agent.model.tracker import Transition
+from agent.model.outcomes import PHASE_COMPLETED, PHASE_SCHEDULED, PHASE_STARTED
 
 APPROVAL_MODES = ("auto", "immediate", "manual", "never")
 ALLOWING = ("auto", "immediate")
@@ -185,7 +186,7 @@ def decide(*, mode: str, status: str, rank: int | None, already_sent: bool, manu
     leader is rank 0; a VM of rank r takes over only when all of them have been unreachable for
     `takeover_after`, which the caller has already applied).
     """
-    if status != "Scheduled":
+    if status != SCHEDULED:
         return Decision(False, f"event is {status}")
     if rank is None:
         return Decision(False, "this VM is not in Resources")
@@ -214,9 +215,9 @@ def decide(*, mode: str, status: str, rank: int | None, already_sent: bool, manu
 def phase_for(tr: Transition) -> str | None:
     """The handler phase a transition starts (None when there is none)."""
     if tr.kind == "vanished":
-        return "completed"
-    if tr.event.status == "Scheduled" and tr.kind == "appeared":
-        return "scheduled"
-    if tr.event.status == "Started":
-        return "started"
+        return PHASE_COMPLETED
+    if tr.event.status == SCHEDULED and tr.kind == "appeared":
+        return PHASE_SCHEDULED
+    if tr.event.status == STARTED:
+        return PHASE_STARTED
     return None
