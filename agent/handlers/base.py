@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from agent.clock import Clock
 from agent.model.events import Event
 from agent.model.outcomes import CANCELED, FAILED, OK, PHASES, SKIPPED, TIMED_OUT
+from agent.model.timefmt import iso_z
 
 if TYPE_CHECKING:
     from agent.health.health_store import HealthStore
@@ -150,7 +151,7 @@ class Context:
             "MAINTD_EVENT_ID": e.event_id,
             "MAINTD_EVENT_TYPE": e.event_type,
             "MAINTD_EVENT_STATUS": e.status,
-            "MAINTD_NOT_BEFORE": e.not_before.isoformat().replace("+00:00", "Z") if e.not_before else "",
+            "MAINTD_NOT_BEFORE": iso_z(e.not_before) if e.not_before else "",
             "MAINTD_RESOURCES": ",".join(e.resources),
             "MAINTD_PHASE": self.phase,
             "MAINTD_VM_NAME": self.vm_name,

@@ -39,6 +39,7 @@ from agent.errors import ConfigValueError
 from agent.handlers.base import FAILED, OK, Context, Handler, Result
 from agent.retry import retrying
 from agent.model.outcomes import PHASE_SCHEDULED, PHASE_STARTED
+from agent.model.timefmt import iso_z
 
 TEMPLATE_FIELDS = ("event_id", "event_type", "status", "vm", "resources", "not_before", "phase", "description",
                    "source", "duration_seconds", "outcome", "approved_by", "text")
@@ -250,7 +251,7 @@ class WebhookHandler(Handler):
             return render(self.options.template, {
                 "event_id": e.event_id, "event_type": e.event_type, "status": e.status, "vm": ctx.vm_name,
                 "resources": ",".join(e.resources), "phase": ctx.phase, "description": e.description,
-                "not_before": e.not_before.isoformat().replace("+00:00", "Z") if e.not_before else "",
+                "not_before": iso_z(e.not_before) if e.not_before else "",
                 "source": e.source, "duration_seconds": str(e.duration_seconds), "outcome": ctx.outcome or "",
                 "approved_by": approved_by or "", "text": line})
         if self.options.preset == "slack":

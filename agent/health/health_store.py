@@ -20,6 +20,7 @@ from typing import Any, Callable
 from agent.clock import Clock
 from agent.model.config_schema import parse_duration_text
 from agent.errors import ReservedSource, StaleReport, TooManyReports
+from agent.model.timefmt import iso_z_or_none
 
 RESERVED_PREFIX = "System."
 MAX_DESCRIPTION = 4096
@@ -91,17 +92,14 @@ class HealthEvent:
             "SequenceNumber": str(self.sequence_number),
             "TimeToLiveInMilliSeconds": None if r.ttl is None else round(r.ttl * 1000),
             "RemoveWhenExpired": r.remove_when_expired,
-            "SentAt": _iso(r.sent_at or self.received_at),
-            "ReceivedAt": _iso(self.received_at),
+            "SentAt": iso_z_or_none(r.sent_at or self.received_at),
+            "ReceivedAt": iso_z_or_none(self.received_at),
             "IsExpired": self.is_expired,
-            "LastOkTransitionAt": _iso(self.last_ok_transition_at),
-            "LastWarningTransitionAt": _iso(self.last_warning_transition_at),
-            "LastErrorTransitionAt": _iso(self.last_error_transition_at),
+            "LastOkTransitionAt": iso_z_or_none(self.last_ok_transition_at),
+            "LastWarningTransitionAt": iso_z_or_none(self.last_warning_transition_at),
+            "LastErrorTransitionAt": iso_z_or_none(self.last_error_transition_at),
         }
 
-
-def _iso(dt: datetime | None) -> str | None:
-    return dt.isoformat().replace("+00:00", "Z") if dt is not None else None
 
 
 # --- parsing an external report ------------------------------------------------------------
@@ -376,7 +374,7 @@ def _evaluation(state: HealthState, ev: HealthEvent, consider_warning_as_error: 
     if ev.is_expired:
         assert r.ttl is not None
         expired_at = ev.received_at + timedelta(seconds=r.ttl)
-        label += f" event expired at {_iso(expired_at)} (no new report within its TimeToLive; counts as Error)"
+        label += f" event expired at {iso_z_or_none(expired_at)} (no new report within its TimeToLive; counts as Error)"
     elif state != r.state:
         label += " event (counted as Error: ConsiderWarningAsError)"
     else:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 from agent.errors import StateError
 from agent.health.health_store import HealthState, HealthStore
 from agent.state.state_store import Store
+from agent.model.timefmt import iso_z
 
 DRAINS_FLAG = "drains"
 MANUAL = "manual"
@@ -101,7 +102,7 @@ class Rotation:
             drains = self.drains()
             if key in drains:
                 return False
-            drains[key] = {"reason": reason, "since": now.isoformat().replace("+00:00", "Z")}
+            drains[key] = {"reason": reason, "since": iso_z(now)}
             self._save(drains)
         self._changed()
         return True

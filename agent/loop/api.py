@@ -26,10 +26,8 @@ from agent.http.routes import ApiError, token_ok
 from agent.state.state_store import Store
 from agent.model.tracker import Tracked
 from agent.model.events import SCHEDULED
+from agent.model.timefmt import iso_z_or_none
 
-
-def _iso(dt: datetime | None) -> str | None:
-    return dt.isoformat().replace("+00:00", "Z") if dt is not None else None
 
 
 @dataclass(frozen=True)
@@ -110,7 +108,7 @@ class LocalApi:
             "state": {"dir": str(self.store.dir), "unsaved_changes": self.store.dirty,
                       "write_error": self.store.write_error},
             "profile": lv.profile.name, "profile_approval": lv.profile.approval,
-            "profile_next_change": _iso(nxt),
+            "profile_next_change": iso_z_or_none(nxt),
             **self.coordinator.status(lv.tracked, lv.vm_name),
         }
 
@@ -128,7 +126,7 @@ class LocalApi:
         if tracked is not None:
             event = tracked.event.to_json()
             rank = tracked.event.rank(lv.vm_name or "")
-            names_self, first_seen, present = tracked.names_self, _iso(tracked.first_seen), True
+            names_self, first_seen, present = tracked.names_self, iso_z_or_none(tracked.first_seen), True
         else:
             assert record is not None
             event, names_self, first_seen, present = record["event"], record.get("names_self"), record.get("first_seen"), False

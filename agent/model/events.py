@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agent.errors import DocumentError
+from agent.model.timefmt import iso_z
 
 
 KNOWN_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
@@ -94,7 +95,7 @@ class Event:
             "ResourceType": self.resource_type,
             "Resources": list(self.resources),
             "EventStatus": self.status,
-            "NotBefore": self.not_before.isoformat().replace("+00:00", "Z") if self.not_before else "",
+            "NotBefore": iso_z(self.not_before) if self.not_before else "",
             "Description": self.description,
             "EventSource": self.source,
             "DurationInSeconds": self.duration_seconds,

@@ -31,6 +31,7 @@ from agent.model.outcomes import (CANCELED, FAILED, INTERRUPTED, OK, PHASE_COMPL
 from agent.windows.approval_policy import Profile, phase_for
 from agent.prepare.run_records import attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
 from agent.model.tracker import Tracked, Transition
+from agent.model.timefmt import iso_z
 
 DEADLINE_MARGIN = 5.0
 """Seconds kept free before NotBefore: a handler budget never reaches into them."""
@@ -201,7 +202,7 @@ class Runner:
             self.metrics.deadline_short.inc()
             self.log.warning("deadline.short", **fields, action="budget cut", timeout=round(allowed, 1),
                              configured=round(base, 1))
-        self._record(event.event_id, key, {"outcome": RUNNING, "started_at": now.isoformat(), "attempt": attempt})
+        self._record(event.event_id, key, {"outcome": RUNNING, "started_at": iso_z(now), "attempt": attempt})
         self.log.info("handler.started", **fields, timeout=round(allowed, 1), attempt=attempt)
         ctx = Context(event=event, phase=phase, vm_name=settings.vm_name, names_self=names_self, timeout=allowed,
                       deadline=event.not_before, dry_run=self.dry_run, clock=self.clock, cancel=cut,
@@ -241,7 +242,7 @@ class Runner:
                 started: datetime) -> None:
         spec = handler.spec
         record = {"outcome": result.outcome, "detail": result.detail, "duration_seconds": round(duration, 3),
-                  "started_at": started.isoformat(), "finished_at": self.clock.now().isoformat(),
+                  "started_at": iso_z(started), "finished_at": iso_z(self.clock.now()),
                   "on_failure": spec.on_failure}
         previous = self.store.result(event.event_id, key)
         if previous is not None and "attempt" in previous:

@@ -26,13 +26,11 @@ from agent.model.config_schema import fmt_duration, opt
 from agent.model.events import Event
 from agent.windows.approval_policy import (ALLOWING, MAX_LEAD_TIME, NOW, LeadTime, Profile, in_force, parse_lead_time,
                                           parse_lead_times_by_type)
+from agent.model.timefmt import iso_z_or_none
 
 MAX_STEPS = 1000
 """Instants looked at when searching for a window's opening or its closing (a bound, never reached by a sane config)."""
 
-
-def _iso(t: datetime | None) -> str | None:
-    return t.isoformat().replace("+00:00", "Z") if t is not None else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +60,7 @@ class Window:
     mode: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"profile": self.profile, "approval": self.mode, "start": _iso(self.start), "end": _iso(self.end)}
+        return {"profile": self.profile, "approval": self.mode, "start": iso_z_or_none(self.start), "end": iso_z_or_none(self.end)}
 
 
 @dataclass(frozen=True)
@@ -84,10 +82,10 @@ class Plan:
         return self.prepare_at <= now
 
     def to_json(self) -> dict[str, Any]:
-        return {"prepare_at": _iso(self.prepare_at), "prepare_reason": self.prepare_reason,
-                "prepare_detail": self.prepare_detail, "approve_not_before": _iso(self.approve_not_before),
+        return {"prepare_at": iso_z_or_none(self.prepare_at), "prepare_reason": self.prepare_reason,
+                "prepare_detail": self.prepare_detail, "approve_not_before": iso_z_or_none(self.approve_not_before),
                 "approve_reason": self.approve_reason, "approve_detail": self.approve_detail,
-                "not_before": _iso(self.not_before), "lead_time": fmt_lead(self.lead_time),
+                "not_before": iso_z_or_none(self.not_before), "lead_time": fmt_lead(self.lead_time),
                 "window": self.window.to_json() if self.window else None}
 
 
@@ -173,14 +171,14 @@ def make_plan(event: Event, profiles: tuple[Profile, ...], prepare: PrepareConfi
             if window_start is None or window_start < prepare_at:
                 prepare_at, reason, lead = window_start or now, "window", window_lead
                 detail = (f"lead time {fmt_lead(window_lead)} before profile {window.profile} "
-                          f"({window.mode}) comes into force at {_iso(window.start)}")
+                          f"({window.mode}) comes into force at {iso_z_or_none(window.start)}")
         if prepare_at < now:
             prepare_at, detail = now, detail + "; less time than that is left: at once"
 
     if window is not None:
         approve = (window.start, "window",
-                   f"profile {window.profile} ({window.mode}) from {_iso(window.start)}"
-                   + (f" until {_iso(window.end)}" if window.end else ""))
+                   f"profile {window.profile} ({window.mode}) from {iso_z_or_none(window.start)}"
+                   + (f" until {iso_z_or_none(window.end)}" if window.end else ""))
     elif in_force(profiles, now)[0].approval_for(event)[0] == "manual":
         approve = (None, "operator", "waiting for an operator: maintd approve EVENT_ID")
     else:

@@ -16,7 +16,6 @@ import os
 import stat
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from agent import jsonsafe
 from agent.clock import Clock
 from agent.errors import StateError
 from agent.model.events import parse_event
+from agent.model.timefmt import parse_iso
 
 STATE_FILE = "state.json"
 STATE_FORMAT = 1
@@ -32,14 +32,6 @@ STATE_FORMAT = 1
 field says `"version": 1` instead: that is format 1."""
 MAX_STATE_BYTES = 64 * 1024 * 1024
 """Largest state file read back (a week of events with hook output tails is well under 10 MB)."""
-
-
-def iso(t: datetime) -> str:
-    return t.isoformat().replace("+00:00", "Z")
-
-
-def parse_iso(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 @dataclass(frozen=True)

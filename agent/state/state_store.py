@@ -44,7 +44,8 @@ from agent.clock import Clock
 from agent.errors import StateError
 from agent.model.events import parse_event
 from agent.state.journal import JOURNAL_FILE, append as append_journal, set_aside_newer
-from agent.state.state_file import STATE_FILE, STATE_FORMAT, LoadReport, iso, parse_iso, read_state, replace_file
+from agent.model.timefmt import iso_z, parse_iso
+from agent.state.state_file import STATE_FILE, STATE_FORMAT, LoadReport, read_state, replace_file
 from agent.model.tracker import Tracked, Transition
 
 class Store:
@@ -183,15 +184,15 @@ class Store:
             changed = bool(transitions) or self._view_changed(tracked)
             for eid, t in tracked.items():
                 rec = events.setdefault(eid, {"history": []})
-                rec.update(event=t.event.to_json(), names_self=t.names_self, first_seen=iso(t.first_seen),
+                rec.update(event=t.event.to_json(), names_self=t.names_self, first_seen=iso_z(t.first_seen),
                            boot_id=t.boot_id, seen_started=t.seen_started, vanished_at=None, outcome=None)
             for tr in transitions:
                 rec = events.setdefault(tr.event.event_id, {"history": [], "event": tr.event.to_json(),
-                                                            "names_self": tr.names_self, "first_seen": iso(tr.at)})
-                rec["history"].append({"kind": tr.kind, "at": iso(tr.at), "status": tr.event.status,
+                                                            "names_self": tr.names_self, "first_seen": iso_z(tr.at)})
+                rec["history"].append({"kind": tr.kind, "at": iso_z(tr.at), "status": tr.event.status,
                                        **({"outcome": tr.outcome} if tr.outcome else {})})
                 if tr.kind == "vanished":
-                    rec["vanished_at"] = iso(tr.at)
+                    rec["vanished_at"] = iso_z(tr.at)
                     rec["outcome"] = tr.outcome
                 self._queue_line(f"event.{tr.outcome if tr.outcome else tr.kind}", event_id=tr.event.event_id,
                                  event_type=tr.event.event_type, status=tr.event.status, names_self=tr.names_self,
@@ -266,7 +267,7 @@ class Store:
         self._save(0)
 
     def _queue_line(self, kind: str, **fields: Any) -> None:
-        self._lines.append(json.dumps({"t": iso(self.clock.now()), "kind": kind, **fields}, default=str,
+        self._lines.append(json.dumps({"t": iso_z(self.clock.now()), "kind": kind, **fields}, default=str,
                                       separators=(",", ":")))
 
     def _append(self, lines: list[str]) -> None:

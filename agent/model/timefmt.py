@@ -1,0 +1,21 @@
+"""How maintd writes and reads instants: ISO 8601 in UTC with a `Z` (what the API, hooks, webhooks,
+the state file and the journal show), one spelling everywhere."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+def iso_z(t: datetime) -> str:
+    """`t` as ISO 8601 with `Z` for UTC (`2026-09-19T18:29:47Z`)."""
+    return t.isoformat().replace("+00:00", "Z")
+
+
+def iso_z_or_none(t: datetime | None) -> str | None:
+    """`iso_z(t)`, or None when there is no instant."""
+    return iso_z(t) if t is not None else None
+
+
+def parse_iso(text: str) -> datetime:
+    """An instant written by `iso_z` (or any ISO 8601 with an offset); ValueError otherwise."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
