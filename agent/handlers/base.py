@@ -89,6 +89,13 @@ class Settings:
     handlers: tuple[str, ...] | None = None
     """Only these handlers run (the profile in force narrows them); None: all."""
 
+    @property
+    def drain_wait(self) -> float:
+        """How long a drain waits: the LB may take its whole probe timeout to stop sending new
+        connections, then in-flight ones get the grace (the one rule for the `drain` handler and the
+        stop-time drain, with the profile's overrides)."""
+        return self.lb_timeout + self.drain_grace
+
 
 @dataclass
 class Services:

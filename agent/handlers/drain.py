@@ -14,11 +14,6 @@ from __future__ import annotations
 from agent.handlers.base import CANCELED, OK, Context, Handler, Result, Settings
 
 
-def wait_seconds(settings: Settings) -> float:
-    """How long the LB may need to stop sending new connections, plus the drain grace."""
-    return settings.lb_timeout + settings.drain_grace
-
-
 class DrainHandler(Handler):
     type_name = "drain"
 
@@ -27,7 +22,7 @@ class DrainHandler(Handler):
 
     def minimum_timeout(self, settings: Settings) -> float:
         """The run needs at least the whole wait (the runner still caps it at the deadline)."""
-        return wait_seconds(settings) + 5.0
+        return settings.drain_wait + 5.0
 
     def _take_out(self, ctx: Context) -> bool:
         """Drain for the event; False when it was already drained or the event is gone."""
@@ -41,7 +36,7 @@ class DrainHandler(Handler):
 
     def scheduled(self, ctx: Context) -> Result:
         self._take_out(ctx)
-        full = wait_seconds(ctx.settings)
+        full = ctx.settings.drain_wait
         wait = min(full, max(0.0, ctx.timeout - 1.0))
         if ctx.sleep(wait):
             return Result(CANCELED, f"the load balancer wait was cut short (less than {wait:.0f}s)")

@@ -198,7 +198,7 @@ class Parts:
         probe = self.config.probe
         if not (probe.drain_on_stop == "always" or (probe.drain_on_stop == "shutdown" and system_is_stopping())):
             return
-        wait = probe.lb_timeout + probe.drain_grace
+        wait = self.services.settings.drain_wait  # the profile in force may override lb_timeout/drain_grace
         self.rotation.drain(STOP_DRAIN, "maintd is stopping", self.clock.now())
         logs.get("daemon").warning("rotation.drained", key=STOP_DRAIN, reason="maintd is stopping", wait_seconds=wait)
         self.notifier.status(f"draining for {wait:.0f}s before exit")
