@@ -11,7 +11,8 @@ from agent.handlers.base import FAILED, OK, SKIPPED, Handler, HandlerSpec, Resul
 from agent.health.health_store import HealthStore
 from agent.metrics import Metrics
 from agent.health.rotation import Rotation
-from agent.prepare.handler_runner import Runner, result_key
+from agent.prepare.handler_runner import Runner
+from agent.prepare.run_records import RunKey
 from agent.state.state_store import Store
 from agent.model.tracker import Tracked, Transition
 from tests.samples import sample
@@ -92,7 +93,7 @@ def test_handlers_of_a_phase_run_in_order_once(tmp_path, clock):
     runner.submit(appeared(e, at=clock.now()))
     assert runner.wait_idle(5)
     assert CALLS == [("a", "scheduled", "E1"), ("b", "scheduled", "E1")]
-    assert store.result("E1", result_key("a", "scheduled"))["outcome"] == OK
+    assert store.result("E1", str(RunKey("a", "scheduled")))["outcome"] == OK
 
 
 def test_recorded_results_are_not_rerun_after_restart(tmp_path, clock):
@@ -112,7 +113,7 @@ def test_recorded_results_are_not_rerun_after_restart(tmp_path, clock):
 def interrupted(tmp_path, clock, attempt, **kw):
     """A runner restarted over a `running` record of handler a (kill -9 during attempt `attempt`)."""
     runner, store, services = make(tmp_path, clock, spec("a", **kw))
-    store.record("E1", result_key("a", "scheduled"), {"outcome": "running", "attempt": attempt})
+    store.record("E1", str(RunKey("a", "scheduled")), {"outcome": "running", "attempt": attempt})
     t = Tracked(ev(clock=clock), True, clock.now(), "b", False)
     runner.resume({"E1": t})
     assert runner.wait_idle(5)
@@ -123,7 +124,7 @@ def test_a_run_interrupted_by_a_crash_runs_again_with_the_next_attempt(tmp_path,
     """A `running` record found at start (kill -9 mid-hook) runs again with attempt 2; the VM becomes ready."""
     runner, store, t = interrupted(tmp_path, clock, 1)
     assert CALLS == [("a", "scheduled", "E1")] and ATTEMPTS == [2]
-    assert store.result("E1", result_key("a", "scheduled"))["outcome"] == OK
+    assert store.result("E1", str(RunKey("a", "scheduled")))["outcome"] == OK
     assert runner.is_ready(t)
 
 
@@ -131,7 +132,7 @@ def test_interrupted_runs_stop_after_max_attempts_and_say_what_to_do(tmp_path, c
     """The third interrupted attempt (of 3) is failed, not run again, and the reason names the way out."""
     runner, store, t = interrupted(tmp_path, clock, 3)
     assert CALLS == []
-    assert store.result("E1", result_key("a", "scheduled"))["outcome"] == FAILED
+    assert store.result("E1", str(RunKey("a", "scheduled")))["outcome"] == FAILED
     assert runner.not_ready(t) == ["a failed (interrupted, attempt 3 of 3); on_failure: block — "
                                    "approve by hand with `maintd approve E1`"]
 
@@ -148,7 +149,7 @@ def test_an_interrupted_completed_run_of_a_gone_event_runs_again(tmp_path, clock
     runner, store, _ = make(tmp_path, clock, spec("undo", phases=("completed",)))
     e = ev(clock=clock)
     store.apply({}, [Transition("vanished", e, True, clock.now(), "Scheduled", "completed")])
-    store.record("E1", result_key("undo", "completed"), {"outcome": "running", "attempt": 1})
+    store.record("E1", str(RunKey("undo", "completed")), {"outcome": "running", "attempt": 1})
     runner.resume({})
     assert runner.wait_idle(5)
     assert CALLS == [("undo", "completed", "E1")] and ATTEMPTS == [2]
@@ -157,11 +158,11 @@ def test_an_interrupted_completed_run_of_a_gone_event_runs_again(tmp_path, clock
 def test_an_interrupted_scheduled_run_is_not_rerun_once_the_event_has_started(tmp_path, clock):
     """The event turned Started while maintd was down: its interrupted scheduled run is failed, not rerun."""
     runner, store, _ = make(tmp_path, clock, spec("a"))
-    store.record("E1", result_key("a", "scheduled"), {"outcome": "running", "attempt": 1})
+    store.record("E1", str(RunKey("a", "scheduled")), {"outcome": "running", "attempt": 1})
     runner.resume({"E1": Tracked(ev(status="Started"), True, clock.now(), "b", True)})
     assert runner.wait_idle(5)
     assert CALLS == []
-    rec = store.result("E1", result_key("a", "scheduled"))
+    rec = store.result("E1", str(RunKey("a", "scheduled")))
     assert rec["outcome"] == FAILED and "moved on" in rec["detail"]
 
 
@@ -175,8 +176,8 @@ def test_a_vanishing_event_cuts_its_work_and_runs_completed_at_once(tmp_path, cl
     runner.submit(Transition("vanished", e, True, clock.now(), "Scheduled", "canceled"))
     assert runner.wait_idle(5)
     assert CALLS == [("wait", "scheduled", "E1"), ("undo", "completed", "E1")]
-    assert store.result("E1", result_key("wait", "scheduled"))["outcome"] == "canceled"
-    later = store.result("E1", result_key("later", "scheduled"))
+    assert store.result("E1", str(RunKey("wait", "scheduled")))["outcome"] == "canceled"
+    later = store.result("E1", str(RunKey("later", "scheduled")))
     assert later["outcome"] == SKIPPED and "left the document" in later["detail"]
     cut = [e for e in logs if e["event"] == "handler.canceling"]
     assert [(e["event_id"], e["handler"], e["reason"]) for e in cut] == [("E1", "wait", "event canceled")]
@@ -227,7 +228,7 @@ def test_a_raising_handler_is_a_failed_result_and_block_keeps_the_vm_not_ready(t
     e = ev(clock=clock)
     runner.submit(appeared(e))
     runner.wait_idle(5)
-    rec = store.result("E1", result_key("a", "scheduled"))
+    rec = store.result("E1", str(RunKey("a", "scheduled")))
     assert rec["outcome"] == FAILED and "boom" in rec["detail"]
     assert [c[0] for c in CALLS] == ["a", "b"]
     assert runner.pending(Tracked(e, True, clock.now(), "b", False)) == ["a"]
@@ -268,8 +269,8 @@ def test_budget_is_capped_by_not_before_and_too_late_is_skipped(tmp_path, clock)
     runner.submit(appeared(Event("E1", "Preempt", "Scheduled", ("vm1",), not_before=clock.now() + timedelta(seconds=60))))
     runner.submit(appeared(Event("E2", "Preempt", "Scheduled", ("vm1",), not_before=clock.now() + timedelta(seconds=3))))
     runner.wait_idle(5)
-    assert store.result("E1", result_key("a", "scheduled"))["detail"] == "55"
-    rec = store.result("E2", result_key("a", "scheduled"))
+    assert store.result("E1", str(RunKey("a", "scheduled")))["detail"] == "55"
+    rec = store.result("E2", str(RunKey("a", "scheduled")))
     assert rec["outcome"] == SKIPPED and "deadline" in rec["detail"]
     assert sample(services.metrics, "maintd_deadline_short_total") == 2
 

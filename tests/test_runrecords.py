@@ -7,7 +7,7 @@ import pytest
 
 from agent.handlers.base import HandlerSpec, Result
 from agent.model.outcomes import CANCELED, FAILED, OK, TIMED_OUT
-from agent.prepare.run_records import blocks, interrupted_verdict, run_result, why_not_ready
+from agent.prepare.run_records import RunKey, blocks, interrupted_verdict, run_result, why_not_ready
 
 SPEC = HandlerSpec(name="drain", type="drain", phases=("scheduled",), max_attempts=3)
 
@@ -50,3 +50,13 @@ def test_a_run_comes_to_its_result_or_canceled_or_abandoned_or_timed_out():
     assert run_result(failed, False, True, 60) is None, "stopping: settled at the next start"
     assert run_result(None, False, False, 60) == Result(TIMED_OUT, "still running after 60s; abandoned")
     assert run_result(failed, False, False, 60) is failed
+
+
+def test_a_run_key_reads_back_what_it_writes_and_nothing_else():
+    """Run records are found by their key alone: handler names with colons survive; approval and
+    preparation records, unknown phases and empty names are not runs."""
+    for run in (RunKey("drain", "scheduled"), RunKey("ckpt:db", "completed")):
+        assert RunKey.parse(str(run)) == run
+    assert str(RunKey("drain", "scheduled")) == "handler:drain:scheduled"  # the state file's format
+    for other in ("approval", "preparation", "handler:x:later", "handler::scheduled", "handler:scheduled"):
+        assert RunKey.parse(other) is None

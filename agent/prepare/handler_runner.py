@@ -29,7 +29,7 @@ from agent.lanes import Lanes
 from agent.model.outcomes import (CANCELED, FAILED, INTERRUPTED, OK, PHASE_COMPLETED, PHASE_SCHEDULED, PHASE_STARTED, RUNNING,
                                   SKIPPED)
 from agent.windows.approval_policy import Profile, phase_for
-from agent.prepare.run_records import attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
+from agent.prepare.run_records import RunKey, attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
 from agent.model.tracker import Tracked, Transition
 from agent.model.timefmt import iso_z
 
@@ -38,11 +38,6 @@ DEADLINE_MARGIN = 5.0
 OUTPUT_TAIL = 4000
 
 ResultListener = Callable[[str, str, str, Result], None]
-
-
-def result_key(handler: str, phase: str) -> str:
-    """The state-store key of a handler's result."""
-    return f"handler:{handler}:{phase}"
 
 
 def budget(timeout: float, phase: str, not_before: datetime | None, now: datetime) -> float:
@@ -111,13 +106,14 @@ class Runner:
         others cannot (the event has moved on); True when one will run again."""
         again = False
         for key, rec in self.store.results(event_id).items():
-            if key.startswith("handler:") and rec.get("outcome") == RUNNING:
-                again |= self._settle_interrupted(event_id, key, rec, phase is not None and key.endswith(f":{phase}"))
+            run = RunKey.parse(key)
+            if run is not None and rec.get("outcome") == RUNNING:
+                again |= self._settle_interrupted(event_id, run, rec, run.phase == phase)
         return again
 
-    def _settle_interrupted(self, event_id: str, key: str, rec: dict[str, Any], current: bool) -> bool:
+    def _settle_interrupted(self, event_id: str, run: RunKey, rec: dict[str, Any], current: bool) -> bool:
         """Record an interrupted run as to run again, or failed; True when it runs again."""
-        name = key.split(":")[1]
+        key, name = str(run), run.handler
         handler = next((h for h in self.handlers if h.spec.name == name), None)
         attempt = attempt_of(rec)
         fields = {"event_id": event_id, "handler": name, "attempt": attempt}
@@ -172,7 +168,7 @@ class Runner:
         for handler in self.selected(phase, event, names_self):
             if self.stopping.is_set():
                 return
-            key = result_key(handler.spec.name, phase)
+            key = str(RunKey(handler.spec.name, phase))
             rec = self.store.result(event.event_id, key)
             if rec is not None and rec.get("outcome") != INTERRUPTED:
                 continue
@@ -275,7 +271,7 @@ class Runner:
             return []
         out = []
         for handler in self.selected(PHASE_SCHEDULED, t.event, t.names_self):
-            rec = self.store.result(t.event.event_id, result_key(handler.spec.name, PHASE_SCHEDULED))
+            rec = self.store.result(t.event.event_id, str(RunKey(handler.spec.name, PHASE_SCHEDULED)))
             if blocks(rec, handler.spec.on_failure):
                 out.append((handler, rec))
         return out

@@ -27,6 +27,8 @@ from agent.prepare.prepare_plan import Plan, make_plan, with_coordination
 from agent.windows.approval_policy import NOW, Profile
 from agent.state.state_store import Store
 from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
+from agent.model.outcomes import PHASE_SCHEDULED
+from agent.prepare.run_records import RunKey
 
 PREPARATION_KEY = "preparation"
 
@@ -143,7 +145,7 @@ class Preparation:
     def started(self, event_id: str) -> bool:
         """Whether preparation for the event has started (recorded, or a scheduled handler has run)."""
         results = self.store.results(event_id)
-        return PREPARATION_KEY in results or any(k.startswith("handler:") and k.endswith(":scheduled")
+        return PREPARATION_KEY in results or any((run := RunKey.parse(k)) is not None and run.phase == PHASE_SCHEDULED
                                                  for k in results)
 
     def view(self, event_id: str, coordination: dict[str, Any]) -> dict[str, Any] | None:

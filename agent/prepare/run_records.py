@@ -7,10 +7,33 @@ handlers and reads and writes the records; these decide.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from agent.handlers.base import HandlerSpec, Result
-from agent.model.outcomes import CANCELED, FAILED, INTERRUPTED, OK, RUNNING, SKIPPED, TIMED_OUT
+from agent.model.outcomes import CANCELED, FAILED, INTERRUPTED, OK, PHASES, RUNNING, SKIPPED, TIMED_OUT
+
+_RUN_PREFIX = "handler:"
+
+@dataclass(frozen=True)
+class RunKey:
+    """Where one handler's run in one phase is recorded in the state store: `handler:<name>:<phase>`
+    (the one place that builds or reads these keys)."""
+
+    handler: str
+    phase: str
+
+    def __str__(self) -> str:
+        return f"{_RUN_PREFIX}{self.handler}:{self.phase}"
+
+    @staticmethod
+    def parse(key: str) -> RunKey | None:
+        """The run a state-store key names; None for any other record (approval, preparation)."""
+        if not key.startswith(_RUN_PREFIX):
+            return None
+        handler, sep, phase = key[len(_RUN_PREFIX):].rpartition(":")
+        return RunKey(handler, phase) if sep and handler and phase in PHASES else None
+
 
 DETAIL_SHOWN = 200
 """Characters of a result's detail quoted in a not-ready reason."""
