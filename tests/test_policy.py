@@ -42,14 +42,13 @@ def test_live_migration_rule():
     assert p.approval_for(ev("Freeze", description="host maintenance"))[0] == "never"
 
 
-BASE = dict(mode="auto", status="Scheduled", rank=0, already_sent=False, manual_requested=False, local_pending=[],
+BASE = dict(mode="auto", status="Scheduled", already_sent=False, manual_requested=False, local_pending=[],
             peers_not_ready=[], lower_ranked_reachable=[], dry_run=False)
 
 
 @pytest.mark.parametrize("changes,approve,words", [
     ({}, True, "every affected VM is ready"),
     ({"status": "Started"}, False, "Started"),
-    ({"rank": None}, False, "not in Resources"),
     ({"already_sent": True}, False, "already"),
     ({"mode": "never"}, False, "never"),
     ({"mode": "manual"}, False, "maintd approve"),
@@ -57,7 +56,7 @@ BASE = dict(mode="auto", status="Scheduled", rank=0, already_sent=False, manual_
     ({"mode": "manual", "manual_requested": True, "local_pending": ["drain"]}, False, "waiting for local handlers: drain"),
     ({"local_pending": ["checkpoint"]}, False, "checkpoint"),
     ({"peers_not_ready": ["vm2"]}, False, "vm2"),
-    ({"lower_ranked_reachable": ["vm0"], "rank": 1}, False, "not the leader"),
+    ({"lower_ranked_reachable": ["vm0"]}, False, "not the leader"),
     ({"mode": "immediate", "local_pending": ["checkpoint"], "peers_not_ready": ["vm2"]}, True, "immediate"),
     ({"dry_run": True}, False, "dry run"),
 ])

@@ -31,7 +31,7 @@ from agent.health.health_store import HealthStore
 from agent.imds.imds_client import is_transient
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 from agent.coordination.peer_exchange import Exchange, PeerExchange
-from agent.windows.approval_policy import Decision, Profile, decide
+from agent.windows.approval_policy import ALLOWING, AUTO, AWAITING_PREPARATION, MANUAL, Decision, Profile, decide
 from agent.retry import retrying as retrying_on
 from agent.state.state_store import Store
 from agent.model.tracker import Tracked
@@ -143,19 +143,19 @@ class Coordinator:
             state.mode, state.rule = mode, rule
             others = [r for r in t.event.resources if r.casefold() != me]
             lower, higher = others[:rank], others[rank:]
-            pending = local_pending(t) if mode in ("auto", "manual") else []
-            if t.event.status == SCHEDULED and mode in ("auto", "immediate") and not self._sent(event_id):
-                self.peers.run(event_id, state.exchange, vm_name, lower, higher, mode == "auto", not pending, now)
+            pending = local_pending(t) if mode in AWAITING_PREPARATION else []
+            if t.event.status == SCHEDULED and mode in ALLOWING and not self._sent(event_id):
+                self.peers.run(event_id, state.exchange, vm_name, lower, higher, mode == AUTO, not pending, now)
             peers = state.exchange.peers
             reachable = lower_reachable(lower, peers, now, s.takeover_after)
             if not reachable:
                 leading[t.event.type_label] = leading.get(t.event.type_label, 0) + 1
             decision = decide(
-                mode=mode, status=t.event.status, rank=rank, already_sent=self._sent(event_id),
+                mode=mode, status=t.event.status, already_sent=self._sent(event_id),
                 manual_requested=self.store.result(event_id, "manual_approval") is not None,
                 local_pending=pending,
                 peers_not_ready=not_ready(higher, peers, now, s.unreachable_peers, s.peer_timeout),
-                lower_ranked_reachable=reachable if mode != "manual" else [],
+                lower_ranked_reachable=reachable if mode != MANUAL else [],
                 dry_run=dry_run)
             self._note(event_id, t, state, decision)
             if decision.approve and not state.sending and state.failed_at is None and self._unconfirmed(event_id):

@@ -291,10 +291,6 @@ class Daemon:
         self.log.info("server.listening", url=self.server.url, socket_activated=sock is not None)
         return self.server
 
-    def stuck_for(self) -> float:
-        """Seconds the loop is past the time it should have ticked again (0 when alive)."""
-        return self._publish().stuck_for(self.clock.monotonic())
-
     # --- control ------------------------------------------------------------------------
 
     def reload(self) -> bool:

@@ -122,10 +122,6 @@ class Document:
     parsed: dict[tuple[Any, ...], Event] = field(default_factory=dict, compare=False, repr=False)
     """Each event by the field values it was parsed from, for the next document's parse to reuse."""
 
-    def by_id(self) -> dict[str, Event]:
-        """Events keyed by EventId (the last one wins if IMDS ever repeats an id)."""
-        return {e.event_id: e for e in self.events}
-
 
 def parse_not_before(raw: Any) -> datetime | None:
     """RFC 1123 first, then ISO 8601; "" or anything unparsable is None (no deadline)."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from agent.model.config_schema import fmt_duration, opt
 from agent.model.events import Event
-from agent.windows.approval_policy import (ALLOWING, MAX_LEAD_TIME, NOW, LeadTime, Profile, in_force, parse_lead_time,
+from agent.windows.approval_policy import (ALLOWING, MANUAL, MAX_LEAD_TIME, NOW, LeadTime, Profile, in_force, parse_lead_time,
                                           parse_lead_times_by_type)
 from agent.model.timefmt import iso_z_or_none
 
@@ -179,7 +179,7 @@ def make_plan(event: Event, profiles: tuple[Profile, ...], prepare: PrepareConfi
         approve = (window.start, "window",
                    f"profile {window.profile} ({window.mode}) from {iso_z_or_none(window.start)}"
                    + (f" until {iso_z_or_none(window.end)}" if window.end else ""))
-    elif in_force(profiles, now)[0].approval_for(event)[0] == "manual":
+    elif in_force(profiles, now)[0].approval_for(event)[0] == MANUAL:
         approve = (None, "operator", "waiting for an operator: maintd approve EVENT_ID")
     else:
         approve = (None, "no_window", "no window before NotBefore: this VM does not approve; "

@@ -144,7 +144,8 @@ class Store:
                     self._writer_done.notify_all()
 
     def wait_saved(self, timeout: float) -> bool:
-        """Block until the background writer is done (tests, shutdown); False on timeout."""
+        """Block until the background writer is done; False on timeout. A seam for tests, which check
+        the file after the loop's writes land (the daemon itself never waits on the disk)."""
         with self._lock:
             return self._writer_done.wait_for(lambda: not self._writing, timeout)
 

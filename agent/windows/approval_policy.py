@@ -35,9 +35,12 @@ from agent.windows.schedule import FixedDate, Recurrence, Selection, parse_fixed
 from agent.model.tracker import Transition
 from agent.model.outcomes import PHASE_COMPLETED, PHASE_SCHEDULED, PHASE_STARTED
 
-APPROVAL_MODES = ("auto", "immediate", "manual", "never")
-ALLOWING = ("auto", "immediate")
+AUTO, IMMEDIATE, MANUAL, NEVER = "auto", "immediate", "manual", "never"
+APPROVAL_MODES = (AUTO, IMMEDIATE, MANUAL, NEVER)
+ALLOWING = (AUTO, IMMEDIATE)
 """Approval modes under which this VM approves without an operator: a window that allows approval."""
+AWAITING_PREPARATION = (AUTO, MANUAL)
+"""Approval modes that wait for this VM's own preparation (`immediate` approves at once)."""
 NOW = "now"
 """The lead time `now`: prepare at first sight (today's behaviour)."""
 MAX_LEAD_TIME = 7 * 86400.0
@@ -108,7 +111,7 @@ class Profile:
     """One profile: when it is in force and what it allows."""
 
     name: str = opt(text(r"^[A-Za-z0-9_.-]{1,64}$", "letters, digits, _ . -"), doc="profile name")
-    approval: str = opt(choice(*APPROVAL_MODES), "auto", "approval when no rule matches")
+    approval: str = opt(choice(*APPROVAL_MODES), AUTO, "approval when no rule matches")
     rules: tuple[ApprovalRule, ...] = opt(list_of(lambda v: parse_section(ApprovalRule, v)), (),
                                           "ordered approval rules; the first match wins")
     fixed_date: FixedDate | None = opt(optional(parse_fixed_date), None, "in force between start and end")
@@ -140,7 +143,7 @@ class Profile:
         return self.approval, None
 
 
-DEFAULT_PROFILE = Profile(name="default", approval="auto")
+DEFAULT_PROFILE = Profile(name="default", approval=AUTO)
 
 
 def parse_profiles(value: Any) -> tuple[Profile, ...]:
@@ -177,7 +180,7 @@ class Decision:
     reason: str
 
 
-def decide(*, mode: str, status: str, rank: int | None, already_sent: bool, manual_requested: bool,
+def decide(*, mode: str, status: str, already_sent: bool, manual_requested: bool,
            local_pending: list[str], peers_not_ready: list[str], lower_ranked_reachable: list[str],
            dry_run: bool) -> Decision:
     """The approval decision for one event on this VM (pure).
@@ -188,13 +191,11 @@ def decide(*, mode: str, status: str, rank: int | None, already_sent: bool, manu
     """
     if status != SCHEDULED:
         return Decision(False, f"event is {status}")
-    if rank is None:
-        return Decision(False, "this VM is not in Resources")
     if already_sent:
         return Decision(False, "already approved")
-    if mode == "never":
+    if mode == NEVER:
         return Decision(False, "profile forbids approval (never)")
-    if mode == "manual":
+    if mode == MANUAL:
         if not manual_requested:
             return Decision(False, "waiting for an operator: maintd approve EVENT_ID")
         if local_pending:  # the operator's go starts a held preparation; the event waits until it is done
@@ -202,7 +203,7 @@ def decide(*, mode: str, status: str, rank: int | None, already_sent: bool, manu
         return Decision(not dry_run, "approved by an operator" + (" (dry run: not sent)" if dry_run else ""))
     if lower_ranked_reachable:
         return Decision(False, f"not the leader: {', '.join(lower_ranked_reachable[:5])} ranked before this VM")
-    if mode == "auto":
+    if mode == AUTO:
         if local_pending:
             return Decision(False, f"waiting for local handlers: {', '.join(local_pending)}")
         if peers_not_ready:
@@ -210,7 +211,7 @@ def decide(*, mode: str, status: str, rank: int | None, already_sent: bool, manu
             return Decision(False, f"waiting for peers: {', '.join(peers_not_ready[:5])}{more}")
     if dry_run:
         return Decision(False, "dry run: approval not sent")
-    return Decision(True, "every affected VM is ready" if mode == "auto" else "immediate by policy")
+    return Decision(True, "every affected VM is ready" if mode == AUTO else "immediate by policy")
 
 def phase_for(tr: Transition) -> str | None:
     """The handler phase a transition starts (None when there is none)."""
