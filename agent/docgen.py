@@ -15,7 +15,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from agent.config.config import Config
 from agent.model.config_schema import describe
-from agent.coordination.coordination_rules import FleetGate, PrometheusGate
+from agent.model.gate_specs import FleetGate, PrometheusGate
 from agent.handlers.registry import CommonKeys, builtin_types
 from agent.metrics import Metrics
 from agent.windows.approval_policy import ApprovalRule, Profile

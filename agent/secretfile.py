@@ -24,9 +24,9 @@ import re
 import secrets
 import stat
 import threading
+from typing import Callable
 
 from agent import logs
-from agent.health.health_store import HealthState, HealthStore
 
 MAX_SECRET_BYTES = 64 * 1024
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what an HTTP header value can carry as is
@@ -89,11 +89,16 @@ def mode_problem(path: str, st: os.stat_result) -> str | None:
     return None
 
 
+ProblemReport = Callable[[str, "str | None"], None]
+"""Told a config key and what is wrong with its file, or None once it is usable again (the daemon
+turns this into the `config/<key>` Error health report)."""
+
+
 class SecretFiles:
     """The token files named in the config, by config key; thread-safe (HTTP threads read them)."""
 
-    def __init__(self, health: HealthStore) -> None:
-        self.health = health
+    def __init__(self, report: ProblemReport) -> None:
+        self.report = report
         self.log = logs.get("secrets")
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[str, Signature, str | None, str | None]] = {}  # key: path, signature, value, problem
@@ -106,7 +111,7 @@ class SecretFiles:
             if not path:
                 if seen is not None:
                     del self._seen[key]
-                    self.health.remove("config", key)
+                    self.report(key, None)
                 return None
             sig = signature(path)
             if seen is None or seen[:2] != (path, sig):
@@ -119,7 +124,7 @@ class SecretFiles:
         if problem and problem != before:
             self.log.error("secret.unusable", key=key, path=path, problem=problem,
                            effect="refused: callers that need this token are turned away until it is fixed")
-            self.health.set("config", key, HealthState.ERROR, f"{path} {problem}")
+            self.report(key, f"{path} {problem}")
         elif before and not problem:
             self.log.info("secret.usable", key=key, path=path)
-            self.health.remove("config", key)
+            self.report(key, None)

@@ -11,15 +11,13 @@ from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
 from agent.errors import ConfigError
 from agent.coordination.coordination_rules import (
-    FleetGate,
-    Gates,
-    PrometheusGate,
     allowed_unhealthy,
     firing,
     fleet_verdict,
     peer_state,
 )
 from agent.coordination.approval_gates import GateChecker
+from agent.model.gate_specs import FleetGate, Gates, PrometheusGate
 from agent.metrics import Metrics
 from agent.coordination.peer_client import PeerClient
 from agent.windows.approval_policy import Profile

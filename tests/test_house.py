@@ -1,21 +1,28 @@
-"""The house stays as built: no import circle inside `agent/` (TYPE_CHECKING imports included),
-the pure modules import no I/O, and no module grows past what one reader can hold.
+"""The house stays as built. The wings of `agent/` (its sub-packages) import only what their
+`__init__` docstring's "May import:" allows, and never each other round a circle; no module imports
+round a circle either (TYPE_CHECKING imports included); the pure modules reach no I/O through any
+chain of imports; and no module grows past what one reader can hold.
 
-A circle means two rooms that cannot be changed or tested apart; the drawing in docs/DESIGN.md
-has none, and this test keeps it that way.
+A circle means two rooms that cannot be changed or tested apart; the map in docs/DESIGN.md has
+none, and this test keeps it that way.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+from functools import cache
 from pathlib import Path
 
 AGENT = Path(__file__).resolve().parent.parent / "agent"
-PURE = ("agent.model.events", "agent.model.tracker", "agent.windows.approval_policy", "agent.windows.schedule", "agent.health.health_store", "agent.health.health_rules",
-        "agent.jsonsafe", "agent.loop.cadence", "agent.prepare.prepare_plan", "agent.coordination.coordination_rules", "agent.coordination.peer_addressing",
-        "agent.http.http_wire", "agent.model.outcomes")
-IO_MODULES = ("requests", "urllib3", "http.client", "http.server", "socket", "subprocess", "agent.imds.imds_client", "agent.http.routes",
-              "agent.state.state_store", "agent.coordination.coordinator", "agent.coordination.approval_gates", "agent.coordination.peer_client", "agent.loop.daemon", "agent.loop.wiring")
+WINGS = sorted(p.parent.name for p in AGENT.glob("*/__init__.py"))
+PURE = ("agent.model", "agent.windows", "agent.coordination.coordination_rules", "agent.coordination.peer_addressing",
+        "agent.coordination.coordination_settings", "agent.prepare.prepare_plan", "agent.prepare.run_records",
+        "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.jsonsafe")
+"""Modules (or whole wings) that decide and compute only: time is a parameter, nothing is read or sent."""
+IO = ("requests", "urllib3", "http.client", "http.server", "socket", "selectors", "subprocess", "os", "pathlib",
+      "shutil", "tempfile", "io", "threading", "concurrent", "signal", "azure")
+"""Imports that mean a module reads or writes files, talks on the network, runs programs or starts threads."""
 MAX_MODULE_LINES = 420
 MAX_CLASS_LINES = 270
 
@@ -26,7 +33,8 @@ def module_name(path: Path) -> str:
 
 
 def imports(path: Path, modules: set[str]) -> set[str]:
-    """Every module of `modules` that `path` imports, at any level of the file (TYPE_CHECKING too)."""
+    """Every module of `modules` that `path` imports, at any level of the file (TYPE_CHECKING and
+imports inside functions too)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
@@ -40,8 +48,7 @@ def imports(path: Path, modules: set[str]) -> set[str]:
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names)
-    return {m for m in found if m in modules and m != name} | {
-        m for m in found for p in IO_MODULES if m == p or m.startswith(p + ".")}
+    return {m for m in found if m in modules and m != name}
 
 
 def graph() -> dict[str, set[str]]:
@@ -92,20 +99,105 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def wing(module: str) -> str:
+    """The wing a module lives in; a top-level module (the face and the base) stands for itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in WINGS) else module
+
+
+def wing_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for a, bs in edges.items():
+        out.setdefault(wing(a), set()).update(wing(b) for b in bs if wing(b) != wing(a))
+    return out
+
+
+def allowed(wing_name: str) -> set[str]:
+    """What a wing's `__init__` docstring says it may import: `agent.<wing>`s named, `the base`, `every wing`."""
+    doc = ast.get_docstring(ast.parse((AGENT / wing_name / "__init__.py").read_text(encoding="utf-8"))) or ""
+    rule = doc.partition("May import:")[2]
+    assert rule, f"agent/{wing_name}/__init__.py says what it may import (a 'May import:' line)"
+    names = set(WINGS) if "every wing" in rule else set(re.findall(r"`agent\.(\w+)`", rule)) & set(WINGS)
+    return names | ({"base"} if "the base" in rule or "every wing" in rule else set())
+
+
+def is_base(node: str) -> bool:
+    return node not in WINGS and node not in ("agent.cli", "agent.cliclient", "agent.demo", "agent.docgen",
+                                              "agent.__main__")
+
+
+@cache
+def direct_io(path: Path) -> frozenset[str]:
+    """The I/O this file does itself: I/O modules it imports, and calls of the built-in `open`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        found.update(n for n in names if any(n == io or n.startswith(io + ".") for io in IO))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+            found.add("open()")
+    return frozenset(found)
+
+
+def io_reached(module: str, files: dict[str, Path], edges: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Every module `module` reaches through imports that does I/O itself, with what it does."""
+    seen, todo, out = {module}, [module], {}
+    while todo:
+        m = todo.pop()
+        if direct_io(files[m]):
+            out[m] = sorted(direct_io(files[m]))
+        for nxt in edges[m] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return out
+
+
 def test_no_import_circle_inside_agent():
     assert circles(graph()) == [], "modules that import each other (directly or round a loop)"
+
+
+def test_no_import_circle_between_wings():
+    """Two wings that import each other (even through a third) cannot be understood or tested apart."""
+    assert circles(wing_graph(graph())) == []
+
+
+def test_each_wing_imports_only_what_its_init_says():
+    offenders = {}
+    for w, targets in wing_graph(graph()).items():
+        if w not in WINGS:
+            continue
+        ok = allowed(w)
+        bad = sorted(t for t in targets if t not in ok and not ("base" in ok and is_base(t)))
+        if bad:
+            offenders[w] = bad
+    assert offenders == {}
+
+
+def test_the_base_imports_no_wing_but_the_model():
+    """The base (clock, errors, logs, metrics, ...) is what every wing stands on; it stands on nothing."""
+    edges = wing_graph(graph())
+    assert {n: sorted(t for t in ts if t in WINGS and t != "model") for n, ts in edges.items()
+            if is_base(n) and any(t in WINGS and t != "model" for t in ts)} == {}
 
 
 def test_the_circle_finder_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_pure_modules_import_no_io():
+def test_pure_modules_reach_no_io_through_any_import():
+    """A pure module that imports a module that reads files is not pure: purity is checked transitively."""
     files = {module_name(p): p for p in AGENT.rglob("*.py")}
-    offenders = {name: sorted(m for m in imports(files[name], set(files))
-                              if any(m == io or m.startswith(io + ".") for io in IO_MODULES))
-                 for name in PURE}
-    assert {k: v for k, v in offenders.items() if v} == {}
+    edges = graph()
+    pure = [m for m in files if any(m == p or m.startswith(p + ".") for p in PURE)]
+    assert len(pure) > 20
+    assert {m: found for m in pure if (found := io_reached(m, files, edges))} == {}
+
+
+def test_the_io_finder_sees_io_through_a_chain(tmp_path):
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    return open('x')\n")
+    files = {"a": tmp_path / "a.py", "b": tmp_path / "b.py"}
+    assert io_reached("a", files, {"a": {"b"}, "b": set()}) == {"b": ["open()"]}
 
 
 def test_no_module_is_too_long_to_read_in_one_sitting():

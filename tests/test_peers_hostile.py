@@ -14,7 +14,7 @@ import responses
 
 from agent.clock import FakeClock
 from agent.config.config import loads
-from agent.coordination.coordination_rules import Gates, PrometheusGate
+from agent.model.gate_specs import Gates, PrometheusGate
 from agent.errors import AnswerTooLarge, ExchangeTimeout
 from agent.coordination.approval_gates import GateChecker
 from agent.handlers.base import FAILED

@@ -15,7 +15,7 @@ KEY = "coordination.token_file"
 @pytest.fixture
 def secrets(clock):
     health = HealthStore(clock)
-    return SecretFiles(health), health
+    return SecretFiles(health.report_config_problem), health
 
 
 def _token_file(tmp_path, data=b"s3cret-token\n", mode=0o600):

@@ -1,5 +1,6 @@
-"""The config file: its core sections and `Config`, reading the file safely, and the schema
-helpers (durations, positions, hints) every section's spec uses.
+"""The config file: reading it safely (YAML with positions, bounded), the core sections and
+`Config`, which assembles each wing's own settings types. No wing imports this one; the loop and
+the face do.
 
-May import: the base and each wing's own settings types (the wings never import `agent.config.config`).
+May import: `agent.model`, `agent.windows`, `agent.coordination`, `agent.prepare`, `agent.health`, `agent.handlers` (each for its settings types) and the base.
 """

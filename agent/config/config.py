@@ -19,7 +19,6 @@ from agent.model.config_schema import (
     duration,
     integer,
     list_of,
-    mapping_of,
     opt,
     optional,
     parse_section,
@@ -27,7 +26,7 @@ from agent.model.config_schema import (
     text,
 )
 from agent.config.config_loading import parse_yaml, read_text
-from agent.coordination.coordination_rules import NO_GATES, Gates
+from agent.model.gate_specs import NO_GATES, Gates
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.errors import ConfigError, ConfigValueError
 from agent.handlers.base import HandlerSpec

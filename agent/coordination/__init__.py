@@ -1,6 +1,6 @@
-"""Agreeing with the other VMs an event names on one early approval: the per-event
-coordinator, the peer exchange and client, how peers are addressed, the pure coordination rules
-and the approval gates.
+"""Agreeing with the other VMs an event names on one early approval: the per-event coordinator,
+the peer exchange and client, how peers are addressed, the pure coordination rules, the approval
+gates and the `coordination:` settings.
 
-May import: `agent.model`, `agent.windows`, `agent.state.state_store`, `agent.health.health_store`, `agent.imds.imds_client` and the base.
+May import: `agent.model`, `agent.windows`, `agent.state`, `agent.health`, `agent.imds` and the base.
 """

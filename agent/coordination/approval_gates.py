@@ -27,15 +27,14 @@ from typing import Any, Callable, Sequence
 from agent import logs
 from agent.coordination.coordination_rules import (
     UNREACHABLE,
-    Gates,
     Held,
-    PrometheusGate,
     firing,
     fleet_verdict,
     peer_state,
     query_samples,
 )
 from agent.metrics import Metrics
+from agent.model.gate_specs import Gates, PrometheusGate
 from agent.coordination.peer_client import PeerClient
 
 

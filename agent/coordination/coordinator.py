@@ -23,7 +23,8 @@ from agent import logs
 from agent.coordination.peer_addressing import Address
 from agent.model.identity import Identity
 from agent.clock import Clock
-from agent.coordination.coordination_rules import NO_GATES, Gates, Held, lower_reachable, not_ready
+from agent.coordination.coordination_rules import Held, lower_reachable, not_ready
+from agent.model.gate_specs import NO_GATES, Gates
 from agent.coordination.peer_directory import SHOWN_PEERS
 from agent.errors import ImdsError
 from agent.coordination.approval_gates import GateChecker

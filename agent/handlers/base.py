@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.clock import Clock
 from agent.model.events import Event
+from agent.handlers.spec import HandlerSpec, NoOptions, Result, Settings
 from agent.model.outcomes import CANCELED, FAILED, OK, PHASES, SKIPPED, TIMED_OUT
 from agent.model.timefmt import iso_z
 
@@ -30,71 +31,9 @@ if TYPE_CHECKING:
     from agent.health.rotation import Rotation
     from agent.state.state_store import Store
 
-__all__ = ["PHASES", "OK", "FAILED", "TIMED_OUT", "SKIPPED", "CANCELED", "Result", "HandlerSpec", "Settings",
-           "Services", "Context", "Handler"]
-
-
-@dataclass(frozen=True)
-class Result:
-    """How one handler run ended."""
-
-    outcome: str = OK
-    detail: str = ""
-    exit_code: int | None = None
-    output: str = ""
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    """A handler type with no options of its own."""
-
-
-@dataclass(frozen=True)
-class HandlerSpec:
-    """One entry of `handlers:` in the config: the common keys plus the type's own `options`."""
-
-    name: str
-    type: str
-    phases: tuple[str, ...]
-    event_types: tuple[str, ...] = ()
-    event_sources: tuple[str, ...] = ()
-    scope: str = "self"
-    timeout: float = 60.0
-    on_failure: str = "block"
-    order: int = 0
-    dry_run: bool = False
-    rerun_interrupted: bool = True
-    max_attempts: int = 3
-    options: Any = field(default_factory=NoOptions)
-
-    def applies_to(self, event: Event, names_self: bool) -> bool:
-        """Whether this handler's filters (event_types, event_sources, scope) select the event."""
-        if self.event_types and event.event_type not in self.event_types:
-            return False
-        if self.event_sources and event.source not in self.event_sources:
-            return False
-        return names_self or self.scope == "any"
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The settings handlers read, as one immutable snapshot: the loop replaces it whole (reload,
-    profile change, name learned), and each run reads the one in force when it starts."""
-
-    vm_name: str = ""
-    lb_timeout: float = 31.0
-    """Seconds the load balancer may take to notice a failing probe (`probe.lb_timeout`, or the profile's)."""
-    drain_grace: float = 10.0
-    """Seconds in-flight connections get after that (`probe.drain_grace`, or the profile's)."""
-    handlers: tuple[str, ...] | None = None
-    """Only these handlers run (the profile in force narrows them); None: all."""
-
-    @property
-    def drain_wait(self) -> float:
-        """How long a drain waits: the LB may take its whole probe timeout to stop sending new
-        connections, then in-flight ones get the grace (the one rule for the `drain` handler and the
-        stop-time drain, with the profile's overrides)."""
-        return self.lb_timeout + self.drain_grace
+__all__ = ["PHASES", "OK", "FAILED", "TIMED_OUT", "SKIPPED", "CANCELED", "Result", "HandlerSpec", "NoOptions",
+           "Settings", "Services", "Context", "Handler"]
+"""The plugin API third-party handlers import from here (the pure types live in `agent.handlers.spec`)."""
 
 
 @dataclass

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import operator as op
-import os
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -98,7 +97,7 @@ class RuleSpec:
         if self.metric == "disk_percent":
             return f"disk_percent {self.path or '/'}"
         if self.metric == "command" and self.command:
-            return f"command {os.path.basename(self.command[0])}"
+            return f"command {self.command[0].rpartition('/')[2]}"
         return self.metric
 
     @property

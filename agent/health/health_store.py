@@ -291,6 +291,13 @@ class HealthStore:
         if removed:
             self._changed()
 
+    def report_config_problem(self, key: str, problem: str | None) -> None:
+        """A file named by config `key` is unusable (`config/<key>` Error), or usable again (None)."""
+        if problem is None:
+            self.remove("config", key)
+        else:
+            self.set("config", key, HealthState.ERROR, problem)
+
     def prune(self) -> None:
         """Drop the expired reports that asked to be removed when expired."""
         with self._lock:

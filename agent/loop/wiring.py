@@ -82,7 +82,7 @@ class Parts:
         self.notifier = notifier or Notifier()
         self.boot_id = read_boot_id() if boot_id is None else boot_id
         self.health = HealthStore(clock)
-        self.secrets = SecretFiles(self.health)
+        self.secrets = SecretFiles(self.health.report_config_problem)
         s = config.state
         self.store = Store(s.dir, clock, retention=s.retention, journal_max_bytes=s.journal_max_bytes,
                            journal_keep=s.journal_keep)

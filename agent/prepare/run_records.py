@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent.handlers.base import HandlerSpec, Result
+from agent.handlers.spec import HandlerSpec, Result
 from agent.model.outcomes import CANCELED, FAILED, INTERRUPTED, OK, PHASES, RUNNING, SKIPPED, TIMED_OUT
 
 _RUN_PREFIX = "handler:"

@@ -29,7 +29,7 @@ from agent.model.config_schema import (
     text,
 )
 from agent.errors import ConfigValueError
-from agent.coordination.coordination_rules import Gates
+from agent.model.gate_specs import Gates
 from agent.model.events import KNOWN_TYPES, SCHEDULED, STARTED, Event
 from agent.windows.schedule import FixedDate, Recurrence, Selection, parse_fixed_date, parse_recurrence, select, validate_profiles
 from agent.model.tracker import Transition
