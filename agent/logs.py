@@ -30,7 +30,8 @@ class _JournaldJSON:
 
     def __call__(self, logger: Any, name: str, event_dict: Any) -> str:
         prio = _PRIORITY.get(str(event_dict.get("level", "info")), 6)
-        return f"<{prio}>{self._json(logger, name, event_dict)}"
+        rendered = self._json(logger, name, event_dict)
+        return f"<{prio}>{rendered.decode() if isinstance(rendered, bytes) else rendered}"
 
 
 def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:

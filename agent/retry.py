@@ -43,6 +43,6 @@ def retrying(clock: Clock, *, retry_if: Callable[[BaseException], bool], attempt
         stop=stop,
         wait=pause,
         retry=tenacity.retry_if_exception(retry_if),
-        sleep=lambda seconds: clock.wait(stop_event, seconds) and None,
+        sleep=lambda seconds: None if clock.wait(stop_event, seconds) else None,
         reraise=True,
     )

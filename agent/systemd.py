@@ -91,7 +91,7 @@ def call_pinging(fn: Callable[[], T], notifier: Notifier, now: Callable[[], floa
         on_ping()
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
-    return outcome[0]  # type: ignore[no-any-return]
+    return outcome[0]
 
 
 def listen_fds(environ: Mapping[str, str] | None = None) -> list[socket.socket]:

@@ -23,7 +23,7 @@ class Host(Protocol):
     model: Model
     clock: ModelClock
     etag: bool
-    rate_limit: float
+    rate_limit: float | None
     stopping: threading.Event
 
     def tick(self) -> None: ...

@@ -83,7 +83,7 @@ class FaultyAnswers(http.server.BaseHTTPRequestHandler):
         real, self.wfile = self.wfile, io.BytesIO()
         try:
             self._imds(url, body)
-            answer = self.wfile.getvalue()  # type: ignore[attr-defined]
+            answer = self.wfile.getvalue()
         finally:
             self.wfile = real
         for i in range(len(answer)):

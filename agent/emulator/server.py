@@ -90,7 +90,7 @@ def start_requests(body: bytes) -> list[str] | None:
     if not isinstance(requests, list) or not requests:
         return None
     ids = [r.get("EventId") if isinstance(r, dict) else None for r in requests]
-    return ids if all(isinstance(i, str) and i for i in ids) else None
+    return [i for i in ids if isinstance(i, str) and i] if all(isinstance(i, str) and i for i in ids) else None
 
 
 def _is_loopback(host: str) -> bool:

@@ -240,7 +240,8 @@ class HealthStore:
         """Seconds until a report's TimeToLive runs out (a change nobody announces); None: none will."""
         with self._lock:
             mono = self.clock.monotonic()
-            return min((e.expires_at - mono for e in self._entries.values() if (e.expires_at or 0) > mono), default=None)
+            return min((e.expires_at - mono for e in self._entries.values() if e.expires_at is not None and e.expires_at > mono),
+                       default=None)
 
     def report(self, r: HealthReport) -> None:
         """Store an external report; raises StaleReport, ReservedSource, TooManyReports or ValueError."""

@@ -175,6 +175,7 @@ def make_plan(event: Event, profiles: tuple[Profile, ...], prepare: PrepareConfi
         if prepare_at < now:
             prepare_at, detail = now, detail + "; less time than that is left: at once"
 
+    approve: tuple[datetime | None, str, str]
     if window is not None:
         approve = (window.start, "window",
                    f"profile {window.profile} ({window.mode}) from {iso_z_or_none(window.start)}"
@@ -184,7 +185,9 @@ def make_plan(event: Event, profiles: tuple[Profile, ...], prepare: PrepareConfi
     else:
         approve = (None, "no_window", "no window before NotBefore: this VM does not approve; "
                    "Azure starts the event at NotBefore")
-    return Plan(prepare_at, reason, detail, *approve, not_before=not_before, lead_time=lead, window=window)
+    approve_at, approve_reason, approve_detail = approve
+    return Plan(prepare_at, reason, detail, approve_at, approve_reason, approve_detail, not_before=not_before, lead_time=lead,
+                window=window)
 
 
 def with_coordination(plan: dict[str, Any], coordination: dict[str, Any]) -> dict[str, Any]:

@@ -273,6 +273,7 @@ def select(schedules: Sequence[FixedDate | Recurrence | None], now: datetime) ->
     recurrences = {i: s for i, s in enumerate(schedules) if isinstance(s, Recurrence)}
     latest = {i: at for i, r in recurrences.items() if (at := r.last_at_or_before(now)) is not None}
     ended = max((w.end for _, w in fixed if w.end <= now), default=None)
+    since: datetime | None
     if latest:
         index = max(latest, key=lambda i: (latest[i], -i))
         since = _switched(recurrences[index], index, latest)
