@@ -13,7 +13,7 @@ fi
 stamp=.venv/.maintd-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test,lint]"
     touch "$stamp"
 fi
 
