@@ -32,6 +32,7 @@ from agent.imds.imds_client import PollResult
 from agent.metrics import Metrics
 from agent.windows.approval_policy import Profile, in_force
 from agent.loop.report import Reporter
+from agent.state.state_file import LoadReport
 from agent.http.routes import ApiServer
 from agent.systemd import Notifier, call_pinging
 from agent.health.tcp_probe import TcpProbe
@@ -96,6 +97,7 @@ class Daemon:
         self.report = Reporter(p.metrics, p.health, clock)
         self.log = logs.get("daemon")
         self.server: ApiServer | None = None
+        self.loaded: LoadReport | None = None
         self.tcp_probe: TcpProbe | None = None
         self.vm_name: str | None = p.vm_name
         self.tracked: dict[str, Tracked] = {}
@@ -130,15 +132,21 @@ class Daemon:
                              profile_next_change=self.profile_next_change)
         return self.view
 
+    def load(self) -> LoadReport:
+        """Load the state (drains, events, results): before the probe or /healthz may answer anything."""
+        if self.loaded is None:
+            self.loaded = self.report.state_loaded(self.store)
+            self.tracked = self.store.tracked()
+            if self.rotation.undrain(STOP_DRAIN):
+                self.log.info("rotation.undrained", key=STOP_DRAIN, reason="maintd started again")
+        return self.loaded
+
     def start(self) -> None:
-        """Load the state, find this VM's name, report initial health."""
-        loaded = self.report.state_loaded(self.store)
-        self.tracked = self.store.tracked()
+        """Load the state (unless `load` did), find this VM's name, report initial health."""
+        loaded = self.load()
         self.log.info("daemon.started", events=loaded.events, state_dir=str(self.store.dir),
                       endpoint=self.config.imds.endpoint, dry_run=self.config.dry_run, boot_id=self.boot_id)
         self.health.set("imds", "poll", HealthState.OK, "starting: no poll yet")
-        if self.rotation.undrain(STOP_DRAIN):
-            self.log.info("rotation.undrained", key=STOP_DRAIN, reason="maintd started again")
         if self.vm_name is None:
             self.resolve_identity(attempts=5)
         self.runner.resume(self.preparation.resume(self.tracked))
