@@ -232,6 +232,4 @@ class Preparation:
                 if plan is not None:
                     label = tr.event.type_label
                     nxt[label] = min(nxt.get(label, plan.prepare_at), plan.prepare_at)
-        self.metrics.event_prepare.clear()
-        for label, when in nxt.items():
-            self.metrics.event_prepare.labels(label).set(when.timestamp())
+        self.metrics.swap(self.metrics.event_prepare, {(label,): when.timestamp() for label, when in nxt.items()})
