@@ -7,6 +7,7 @@ import builtins
 import email.utils
 import os
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
@@ -93,3 +94,34 @@ def test_a_whole_event_is_handled_without_one_file_call_on_the_loop(tmp_path, cl
     for kind in ("event.appeared", "plan.made", "preparation.started", "approval.sent", "event.completed"):
         assert kind in kinds, kinds
     assert d.store.result("E1", "preparation")["status"] == "started"
+
+
+def test_the_loop_ticks_on_while_imds_takes_its_time_with_the_compute_metadata(tmp_path, clock, imds):
+    """identity: auto and a compute call that hangs for 2 s: start and every tick return at once (the
+    watchdog is pinged, signals are acted on); the name arrives as a result the loop takes."""
+    release = threading.Event()
+    threading.Timer(2.0, release.set).start()
+
+    def slow_compute(_: Any) -> tuple[int, dict[str, str], str]:
+        release.wait(5)
+        return 200, {"Content-Type": "application/json"}, '{"name": "vm1"}'
+
+    imds.add_callback("GET", "/metadata/instance/compute", slow_compute)
+    imds.upsert("GET", SE, json={"DocumentIncarnation": 1, "Events": [reboot("Scheduled")]})
+    d = build(loads(f"state: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n"), clock, boot_id="b",
+              notifier=Notifier({}))
+    try:
+        began = time.monotonic()
+        d.start()
+        longest = 0.0
+        while not release.is_set():
+            tick_began = time.monotonic()
+            d.tick()
+            longest = max(longest, time.monotonic() - tick_began)
+            clock.advance(1)
+            time.sleep(0.05)
+        assert time.monotonic() - began >= 2.0 and longest < 0.5 and d.vm_name is None, longest
+        wait_for(lambda: d.tick() is not None and clock.advance(1) is None and "E1" in d.tracked)
+        assert d.vm_name == "vm1" and d.parts.services.settings.vm_name == "vm1"
+    finally:
+        d.shutdown()
