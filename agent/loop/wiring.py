@@ -133,7 +133,6 @@ class Parts:
             warning_as_error=config.health.consider_warning_as_error, health=self.health)
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
         self._stopping = threading.Event()  # cuts an identity lookup's retries short at stop
-        self._lookups = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="identity")
         self._lookup: concurrent.futures.Future[Identity | None] | None = None
         self.restart_needed: tuple[str, ...] = ()
 
@@ -176,6 +175,7 @@ class Parts:
         if new.identity != old.identity:  # as a fresh start with the new config: a name, or a lookup
             self.vm_name = None if new.identity.name == "auto" else new.identity.name
             self.coordinator.identity = None
+            self._lookup = None  # a lookup under way answers for the old config: its result is dropped
         if new.handlers != old.handlers:
             self.runner.handlers = instantiate(new.handlers, self.services)
             for h in self.runner.handlers:
@@ -215,9 +215,18 @@ class Parts:
         self.coordinator.identity = identity
 
     def look_up_identity(self, attempts: int) -> None:
-        """Start asking IMDS for this VM's identity on a thread of its own, unless a lookup runs already."""
+        """Start asking IMDS for this VM's identity on a thread of its own, unless a lookup runs already
+        (a daemon thread: a compute call under way never holds up the exit)."""
         if self._lookup is None:
-            self._lookup = self._lookups.submit(self.ask_identity, attempts, self._stopping)
+            self._lookup = concurrent.futures.Future()
+            threading.Thread(target=self._look_up, args=(self._lookup, attempts), name="identity", daemon=True).start()
+
+    def _look_up(self, lookup: "concurrent.futures.Future[Identity | None]", attempts: int) -> None:
+        try:
+            lookup.set_result(self.ask_identity(attempts, self._stopping))
+        finally:
+            if not lookup.done():  # a bug in the lookup (logged by the thread's excepthook): the loop asks again
+                lookup.set_result(None)
 
     def take_identity(self) -> bool | None:
         """On the loop: apply a finished lookup; True when this VM's name is known now, False when IMDS could
@@ -263,7 +272,6 @@ class Parts:
     def stop(self, handler_grace: float) -> None:
         """Let handlers finish for `handler_grace` seconds, stop the workers, write the state a last time."""
         self._stopping.set()
-        self._lookups.shutdown(wait=False, cancel_futures=True)
         self.runner.stop(handler_grace)
         self.rules.stop()
         self.coordinator.stop()
