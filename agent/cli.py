@@ -52,6 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.once:
         return run_once(daemon)
     daemon.control.install()
+    daemon.load()  # drains and events first: /probe, the TCP probe and /healthz never answer from an empty state
     sockets = listen_fds()
     try:
         daemon.serve(sockets[0] if sockets else None)

@@ -7,7 +7,8 @@ at start so dashboards and alerts see zeros rather than gaps.
 
 from __future__ import annotations
 
-from typing import Callable
+import threading
+from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -27,6 +28,8 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._swap_lock = threading.Lock()
+        self._shown: dict[Gauge, set[tuple[str, ...]]] = {}
         r = self.registry
         self.build_info = Gauge("maintd_build_info", "maintd version, always 1", ["version"], registry=r)
         self.build_info.labels(__version__).set(1)
@@ -138,6 +141,17 @@ class Metrics:
             self.handler_duration.labels(name, phase)  # else the first run's rate() is NaN: "No data"
             for outcome in OUTCOMES:
                 self.handler_runs.labels(name, phase, outcome)
+
+    def swap(self, gauge: Gauge, values: Mapping[tuple[str, ...], float]) -> None:
+        """Make a labelled gauge's series exactly `values`: every value is set first, then the series no longer
+        in `values` are removed, so a scrape in between never misses a series that exists before and after
+        (a gauge is never cleared and refilled)."""
+        with self._swap_lock:
+            for labels, value in values.items():
+                gauge.labels(*labels).set(value)
+            for labels in self._shown.get(gauge, set()) - values.keys():
+                gauge.remove(*labels)
+            self._shown[gauge] = set(values)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

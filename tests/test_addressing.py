@@ -18,6 +18,7 @@ from agent.coordination.peer_addressing import (
 from agent.config.config import ConfigError, loads
 from agent.model.identity import Identity, identity_from_compute
 from agent.coordination.peers_file import PeersFile
+from tests.imds_server import wait_for
 
 WEB_15 = Identity("web_15", "web00000f", "web")
 
@@ -133,23 +134,18 @@ def test_an_unusable_computer_name_is_logged_once_when_the_identity_is_learned(l
 
 
 def test_a_fifo_as_peers_file_is_refused_at_once_and_the_last_good_map_kept(tmp_path, logs):
-    """A FIFO (or any non-regular file) never hangs the loop: refused with a clear line, the last good map kept."""
-    import threading
-
+    """A FIFO (or any non-regular file) never hangs the watcher: refused with a clear line, the last good map kept."""
     from agent.coordination.coordination_settings import CoordinationConfig
     from agent.coordination.peer_directory import PeerDirectory
 
     path = tmp_path / "peers.yaml"
     path.write_text("web_1: http://10.0.0.4:8088\n")
     directory = PeerDirectory(lambda: CoordinationConfig(peers_file=str(path)), None)
-    assert directory.refresh()
+    wait_for(directory.refresh)  # the watcher's first look
     path.unlink()
     os.mkfifo(path)
-    done = threading.Event()
-    threading.Thread(target=lambda: (directory.refresh(), done.set()), daemon=True).start()
-    assert done.wait(2), "reading the FIFO blocked the loop"
+    refused = wait_for(lambda: directory.refresh() or [e for e in logs if e["event"] == "peers_file.invalid"], 3)
     assert directory.address("web_1").url == "http://10.0.0.4:8088"
-    refused = [e for e in logs if e["event"] == "peers_file.invalid"]
     assert len(refused) == 1 and "not a regular file" in refused[0]["problem"] and refused[0]["kept_entries"] == 1
 
 

@@ -11,7 +11,7 @@ from agent.config.config import loads
 from agent.loop.daemon import build
 from agent.health.health_store import HealthState
 from agent.systemd import Notifier
-from tests.imds_server import FakeImds, Raw
+from tests.imds_server import FakeImds, Raw, wait_for
 from tests.samples import sample
 
 SE = "/metadata/scheduledevents"
@@ -249,6 +249,6 @@ def test_start_survives_a_retry_after_in_unicode_digits_on_the_compute_call(tmp_
     d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     try:
         d.start()
-        assert d.vm_name == "vm1"
+        wait_for(lambda: run_for(d, clock, 1) or d.vm_name == "vm1")  # the lookup runs off the loop
     finally:
         d.shutdown()

@@ -13,6 +13,7 @@ from agent.metrics import Metrics
 from agent.coordination.peer_client import INVALID
 from agent.state.state_store import Store
 from tests.test_coordinator import answer, make_coordinator, peer, step, tracked, view
+from tests.imds_server import wait_for
 from tests.samples import sample
 
 VMS = [f"vm{i}" for i in range(1, 7)]
@@ -172,12 +173,11 @@ def test_peers_file_problems_are_reported_in_health_and_a_fix_is_used_at_once(tm
     peers.add(responses.GET, "http://new.invalid:2/v1/events/E1", json=view("vm2"))
     t = tracked(clock, ["vm1", "vm2"])
     run(coord, t, "vm1", clock, 20)
-    path.write_text("vm2: [broken\n")
-    step(coord, t, "vm1")
-    assert any(e.report.source_id == "coordination" for e in health.snapshot()), "a Warning report names the file"
+    path.write_text("vm2: [broken\n")  # the watcher's thread sees it within a second; the ticks go on meanwhile
+    wait_for(lambda: step(coord, t, "vm1") or any(e.report.source_id == "coordination" for e in health.snapshot()))
     assert coord.address("vm2").url == "http://old.invalid:1"
     path.write_text("vm2: http://new.invalid:2\n")
-    step(coord, t, "vm1")
+    wait_for(lambda: step(coord, t, "vm1") or coord.address("vm2").url == "http://new.invalid:2")
     step(coord, t, "vm1")
     assert sent == [["E1"]], "the new address was asked at once, not after the backoff"
     assert not any(e.report.source_id == "coordination" for e in health.snapshot())

@@ -76,6 +76,7 @@ def run_until(d, clock, when):
         d.tick()
     d.runner.wait_idle(10)
     d.coordinator.wait_idle(10)
+    d.store.wait_saved(5)  # the loop's records and journal lines are written in the background
     d.tick()
     d.coordinator.wait_idle(10)
 

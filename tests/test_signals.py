@@ -178,8 +178,8 @@ def test_maintd_outlives_bursts_of_sighup_with_events_in_flight_and_stops_on_sig
 
 
 def test_a_sigterm_cuts_the_identity_retries_at_start_short(tmp_path, restore_signals):
-    """While IMDS fails the compute call at start (retries for several seconds), a SIGTERM ends the
-    retries at once: the retry pause sleeps on the loop's sleeper, which the signal wakes."""
+    """While IMDS fails the compute call at start (retries for several seconds), start returns at once (the
+    lookup runs off the loop), the loop goes on, and a SIGTERM ends the loop and the lookup's retries at once."""
     imds = FakeImds()
     try:
         imds.get("/metadata/instance/compute", status=503, json={})
@@ -189,8 +189,12 @@ def test_a_sigterm_cuts_the_identity_retries_at_start_short(tmp_path, restore_si
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
         started = time.monotonic()
         d.start()
+        assert time.monotonic() - started < 0.25, "start waits for no compute call"
+        d.run()
         assert time.monotonic() - started < 1.5 and d.vm_name is None
         assert d.control.stop.is_set()
         d.shutdown()
+        wait_until(lambda: not any(t.name.startswith("identity") for t in threading.enumerate()), 1.0,
+                   "the identity lookup to end")
     finally:
         imds.close()

@@ -1,8 +1,9 @@
 """Where each peer is, as configured right now: the static map, the peers file, the template and this VM's identity.
 
 The coordinator asks `address(name)` before each request and calls `refresh()` once per tick, which
-rereads a changed `peers_file` (a bad one keeps the last good map, logged and reported in health
-until it is fixed). `status()` is what `maintd status` shows: the sources and, for each peer of a
+takes the last look of the `peers_file` watcher (`PeersWatch`, on a thread of its own: the tick
+never stats nor reads the file); a bad file keeps the last good map, logged and reported in health
+until it is fixed. `status()` is what `maintd status` shows: the sources and, for each peer of a
 pending event, the URL it is asked at and how that was decided.
 """
 
@@ -15,7 +16,7 @@ from agent.coordination.peer_addressing import Address, Identity, folded, resolv
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordination_rules import PeerState
 from agent.health.health_store import HealthState, HealthStore
-from agent.coordination.peers_file import PeersFile
+from agent.coordination.peers_file import PeersWatch
 from agent.model.tracker import Tracked
 from agent.model.events import SCHEDULED
 
@@ -31,7 +32,8 @@ class PeerDirectory:
         self.health = health
         self.log = logs.get("coordinator")
         self._identity: Identity | None = None
-        self._file = PeersFile(settings().peers_file)
+        self._watch = PeersWatch(settings().peers_file)
+        self._seen = 0  # the version of the watcher's look in force
         self._file_peers: dict[str, str] = {}
         self._static: tuple[dict[str, str], dict[str, str]] = ({}, {})
 
@@ -58,20 +60,22 @@ class PeerDirectory:
 
     def refresh(self) -> bool:
         """Follow a reload of the settings and a change of the peers file; True when a new good map is in force."""
-        if self._file.path != self.settings().peers_file:
-            self._file, self._file_peers = PeersFile(self.settings().peers_file), {}
-        peers, changed = self._file.current()
-        if not changed:
+        if self._watch.path != self.settings().peers_file:
+            self._watch.stop()
+            self._watch, self._seen, self._file_peers = PeersWatch(self.settings().peers_file), 0, {}
+        latest = self._watch.latest
+        if latest.version == self._seen:
             return False
-        self._file_peers = folded(peers)
-        problem = self._file.problem
+        self._seen = latest.version
+        self._file_peers = folded(latest.peers)
+        problem = latest.problem
         if problem:
             self.log.warning("peers_file.invalid", problem=problem, kept_entries=len(self._file_peers))
             if self.health:
                 self.health.set("coordination", "peers_file", HealthState.WARNING,
                                 f"{problem}; using the last good map ({len(self._file_peers)} peers)")
             return False
-        self.log.info("peers_file.loaded", path=self._file.path, entries=len(self._file_peers))
+        self.log.info("peers_file.loaded", path=self._watch.path, entries=len(self._file_peers))
         if self.health:
             self.health.remove("coordination", "peers_file")
         return True
@@ -98,8 +102,8 @@ class PeerDirectory:
         return {
             "peer_url": s.peer_url,
             "peers_static": len(s.peers),
-            "peers_file": self._file.path,
+            "peers_file": self._watch.path,
             "peers_file_entries": len(self._file_peers),
-            "peers_file_problem": self._file.problem,
+            "peers_file_problem": self._watch.latest.problem,
             "identity": {"name": me.name, "computer_name": me.computer_name, "scale_set": me.scale_set} if me else None,
         }

@@ -1,10 +1,11 @@
 """`coordination.peers_file`: a name → base URL map that a deploy tool or cloud-init writes, reread when it changes.
 
-The file is YAML (so JSON too): `{"web_3": "http://10.0.0.7:8088", ...}`. It is stat'ed at most
-once per `current()` call (once per coordination tick) and read again only when its size, mtime
-or inode changed. It is opened without following a link and without blocking (`O_NOFOLLOW |
+The file is YAML (so JSON too): `{"web_3": "http://10.0.0.7:8088", ...}`. `PeersWatch` looks at it
+on a thread of its own every `CHECK_EVERY` seconds, never on the loop: each look is one stat, and
+the file is read again only when its size, mtime or inode changed; the loop takes the last look
+as one immutable `PeersMap`. It is opened without following a link and without blocking (`O_NOFOLLOW |
 O_NONBLOCK`), and read only when the open file is a regular one of at most `MAX_BYTES`: a FIFO
-there would otherwise hang the loop in `open`. A missing, unreadable or invalid file never empties the fleet: the last good map
+there would otherwise hang the watcher in `open`. A missing, unreadable or invalid file never empties the fleet: the last good map
 stays in use and `problem` says what is wrong (the coordinator logs it and reports it in health
 and `maintd status`).
 """
@@ -15,7 +16,11 @@ import errno
 import os
 import re
 import stat
-from typing import Any
+import threading
+import weakref
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import yaml
 
@@ -23,11 +28,13 @@ from agent import jsonsafe
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_ENTRIES = 100_000
+CHECK_EVERY = 1.0
+"""Seconds between two looks at the peers file (on the watcher's thread)."""
 URL = re.compile(r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")
 
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-"""libyaml when present: a 1000-peer file then parses in a few ms on the loop thread, not 100."""
+"""libyaml when present: a 1000-peer file then parses in a few ms, not 100."""
 
 
 def _load(text: str) -> Any:
@@ -121,3 +128,48 @@ class PeersFile:
         except ValueError as exc:
             self.problem = f"{self.path}: {exc}"
         return self.peers, (self.peers, self.problem) != before
+
+
+@dataclass(frozen=True)
+class PeersMap:
+    """One look at the peers file, handed over whole: the map in force (the last good one), what is wrong
+    with the file now (None: nothing), and a version bumped whenever either changed."""
+
+    peers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    problem: str | None = None
+    version: int = 0
+
+
+class PeersWatch:
+    """Follows one peers file from a thread of its own; `latest` is the last look (no I/O to read it)."""
+
+    def __init__(self, path: str | None, every: float = CHECK_EVERY) -> None:
+        self.path = path
+        self.latest = PeersMap()
+        self._file = PeersFile(path)
+        self._stop = threading.Event()
+        if path is not None:
+            threading.Thread(target=_watch, args=(weakref.ref(self), self._stop, every), name="peers-file",
+                             daemon=True).start()
+
+    def look(self) -> None:
+        """Stat the file (read it when it changed) and publish a new `PeersMap` when the map or its problem changed."""
+        peers, changed = self._file.current()
+        if changed:
+            self.latest = PeersMap(MappingProxyType(dict(peers)), self._file.problem, self.latest.version + 1)
+
+    def stop(self) -> None:
+        """End the watcher's thread (also ended when the watch is dropped)."""
+        self._stop.set()
+
+
+def _watch(ref: "weakref.ref[PeersWatch]", stop: threading.Event, every: float) -> None:
+    """The watcher's thread: a look at once, then one every `every` seconds until stopped or the watch is gone."""
+    while True:
+        watch = ref()
+        if watch is None:
+            return
+        watch.look()
+        del watch  # holds no reference while it sleeps: a dropped watch ends its thread
+        if stop.wait(every):
+            return

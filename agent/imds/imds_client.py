@@ -211,6 +211,10 @@ class ImdsClient:
         """Make a poll under way fail at once (a SIGTERM need not wait for its timeout); signal-safe."""
         self._poll.interrupt()
 
+    def close(self) -> None:
+        """Close the kept poll socket (a reload replaced this client); approvals open their own connections."""
+        self._poll.close()
+
     def _remember_etag(self, etag: str | None) -> None:
         if etag != self._etag:
             self._etag = etag

@@ -44,6 +44,8 @@ class LoopView:
     last_tick: float = 0.0
     profile: Profile = DEFAULT_PROFILE
     profile_next_change: datetime | None = None
+    restart_needed: tuple[str, ...] = ()
+    """Keys a reload changed that take effect only after a restart (the running values stay)."""
 
     def stuck_for(self, now: float) -> float:
         """Seconds the loop is past the time it should have ticked again (0 when alive)."""
@@ -109,6 +111,7 @@ class LocalApi:
                       "write_error": self.store.write_error},
             "profile": lv.profile.name, "profile_approval": lv.profile.approval,
             "profile_next_change": iso_z_or_none(nxt),
+            "restart_needed": list(lv.restart_needed),
             **self.coordinator.status(lv.tracked, lv.vm_name),
         }
 

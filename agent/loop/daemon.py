@@ -32,6 +32,7 @@ from agent.imds.imds_client import PollResult
 from agent.metrics import Metrics
 from agent.windows.approval_policy import Profile, in_force
 from agent.loop.report import Reporter
+from agent.state.state_file import LoadReport
 from agent.http.routes import ApiServer
 from agent.systemd import Notifier, call_pinging
 from agent.health.tcp_probe import TcpProbe
@@ -96,6 +97,7 @@ class Daemon:
         self.report = Reporter(p.metrics, p.health, clock)
         self.log = logs.get("daemon")
         self.server: ApiServer | None = None
+        self.loaded: LoadReport | None = None
         self.tcp_probe: TcpProbe | None = None
         self.vm_name: str | None = p.vm_name
         self.tracked: dict[str, Tracked] = {}
@@ -127,27 +129,40 @@ class Daemon:
                              failures=self.cadence.failures, polls=self.cadence.polls,
                              last_success=self.cadence.last_success,
                              last_tick=self.last_tick, profile=self.profile,
-                             profile_next_change=self.profile_next_change)
+                             profile_next_change=self.profile_next_change, restart_needed=self.parts.restart_needed)
         return self.view
 
+    def load(self) -> LoadReport:
+        """Load the state (drains, events, results): before the probe or /healthz may answer anything."""
+        if self.loaded is None:
+            self.loaded = self.report.state_loaded(self.store)
+            self.tracked = self.store.tracked()
+            if self.rotation.undrain(STOP_DRAIN):
+                self.log.info("rotation.undrained", key=STOP_DRAIN, reason="maintd started again")
+        return self.loaded
+
     def start(self) -> None:
-        """Load the state, find this VM's name, report initial health."""
-        loaded = self.report.state_loaded(self.store)
-        self.tracked = self.store.tracked()
+        """Load the state (unless `load` did), find this VM's name, report initial health."""
+        loaded = self.load()
         self.log.info("daemon.started", events=loaded.events, state_dir=str(self.store.dir),
                       endpoint=self.config.imds.endpoint, dry_run=self.config.dry_run, boot_id=self.boot_id)
         self.health.set("imds", "poll", HealthState.OK, "starting: no poll yet")
-        if self.rotation.undrain(STOP_DRAIN):
-            self.log.info("rotation.undrained", key=STOP_DRAIN, reason="maintd started again")
         if self.vm_name is None:
-            self.resolve_identity(attempts=5)
+            self.parts.look_up_identity(attempts=5)  # off the loop: the first polls wait for it, the loop goes on
         self.runner.resume(self.preparation.resume(self.tracked))
         self.rules.start()
         self._publish()
 
     def resolve_identity(self, attempts: int) -> None:
-        """Learn this VM's name from IMDS (a few tries at start, then once per poll cycle)."""
-        self.vm_name = self.parts.resolve_identity(attempts, self.control.stop)
+        """Learn this VM's name from IMDS now, on this thread (`maintd run --once`; the loop never does)."""
+        identity = self.parts.ask_identity(attempts, self.control.stop)
+        if identity is not None:
+            self.parts.use_identity(identity)
+        self._identity_changed()
+
+    def _identity_changed(self) -> None:
+        """The name in force reaches the loop and the handlers' settings."""
+        self.vm_name = self.parts.vm_name
         self.parts.publish_settings(self.profile)
 
     # --- the loop -----------------------------------------------------------------------
@@ -194,11 +209,8 @@ class Daemon:
 
     def _poll_and_schedule(self, now: float) -> list[Transition]:
         interval, backoff = self.config.imds.poll_interval, self.config.imds.max_backoff
-        if self.vm_name is None:
-            self.resolve_identity(attempts=1)
-            if self.vm_name is None:
-                self.cadence.failed(now, interval, backoff)
-                return []
+        if self.vm_name is None and not self._identity_arrived(now):
+            return []
         try:
             result = self._fetch()
         except ImdsError as exc:
@@ -207,6 +219,20 @@ class Daemon:
             return []
         self.cadence.succeeded(self.clock.monotonic(), interval)
         return self._poll_succeeded(result)
+
+    def _identity_arrived(self, now: float) -> bool:
+        """Take the identity a lookup found off the loop; while none has, the poll waits (a failed lookup backs
+        off like a failed poll, then another starts)."""
+        taken = self.parts.take_identity()
+        if taken:
+            self._identity_changed()
+            return True
+        if taken is False:
+            self.cadence.failed(now, self.config.imds.poll_interval, self.config.imds.max_backoff)
+        else:
+            self.parts.look_up_identity(attempts=1)
+            self.cadence.next_poll = now + self.config.imds.poll_interval
+        return False
 
     def _fetch(self) -> PollResult:
         """The GET on the loop's own thread (its deadline bounds it, a stop interrupts it); only IMDS's
@@ -301,7 +327,7 @@ class Daemon:
         if not self.parts.reload(self.config_path):
             return False
         if self.config.identity != identity:
-            self.vm_name = self.parts.vm_name
+            self._identity_changed()
         self._update_profile()
         self._publish()
         return True

@@ -145,17 +145,14 @@ class Reporter:
 
     def events(self, tracked: dict[str, Tracked]) -> None:
         """Event gauges, next maintenance per type, and the maintenance/pending health report."""
-        self.metrics.events.clear()
-        counts: dict[tuple[str, str, str], int] = {}
+        counts: dict[tuple[str, ...], float] = {}
         for t in tracked.values():
             key = (t.event.type_label, t.event.status if t.event.status in KNOWN_STATUSES else "Other",
                    "self" if t.names_self else "other")
             counts[key] = counts.get(key, 0) + 1
-        for key, n in counts.items():
-            self.metrics.events.labels(*key).set(n)
-        self.metrics.next_maintenance.clear()
-        for label, when in next_maintenance(tracked.values()).items():
-            self.metrics.next_maintenance.labels(label).set(when.timestamp())
+        self.metrics.swap(self.metrics.events, counts)
+        self.metrics.swap(self.metrics.next_maintenance,
+                          {(label,): when.timestamp() for label, when in next_maintenance(tracked.values()).items()})
         pending = [t for t in tracked.values() if t.names_self]
         if pending:
             self.health.set("maintenance", "pending", HealthState.OK,

@@ -8,7 +8,10 @@ kept and named), `serve` starts the HTTP server (and the TCP probe) over the API
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import concurrent.futures
+import threading
+from dataclasses import dataclass, fields, replace
+from functools import reduce
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,7 +19,7 @@ from agent.config import config as config_mod
 from agent import logs
 from agent.loop.api import LocalApi, LoopView
 from agent.clock import Clock, Waitable
-from agent.config.config import Config
+from agent.config.config import Config, ServerConfig
 from agent.errors import ConfigError, ImdsError, StateError
 from agent.coordination.coordinator import Coordinator
 from agent.handlers.base import Result, Services
@@ -24,6 +27,7 @@ from agent.handlers.registry import instantiate
 from agent.health.health_store import HealthState, HealthStore
 from agent.imds.imds_client import ImdsClient, is_transient
 from agent.metrics import Metrics
+from agent.model.identity import Identity
 from agent.windows.approval_policy import Profile
 from agent.prepare.preparation import Preparation
 from agent.retry import retrying as retrying_on
@@ -39,8 +43,33 @@ from agent.health.tcp_probe import TcpProbe
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 STOP_DRAIN = "stop"
 """The rotation drain key maintd holds while it stops (removed when it starts again)."""
-RESTART_ONLY = "server.*, state.dir"
-"""Keys a reload cannot apply to a running daemon (they take effect after a restart)."""
+RESTART_KEYS: tuple[str, ...] = (
+    "state.dir", *(f"server.{f.name}" for f in fields(ServerConfig)), "probe.path", "probe.mode", "probe.listen",
+    "coordination.max_concurrency")
+"""Keys a reload cannot apply to a running daemon (the listening sockets, the route table, the state dir,
+the peer pools' size): they keep their running values until a restart. Every other key is applied by
+`Parts.reconfigure` (tests/test_reload.py holds every key of `Config` to one or the other)."""
+
+
+def value_at(config: Any, key: str) -> Any:
+    """The value of a dotted key (`probe.path`) in a config."""
+    return reduce(getattr, key.split("."), config)
+
+
+def with_value(config: Any, key: str, value: Any) -> Any:
+    """`config` with the dotted key set to `value` (sections replaced, never changed in place)."""
+    head, _, rest = key.partition(".")
+    return replace(config, **{head: with_value(getattr(config, head), rest, value) if rest else value})
+
+
+def changed_keys(old: Config, new: Config, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of `keys` whose value differs between two configs."""
+    return tuple(k for k in keys if value_at(old, k) != value_at(new, k))
+
+
+def with_values_of(old: Config, new: Config, keys: tuple[str, ...]) -> Config:
+    """`new` with `keys` as they are in `old`."""
+    return reduce(lambda cfg, k: with_value(cfg, k, value_at(old, k)), changed_keys(old, new, keys), new)
 
 
 def read_boot_id(path: str = BOOT_ID_PATH) -> str:
@@ -103,6 +132,9 @@ class Parts:
             on_change=callbacks.coordination_changed, gates=config.gates, local_health=self.health_json,
             warning_as_error=config.health.consider_warning_as_error, health=self.health)
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
+        self._stopping = threading.Event()  # cuts an identity lookup's retries short at stop
+        self._lookup: concurrent.futures.Future[Identity | None] | None = None
+        self.restart_needed: tuple[str, ...] = ()
 
     def peer_token(self) -> str | None:
         """The shared token peers must present on /v1 reads (None: reads are open)."""
@@ -124,21 +156,26 @@ class Parts:
     def reconfigure(self, new: Config) -> Config:
         """Apply a reloaded config to the running parts; returns the config now in force.
 
-        Every reloadable key takes effect here, from one place; `server.*` and `state.dir` keep
-        their running values (logged: they need a restart).
+        Every key takes effect here, from one place, or is one of `RESTART_KEYS`: those keep their running
+        values and are named (`reload.restart_needed`, `restart_needed` in `maintd status`) until a restart.
         """
         old = self.config
-        if new.server != old.server or new.state.dir != old.state.dir:
-            logs.get("daemon").warning("config.needs_restart", keys=RESTART_ONLY,
+        self.restart_needed = changed_keys(old, new, RESTART_KEYS)
+        if self.restart_needed:
+            logs.get("daemon").warning("reload.restart_needed", keys=list(self.restart_needed),
                                        hint="these take effect after systemctl restart maintd")
-            new = replace(new, server=old.server, state=replace(new.state, dir=old.state.dir))
+        new = with_values_of(old, new, RESTART_KEYS)
         logs.configure(new.log.format, new.log.level)
         self.store.retention = new.state.retention
+        self.store.journal_max_bytes, self.store.journal_keep = new.state.journal_max_bytes, new.state.journal_keep
         self.rotation.configure(new.probe.fail_on, new.health.consider_warning_as_error)
         if new.imds != old.imds:
+            self.imds.close()  # its kept poll socket: the new client opens its own
             self.imds = make_imds_client(new, self.clock, self.metrics)
-        if new.identity != old.identity:
+        if new.identity != old.identity:  # as a fresh start with the new config: a name, or a lookup
             self.vm_name = None if new.identity.name == "auto" else new.identity.name
+            self.coordinator.identity = None
+            self._lookup = None  # a lookup under way answers for the old config: its result is dropped
         if new.handlers != old.handlers:
             self.runner.handlers = instantiate(new.handlers, self.services)
             for h in self.runner.handlers:
@@ -154,26 +191,54 @@ class Parts:
         self.config = new
         return new
 
-
-    def resolve_identity(self, attempts: int, cancel: Waitable) -> str | None:
-        """Ask IMDS for this VM's compute identity (tenacity on the injected clock); its name, or None,
-        reported, when IMDS cannot tell."""
+    def ask_identity(self, attempts: int, cancel: Waitable) -> Identity | None:
+        """Ask IMDS for this VM's compute identity (tenacity on the injected clock); None, reported, when IMDS
+        cannot tell. Takes up to `attempts` compute calls of up to 10 s: never on the loop's thread."""
         retrying = retrying_on(self.clock, retry_if=is_transient, attempts=attempts, cancel=cancel,
                                maximum=min(10.0, self.config.imds.max_backoff))
         log = logs.get("daemon")
         try:
-            identity = retrying(self.imds.compute_identity)
+            identity: Identity = retrying(self.imds.compute_identity)
         except ImdsError as exc:
             log.error("identity.failed", error=str(exc), body=exc.body[:200] or None,
                       hint="set identity.name in the config if IMDS compute metadata is not available")
             self.health.set("imds", "identity", HealthState.ERROR, f"cannot learn this VM's name from IMDS: {exc}")
             return None
-        self.vm_name = name = identity.name
-        self.coordinator.identity = identity  # computer name and scale set: how peers are addressed
-        log.info("identity.resolved", vm_name=name, computer_name=identity.computer_name or None,
+        log.info("identity.resolved", vm_name=identity.name, computer_name=identity.computer_name or None,
                  scale_set=identity.scale_set or None)
-        self.health.set("imds", "identity", HealthState.OK, f"this VM is {name}")
-        return name
+        self.health.set("imds", "identity", HealthState.OK, f"this VM is {identity.name}")
+        return identity
+
+    def use_identity(self, identity: Identity) -> None:
+        """This VM is `identity`: its name for the loop, computer name and scale set for addressing peers."""
+        self.vm_name = identity.name
+        self.coordinator.identity = identity
+
+    def look_up_identity(self, attempts: int) -> None:
+        """Start asking IMDS for this VM's identity on a thread of its own, unless a lookup runs already
+        (a daemon thread: a compute call under way never holds up the exit)."""
+        if self._lookup is None:
+            self._lookup = concurrent.futures.Future()
+            threading.Thread(target=self._look_up, args=(self._lookup, attempts), name="identity", daemon=True).start()
+
+    def _look_up(self, lookup: "concurrent.futures.Future[Identity | None]", attempts: int) -> None:
+        try:
+            lookup.set_result(self.ask_identity(attempts, self._stopping))
+        finally:
+            if not lookup.done():  # a bug in the lookup (logged by the thread's excepthook): the loop asks again
+                lookup.set_result(None)
+
+    def take_identity(self) -> bool | None:
+        """On the loop: apply a finished lookup; True when this VM's name is known now, False when IMDS could
+        not tell (ask again later), None while no lookup has finished."""
+        lookup = self._lookup
+        if lookup is None or not lookup.done():
+            return None
+        self._lookup = None
+        identity = lookup.result()
+        if identity is not None and self.config.identity.name == "auto":  # not overtaken by a reload naming the VM
+            self.use_identity(identity)
+        return self.vm_name is not None
 
     def reload(self, path: str) -> bool:
         """Re-read the config file and apply it; a refused file keeps the running config (and says why)."""
@@ -206,6 +271,7 @@ class Parts:
 
     def stop(self, handler_grace: float) -> None:
         """Let handlers finish for `handler_grace` seconds, stop the workers, write the state a last time."""
+        self._stopping.set()
         self.runner.stop(handler_grace)
         self.rules.stop()
         self.coordinator.stop()

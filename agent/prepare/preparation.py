@@ -8,6 +8,8 @@ NotBefore moved, and releases what is due. An event whose preparation started is
 re-planning only updates its approval side. The start is recorded in the state store (result key
 `preparation`), so a restart holds what was held and resumes what had started; a held event that
 starts or vanishes drops its held work. Plans and each change of them go to the audit journal.
+Every record and journal line goes through the store's background writer: the loop never waits on
+the disk (a failed write is kept in memory and reported by the loop's `state/write` health).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from typing import Any, Callable, Mapping
 from agent import logs
 from agent.clock import Clock
 from agent.prepare.prepare_plan import PrepareConfig
+from agent.model.events import Event, SCHEDULED
 from agent.errors import StateError
-from agent.model.events import SCHEDULED, Event
 from agent.metrics import Metrics
 from agent.prepare.prepare_plan import Plan, make_plan, with_coordination
 from agent.windows.approval_policy import NOW, Profile
@@ -181,7 +183,7 @@ class Preparation:
         if previous is None or previous.to_json() != plan.to_json():
             fields = {"event_id": eid, "event_type": event.event_type, "cause": cause, **plan.to_json()}
             self.log.info("plan.made" if previous is None else "plan.changed", **fields)
-            self.store.journal("plan.made" if previous is None else "plan.changed", **fields)
+            self.store.journal("plan.made" if previous is None else "plan.changed", wait=False, **fields)
         return plan
 
     def _as_started(self, event_id: str, plan: Plan) -> Plan:
@@ -213,10 +215,7 @@ class Preparation:
                   "reason": plan.prepare_reason, "detail": plan.prepare_detail, "lead_time": plan.lead_time, "by": reason}
         self.log.info("preparation.started", event_id=event_id, reason=plan.prepare_reason, by=reason,
                       late_seconds=round(max(0.0, (now - plan.prepare_at).total_seconds()), 1))
-        try:
-            self.store.record(event_id, PREPARATION_KEY, record, journal="preparation.started")
-        except StateError as exc:  # kept in memory; the loop retries the write
-            self.log.error("state.write_failed", event_id=event_id, key=PREPARATION_KEY, error=str(exc))
+        self.store.record(event_id, PREPARATION_KEY, record, journal="preparation.started", wait=False)
 
     def _forget(self, event_id: str, why: str) -> None:
         with self._lock:
@@ -225,7 +224,7 @@ class Preparation:
                 self._plans.pop(event_id, None)
         if held is not None:
             self.log.info("preparation.dropped", event_id=event_id, reason=why)
-            self.store.journal("preparation.dropped", event_id=event_id, reason=why)
+            self.store.journal("preparation.dropped", wait=False, event_id=event_id, reason=why)
 
     def _export(self) -> None:
         """maintd_event_prepare_timestamp_seconds: the earliest held preparation time per event type."""
@@ -236,6 +235,4 @@ class Preparation:
                 if plan is not None:
                     label = tr.event.type_label
                     nxt[label] = min(nxt.get(label, plan.prepare_at), plan.prepare_at)
-        self.metrics.event_prepare.clear()
-        for label, when in nxt.items():
-            self.metrics.event_prepare.labels(label).set(when.timestamp())
+        self.metrics.swap(self.metrics.event_prepare, {(label,): when.timestamp() for label, when in nxt.items()})

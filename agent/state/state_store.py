@@ -10,8 +10,9 @@ write already covered returns at once (writes coalesce).
 Two paths:
 - `record`, `set_flag`, `flush` write through before they return (a handler
   result is on disk before the daemon acts on it) and raise `StateError` when the disk refuses.
-- `apply` and `prune` (the loop's path) return at once: a background writer saves them and the
-  journal lines they queue. `save_soon` asks it to retry; `write_error` and `write_failures` tell
+- `apply` and `prune`, and `record` and `journal` with `wait=False` (the loop's path: the loop never
+  opens, writes or fsyncs a file) return at once: a background writer saves them and the journal
+  lines they queue. `save_soon` asks it to retry; `write_error` and `write_failures` tell
   the daemon how it went.
 
 When the disk refuses (full, read-only) the change stays in memory and is written when it accepts
@@ -235,14 +236,23 @@ class Store:
         with self._lock:
             return json.loads(json.dumps(self._data["results"].get(event_id, {})))
 
-    def record(self, event_id: str, key: str, value: dict[str, Any], journal: str | None = None) -> None:
-        """Store a result and write it through; raises StateError if the disk refused (kept in memory)."""
+    def record(self, event_id: str, key: str, value: dict[str, Any], journal: str | None = None, *,
+               wait: bool = True) -> None:
+        """Store a result and write it through; raises StateError if the disk refused (kept in memory).
+        With `wait=False` (the loop's path) it returns at once and the background writer saves it."""
         with self._lock:
             self._data["results"].setdefault(event_id, {})[key] = value
             if journal:
                 self._queue_line(journal, event_id=event_id, key=key, **value)
             generation = self._changed()
-        self._save(generation)
+        self._write(generation, wait)
+
+    def _write(self, generation: int, wait: bool) -> None:
+        """Write up to `generation` now (raising StateError), or hand it to the background writer."""
+        if wait:
+            self._save(generation)
+        else:
+            self.save_soon()
 
     def flag(self, name: str) -> Any:
         """A persisted flag (None when unset)."""
@@ -261,11 +271,12 @@ class Store:
 
     # --- audit journal ------------------------------------------------------------------
 
-    def journal(self, kind: str, **fields: Any) -> None:
-        """Append one line to the audit journal now; a failure is remembered, never raised."""
+    def journal(self, kind: str, *, wait: bool = True, **fields: Any) -> None:
+        """Append one line to the audit journal now (with `wait=False`, by the background writer); a failure
+        is remembered, never raised."""
         with self._lock:
             self._queue_line(kind, **fields)
-        self._save(0)
+        self._write(0, wait)
 
     def _queue_line(self, kind: str, **fields: Any) -> None:
         self._lines.append(json.dumps({"t": iso_z(self.clock.now()), "kind": kind, **fields}, default=str,

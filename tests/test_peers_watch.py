@@ -1,0 +1,52 @@
+"""The peers file is watched, not re-read: the coordination tick takes the watcher's last look (an
+immutable map) and never stats, opens or reads the file; the watcher's thread follows changes."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from types import MappingProxyType
+
+from agent.coordination.coordination_settings import CoordinationConfig
+from agent.coordination.peer_directory import PeerDirectory
+from agent.coordination.peers_file import PeersWatch
+from tests.imds_server import wait_for
+
+
+def test_the_loops_refresh_never_touches_the_peers_file(tmp_path, monkeypatch):
+    """refresh() on the loop's thread makes no stat or open; a change arrives through the watcher's thread."""
+    path = tmp_path / "peers.yaml"
+    path.write_text("web_1: http://10.0.0.4:8088\n")
+    directory = PeerDirectory(lambda: CoordinationConfig(peers_file=str(path)), None)
+    on_loop: list[str] = []
+    for name in ("stat", "open", "lstat"):
+        real = getattr(os, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            if threading.current_thread() is threading.main_thread():
+                on_loop.append(_name)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(os, name, spy)
+    wait_for(directory.refresh)
+    path.write_text("web_1: http://10.0.0.9:8088\nweb_2: http://10.0.0.5:8088\n")
+    wait_for(directory.refresh, 3)
+    for _ in range(1000):
+        directory.refresh()
+    assert directory.address("web_2").url == "http://10.0.0.5:8088"
+    assert on_loop == []
+
+
+def test_a_look_is_handed_over_whole_and_a_dropped_watch_ends_its_thread(tmp_path):
+    """The map in force is read-only (the watcher replaces it, never changes it); a watch dropped on a
+    reload that changed the path leaves no thread behind."""
+    path = tmp_path / "peers.yaml"
+    path.write_text("web_1: http://10.0.0.4:8088\n")
+    before = set(threading.enumerate())
+    watch = PeersWatch(str(path), every=0.01)
+    mine = set(threading.enumerate()) - before
+    wait_for(lambda: watch.latest.version)
+    assert isinstance(watch.latest.peers, MappingProxyType) and dict(watch.latest.peers) == {"web_1": "http://10.0.0.4:8088"}
+    del watch
+    gc.collect()
+    assert mine and wait_for(lambda: not any(t.is_alive() for t in mine), 2)
