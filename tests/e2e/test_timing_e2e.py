@@ -32,13 +32,13 @@ def runs(path):
 
 
 def test_a_three_day_reboot_is_prepared_before_the_window_and_approved_inside_it(start_emulator, start_agent, tmp_path):
-    """Three emulated days of notice pass in 55 s. Outside the window approval is `never`; the
-    window (a fixed date 20–40 s from now, room for a slow start on a busy machine) allows `auto`. maintd holds the checkpoint until the
+    """Three emulated days of notice pass in 70 s. Outside the window approval is `never`; the
+    window (a fixed date 30–50 s from now, room for a slow start on a busy machine) allows `auto`. maintd holds the checkpoint until the
     window's start minus the 4 s lead time, then approves inside the window, not at first sight."""
     t0 = time.time()
-    start, end = t0 + 20, t0 + 40
-    emu = start_emulator(["vm-1"], "--time-scale", str(THREE_DAYS / 55),
-                         "--started-duration", str(THREE_DAYS / 55))  # Started for 1 s
+    start, end = t0 + 30, t0 + 50
+    emu = start_emulator(["vm-1"], "--time-scale", str(THREE_DAYS / 70),
+                         "--started-duration", str(THREE_DAYS / 70))  # Started for 1 s
     times, checkpoint = hook(tmp_path, "checkpoint")
     agent = start_agent(emu, "vm-1", {
         "handlers": [checkpoint],
@@ -60,7 +60,7 @@ def test_a_three_day_reboot_is_prepared_before_the_window_and_approved_inside_it
     assert "PREPARE" in table and "(window)" in table, table
     assert agent.get("/probe").status_code == 200, "in rotation while the preparation waits"
 
-    agent.wait_log("approval.sent", event_id=eid, timeout=40)
+    agent.wait_log("approval.sent", event_id=eid, timeout=50)
     approved = emu.approvals("vm-1")[0]["time"]
     ran = runs(times)
     assert len(ran) == 1 and ran[0] >= start - 4 - 0.5, f"prepared {ran[0] - start:+.1f}s from the window's start"
