@@ -31,7 +31,7 @@ def load_for_run(path: str, dry_run: bool = False) -> config_mod.Config:
 def cmd_run(args: argparse.Namespace) -> int:
     from agent import logs
     from agent.clock import SystemClock
-    from agent.loop.daemon import build
+    from agent.loop.daemon import Daemon
     from agent.errors import StateError
     from agent.state.state_file import check_dir
     from agent.systemd import listen_fds
@@ -48,7 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"maintd: {exc}", file=sys.stderr)
         return EX_CONFIG
     logs.configure(cfg.log.format, cfg.log.level)
-    daemon = build(cfg, SystemClock(), config_path=path)
+    daemon = Daemon(cfg, SystemClock(), config_path=path)
     if args.once:
         return run_once(daemon)
     daemon.control.install()

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from agent.config.config import loads
-from agent.loop.daemon import build
+from agent.loop.daemon import Daemon
 from agent.health.health_store import HealthState
 from agent.systemd import Notifier
 from tests.imds_server import FakeImds, Raw, wait_for
@@ -40,7 +40,7 @@ def imds():
 @pytest.fixture
 def daemon(tmp_path, clock, imds):
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}', max_backoff: 10s, stale_after: 60s}}\n")
-    d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+    d = Daemon(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     d.start()
     yield d
     d.shutdown()
@@ -145,7 +145,7 @@ def test_finished_events_leave_memory_and_the_state_file_after_the_retention(tmp
     then leaves memory and state.json within a quarter of the retention; a present event is never dropped."""
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}, retention: 2m}}\n"
                 f"imds: {{endpoint: '{imds.url}'}}\n")
-    d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+    d = Daemon(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     d.start()
     try:
         imds.get(SE, json=doc(reboot("gone"), reboot("stays")), headers={"Content-Type": "application/json"})
@@ -167,7 +167,7 @@ def test_a_prune_on_a_full_disk_is_reported_and_written_once_space_returns(tmp_p
     state/write Error, and the pruned state reaches state.json once space returns."""
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}, retention: 1m}}\n"
                 f"imds: {{endpoint: '{imds.url}'}}\n")
-    d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+    d = Daemon(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     d.start()
     try:
         imds.get(SE, json=doc(reboot("gone")), headers={"Content-Type": "application/json"})
@@ -211,7 +211,7 @@ def test_the_watchdog_is_pinged_while_imds_takes_its_time_with_the_first_answer(
 
     imds.add_callback("GET", SE, slow)
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n")
-    d = build(cfg, SystemClock(), boot_id="b", notifier=Notifier({"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "200000"}))
+    d = Daemon(cfg, SystemClock(), boot_id="b", notifier=Notifier({"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "200000"}))
     d.start()
     try:
         d.tick()
@@ -246,7 +246,7 @@ def test_start_survives_a_retry_after_in_unicode_digits_on_the_compute_call(tmp_
     imds.add_callback("GET", "/metadata/instance/compute", lambda _: BUSY_SUPERSCRIPT)
     imds.get("/metadata/instance/compute", json={"name": "vm1"})
     cfg = loads(f"state: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n")
-    d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+    d = Daemon(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     try:
         d.start()
         wait_for(lambda: run_for(d, clock, 1) or d.vm_name == "vm1")  # the lookup runs off the loop

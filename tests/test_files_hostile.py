@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from agent.clock import FakeClock
 from agent.config.config import load, loads
-from agent.loop.daemon import build
+from agent.loop.daemon import Daemon
 from agent.errors import ConfigError
 from agent.health.health_store import HealthState
 from agent.state.journal import read_journal
@@ -99,7 +99,7 @@ def test_the_daemon_reports_unusable_token_files_and_never_opens_reads(tmp_path,
     os.chmod(server, 0o644)
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path / 'state'}}}\n"
                 f"coordination: {{token_file: {peer}}}\nserver: {{token_file: {server}}}\n")
-    d = build(cfg, clock, boot_id="b", notifier=Notifier({}))
+    d = Daemon(cfg, clock, boot_id="b", notifier=Notifier({}))
     assert d.parts.peer_token() not in (None, "") and d.parts.server_token() not in (None, "s3cret")
     errors = {e.report.property for e in d.health.snapshot()
               if e.report.source_id == "config" and e.state == HealthState.ERROR}
@@ -111,7 +111,7 @@ def test_a_reload_onto_a_damaged_config_file_keeps_the_running_config(tmp_path, 
     path = tmp_path / "maintd.yaml"
     path.write_text(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path / 'state'}}}\nimds: {{poll_interval: 2s}}\n")
     os.chmod(path, 0o600)
-    d = build(load(path), clock, boot_id="b", notifier=Notifier({}), config_path=str(path))
+    d = Daemon(load(path), clock, boot_id="b", notifier=Notifier({}), config_path=str(path))
     path.write_bytes(os.urandom(64) + b"\xff")
     assert d.reload() is False and d.config.imds.poll_interval == 2
     assert any(e.report.source_id == "config" and e.report.property == "reload" for e in d.health.snapshot())

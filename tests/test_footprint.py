@@ -23,14 +23,14 @@ import dataclasses, json, sys, tempfile
 from agent import cli
 from agent.clock import SystemClock
 from agent.config.config import load, loads
-from agent.loop.daemon import build
+from agent.loop.daemon import Daemon
 from agent.systemd import Notifier
 
 cfg = load(sys.argv[1], check_perms=False) if sys.argv[1].endswith(".yaml") else loads(sys.argv[1])
 with tempfile.TemporaryDirectory() as tmp:
     cfg = dataclasses.replace(cfg, state=dataclasses.replace(cfg.state, dir=tmp),
                               server=dataclasses.replace(cfg.server, listen="127.0.0.1:0"))
-    build(cfg, SystemClock(), notifier=Notifier({}))
+    Daemon(cfg, SystemClock(), notifier=Notifier({}))
 print(json.dumps(sorted(sys.modules)))
 """
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from agent.config.config import loads
-from agent.loop.daemon import build
+from agent.loop.daemon import Daemon
 from agent.model.events import Event
 from agent.handlers.base import CANCELED, OK, Context, HandlerSpec, Services, Settings
 from agent.handlers.drain import DrainHandler
@@ -76,7 +76,7 @@ def test_a_drain_for_an_event_already_gone_is_lifted_again(tmp_path, clock):
 def daemon(tmp_path, clock):
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {full_disk(tmp_path)}}}\n"
                 "server: {listen: '127.0.0.1:0'}\n")
-    d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+    d = Daemon(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     d.serve()
     yield d
     d.shutdown()

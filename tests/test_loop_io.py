@@ -15,7 +15,7 @@ import pytest
 
 from agent.clock import FakeClock
 from agent.config.config import loads
-from agent.loop.daemon import build
+from agent.loop.daemon import Daemon
 from agent.state.journal import read_journal
 from agent.systemd import Notifier
 from tests.imds_server import wait_for
@@ -62,7 +62,7 @@ def test_a_whole_event_is_handled_without_one_file_call_on_the_loop(tmp_path, cl
     """Appear, held for its lead time, prepared, approved, started, completed: no open, fsync or replace
     on the loop's thread, and everything still reaches the state file and the journal."""
     imds.upsert("GET", SE, json={"DocumentIncarnation": 1, "Events": [reboot("Scheduled")]})
-    d = build(loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n"
+    d = Daemon(loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n"
                     "profiles:\n  - {name: slot, approval: auto, fixed_date: {start: 2026-01-05T10:20:00Z, "
                     "end: 2026-01-05T11:00:00Z}}\n  - {name: default, approval: never}\nprepare: {lead_time: 1m}\n"
                     "handlers:\n  - {name: checkpoint, type: exec, phases: [scheduled, completed], command: [/bin/true]}\n"),
@@ -108,7 +108,7 @@ def test_the_loop_ticks_on_while_imds_takes_its_time_with_the_compute_metadata(t
 
     imds.add_callback("GET", "/metadata/instance/compute", slow_compute)
     imds.upsert("GET", SE, json={"DocumentIncarnation": 1, "Events": [reboot("Scheduled")]})
-    d = build(loads(f"state: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n"), clock, boot_id="b",
+    d = Daemon(loads(f"state: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n"), clock, boot_id="b",
               notifier=Notifier({}))
     try:
         began = time.monotonic()

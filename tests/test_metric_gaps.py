@@ -13,7 +13,7 @@ from prometheus_client import Gauge
 
 from agent.clock import FakeClock
 from agent.config.config import loads
-from agent.loop.daemon import build
+from agent.loop.daemon import Daemon
 from agent.systemd import Notifier
 from tests.test_daemon import SE, imds  # noqa: F401 (IMDS scripted for the daemon's life; approvals succeed)
 
@@ -40,7 +40,7 @@ def clock() -> FakeClock:
 def test_scrapes_between_every_gauge_call_of_a_tick_miss_no_lasting_series(tmp_path, clock, imds, monkeypatch):
     """maintd_events, maintd_next_maintenance_timestamp_seconds and maintd_event_prepare_timestamp_seconds keep
     every series that lives through a tick in each scrape taken in the middle of it."""
-    d = build(loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n"
+    d = Daemon(loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n"
                     "profiles:\n  - {name: default, approval: never}\nprepare: {lead_time: 10m}\n"),
               clock, boot_id="b", notifier=Notifier({}))
     d.start()

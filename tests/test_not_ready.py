@@ -8,7 +8,7 @@ import pytest
 
 from agent.cliclient import _events_table
 from agent.config.config import loads
-from agent.loop.daemon import build
+from agent.loop.daemon import Daemon
 from agent.systemd import Notifier
 from tests.e2e.harness import http
 from tests.imds_server import FakeImds
@@ -30,7 +30,7 @@ def api(tmp_path, clock):
                 f"imds: {{endpoint: '{imds.url}'}}\n"
                 "handlers:\n  - {name: ckpt, type: exec, phases: [scheduled], command: [/bin/false]}\n")
     try:
-        d = build(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+        d = Daemon(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
         d.start()
         d.tick()
         assert d.runner.wait_idle(10)

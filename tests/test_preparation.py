@@ -10,7 +10,7 @@ import pytest
 
 from agent.clock import FakeClock
 from agent.config.config import loads
-from agent.loop.daemon import build
+from agent.loop.daemon import Daemon
 from agent.state.journal import read_journal
 from agent.systemd import Notifier
 from tests.test_daemon import SE, imds  # noqa: F401 (IMDS scripted for the daemon's life; approvals succeed)
@@ -57,7 +57,7 @@ def make(tmp_path, clock, imds):
         path = tmp_path / "maintd.yaml"
         path.write_text(text)
         path.chmod(0o600)
-        d = build(loads(text), clock, boot_id="boot-1", notifier=Notifier({}), config_path=str(path))
+        d = Daemon(loads(text), clock, boot_id="boot-1", notifier=Notifier({}), config_path=str(path))
         d.start()
         started.append(d)
         return d

@@ -13,7 +13,7 @@ import yaml
 from agent.config.config import Config
 from agent.loop import wiring
 from agent.model.identity import Identity
-from agent.loop.daemon import build
+from agent.loop.daemon import Daemon
 from agent.health.health_store import HealthState
 from agent.imds.imds_client import PollResult
 from agent.model.events import Document
@@ -65,7 +65,7 @@ def agent(tmp_path, clock, write_config, monkeypatch):
         return d
 
     from agent.config.config import load
-    d = build(load(str(path)), clock, boot_id="b", notifier=Notifier({}), config_path=str(path))
+    d = Daemon(load(str(path)), clock, boot_id="b", notifier=Notifier({}), config_path=str(path))
     d.start()
     d.reload_with = reload_with
     d.api = wiring.make_api(d.parts, lambda: d.view)

@@ -17,7 +17,7 @@ import yaml
 
 from agent.clock import SystemClock
 from agent.config.config import loads
-from agent.loop.daemon import build
+from agent.loop.daemon import Daemon
 from agent.systemd import Notifier
 from tests.e2e.harness import CLEAN_ENV, Agent, Emulator, free_port, wait_until
 from tests.imds_server import FakeImds
@@ -117,7 +117,7 @@ def test_a_signal_from_another_thread_wakes_the_loops_sleep_at_once(tmp_path, re
     (whichever thread the kernel gives it to, the wakeup fd reaches the loop's self-pipe), and the
     reload is done on that wake."""
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: 'http://127.0.0.1:9'}}\n")
-    d = build(cfg, SystemClock(), boot_id="boot-1", notifier=Notifier({}))
+    d = Daemon(cfg, SystemClock(), boot_id="boot-1", notifier=Notifier({}))
     d.control.install()
     d.cadence.next_poll = d.clock.monotonic() + 5
     threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGHUP)).start()
@@ -184,7 +184,7 @@ def test_a_sigterm_cuts_the_identity_retries_at_start_short(tmp_path, restore_si
     try:
         imds.get("/metadata/instance/compute", status=503, json={})
         cfg = loads(f"state: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}', max_backoff: 10s}}\n")
-        d = build(cfg, SystemClock(), boot_id="boot-1", notifier=Notifier({}))
+        d = Daemon(cfg, SystemClock(), boot_id="boot-1", notifier=Notifier({}))
         d.control.install()
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
         started = time.monotonic()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from agent.config.config import loads
-from agent.loop.daemon import build
+from agent.loop.daemon import Daemon
 from agent.systemd import Notifier
 
 CONFIG = """identity: {{name: vm1}}
@@ -19,7 +19,7 @@ profiles:
 
 def test_the_stop_drain_waits_the_profiles_drain_grace_out_of_rotation(tmp_path, clock):
     """Before: the stop drain waited lb_timeout + probe.drain_grace (12 s) and ignored the profile's 25 s grace."""
-    d = build(loads(CONFIG.format(dir=tmp_path)), clock, boot_id="b", notifier=Notifier({}))
+    d = Daemon(loads(CONFIG.format(dir=tmp_path)), clock, boot_id="b", notifier=Notifier({}))
     d.parts.publish_settings(d.profile)
     start = clock.monotonic()
     d.parts.drain_for_stop(threading.Event())

@@ -85,7 +85,7 @@ class Control:
 class Daemon:
     """One maintd instance. `start()`, then `tick()` repeatedly (or `run()`), then `shutdown()`."""
 
-    def __init__(self, config: Config, *, clock: Clock, metrics: Metrics | None = None,
+    def __init__(self, config: Config, clock: Clock, *, metrics: Metrics | None = None,
                  boot_id: str | None = None, notifier: Notifier | None = None, config_path: str | None = None) -> None:
         self.parts = Parts(config, clock, Callbacks(self._handler_result, self.wake_coordination),
                            metrics=metrics, boot_id=boot_id, notifier=notifier)
@@ -344,10 +344,3 @@ class Daemon:
         if self.server is not None:
             self.server.close()
         self.log.info("daemon.stopped", polls=self.cadence.polls)
-
-
-def build(config: Config, clock: Clock, *, config_path: str | None = None, metrics: Metrics | None = None,
-          boot_id: str | None = None, notifier: Notifier | None = None) -> Daemon:
-    """The daemon with every part the config asks for, wired together."""
-    return Daemon(config, clock=clock, metrics=metrics, boot_id=boot_id, notifier=notifier,
-                  config_path=config_path)
