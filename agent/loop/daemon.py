@@ -339,6 +339,7 @@ class Daemon:
             self.control.stopping()
         self.parts.drain_for_stop(self.control.second_stop)
         self.parts.stop(HANDLER_STOP_GRACE)
+        self.report.state_write_status(self.store, retry=False)
         if self.tcp_probe is not None:
             self.tcp_probe.stop()
         if self.server is not None:

@@ -184,9 +184,10 @@ class Reporter:
                             + (f" (old file kept at {report.moved_aside})" if report.moved_aside else ""))
         return report
 
-    def state_write_status(self, store: Store) -> None:
-        """Retry a pending write (in the background); report the disk's state whichever thread's write failed."""
-        if store.dirty:
+    def state_write_status(self, store: Store, retry: bool = True) -> None:
+        """Retry a pending write (in the background); report the disk's state whichever thread's write failed.
+        The one place that logs `state.write_failed`: writers on other threads leave it to this."""
+        if retry and store.dirty:
             store.save_soon()
         failures = store.write_failures
         if failures > self._state_failures_seen:

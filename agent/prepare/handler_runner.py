@@ -260,9 +260,8 @@ class Runner:
     def _record(self, event_id: str, key: str, value: dict[str, Any], journal: str | None = None) -> None:
         try:
             self.store.record(event_id, key, value, journal=journal)
-        except StateError as exc:
-            self.log.error("state.write_failed", event_id=event_id, key=key, error=str(exc),
-                           hint="kept in memory; written when the disk accepts it")
+        except StateError:  # kept in memory; the loop's report says so once (state.write_failed) and retries
+            pass
 
     # --- readiness and lifecycle ----------------------------------------------------------
 

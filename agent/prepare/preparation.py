@@ -23,7 +23,6 @@ from agent import logs
 from agent.clock import Clock
 from agent.prepare.prepare_plan import PrepareConfig
 from agent.model.events import Event, SCHEDULED
-from agent.errors import StateError
 from agent.metrics import Metrics
 from agent.prepare.prepare_plan import Plan, make_plan, with_coordination
 from agent.windows.approval_policy import NOW, Profile
