@@ -20,6 +20,7 @@ from agent.metrics import Metrics
 from agent.windows.approval_policy import Profile
 from agent.state.state_store import LoadReport, Store
 from agent.model.tracker import Tracked, Transition
+from agent.model.timefmt import iso_z_or_none
 
 
 def next_maintenance(tracked: Iterable[Tracked]) -> dict[str, datetime]:
@@ -131,7 +132,7 @@ class Reporter:
         fields: dict[str, Any] = {"event_id": e.event_id, "event_type": e.event_type, "status": e.status,
                                   "names_self": tr.names_self, "resources": len(e.resources)}
         if tr.kind == "appeared":
-            fields.update(not_before=e.not_before.isoformat() if e.not_before else None, source=e.source,
+            fields.update(not_before=iso_z_or_none(e.not_before), source=e.source,
                           duration_seconds=e.duration_seconds, live_migration=e.live_migration,
                           description=e.description)
             if e.not_before is not None:

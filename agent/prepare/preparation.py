@@ -30,6 +30,7 @@ from agent.state.state_store import Store
 from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
 from agent.model.outcomes import PHASE_SCHEDULED
 from agent.prepare.run_records import RunKey
+from agent.model.timefmt import iso_z
 
 PREPARATION_KEY = "preparation"
 
@@ -210,7 +211,7 @@ class Preparation:
 
     def _record_start(self, event_id: str, plan: Plan, reason: str) -> None:
         now = self.clock.now()
-        record = {"status": "started", "at": now.isoformat(), "planned_at": plan.prepare_at.isoformat(),
+        record = {"status": "started", "at": iso_z(now), "planned_at": iso_z(plan.prepare_at),
                   "reason": plan.prepare_reason, "detail": plan.prepare_detail, "lead_time": plan.lead_time, "by": reason}
         self.log.info("preparation.started", event_id=event_id, reason=plan.prepare_reason, by=reason,
                       late_seconds=round(max(0.0, (now - plan.prepare_at).total_seconds()), 1))

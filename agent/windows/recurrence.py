@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo
 from dateutil import rrule as rr
 
 from agent.errors import ConfigValueError
+from agent.model.timefmt import iso_z
 
 _UTC = timezone.utc
 _FREQ = {"minute": rr.MINUTELY, "hour": rr.HOURLY, "day": rr.DAILY, "week": rr.WEEKLY, "month": rr.MONTHLY}
@@ -162,7 +163,7 @@ def compile_rules(frequency: str, interval: int, pattern: Pattern, tz: ZoneInfo,
         until = deque(itertools.islice(_union(rules), count), maxlen=1)[0].astimezone(_UTC)
     if until is not None:
         if first > until:
-            raise ConfigValueError("end_time", f"is before the first occurrence ({first.isoformat()})")
+            raise ConfigValueError("end_time", f"is before the first occurrence ({iso_z(first)})")
         rules = [rule.replace(until=until) for rule in rules]
     wall = start.replace(tzinfo=None)
     return Rules(frequency, interval, tz, wall, _origin(frequency, wall), tuple(rules), first, until)

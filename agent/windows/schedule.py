@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.model.config_schema import REQUIRED, choice, did_you_mean, integer, list_of, opt, optional, parse_section, section, text
 from agent.errors import ConfigValueError
+from agent.model.timefmt import iso_z
 
 if TYPE_CHECKING:
     from zoneinfo import ZoneInfo
@@ -243,7 +244,7 @@ def parse_fixed_date(value: Any) -> FixedDate:
     start = _localize(config.start, tz).astimezone(_UTC)
     end = _localize(config.end, tz).astimezone(_UTC)
     if end <= start:
-        raise ConfigValueError("end", f"must be after start ({start.isoformat()})")
+        raise ConfigValueError("end", f"must be after start ({iso_z(start)})")
     return FixedDate(start, end)
 
 
