@@ -122,7 +122,7 @@ class ServerConfig:
                                   "root, maintd's own user and server.unix_socket_group may read and act; the CLI "
                                   "uses it first; null: none")
     unix_socket_group: str | None = opt(optional(text(r"^[a-z_][a-z0-9_-]*\$?$", "a group name")), None,
-                                        "group whose members may use server.unix_socket besides root")
+                                        "group whose members may use server.unix_socket besides root and maintd's user")
 
     def validate(self) -> None:
         if self.unix_socket and len(os.fsencode(self.unix_socket)) > MAX_SOCKET_PATH:
