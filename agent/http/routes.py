@@ -316,7 +316,7 @@ def how_to_act(unix_socket: str | None, loopback: bool) -> str:
         return f"changes need a bearer token: {token}"
     socket_way = (f"use the unix socket {unix_socket} as root (sudo maintd drain|undrain|approve, or "
                   f"curl --unix-socket {unix_socket} -X POST http://localhost/v1/...), or " if unix_socket else "")
-    return (f"changes from 127.0.0.1 need more than loopback: {socket_way}{token}; "
+    return (f"loopback alone cannot make changes: {socket_way}{token}; "
             "server.require_token_on_loopback: false lets every local user act (see the README's upgrade notes)")
 
 
