@@ -58,7 +58,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         daemon.serve(sockets[0] if sockets else None)
     except OSError as exc:
         daemon.log.error("server.bind_failed", listen=cfg.server.listen, error=str(exc),
-                         hint="another process holds the port; change server.listen or stop it")
+                         hint="another process holds the port or the unix socket, or maintd may not create it; "
+                              "change server.listen or server.unix_socket, or stop the other process")
         return 1
     daemon.start()
     gc.freeze()  # the objects made at start live as long as the process: keep them out of every collection
@@ -166,7 +167,8 @@ def parser() -> argparse.ArgumentParser:
     def client(name: str, help_: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("--config", help=f"config file (default $MAINTD_CONFIG or {config_mod.DEFAULT_PATH})")
-        sp.add_argument("--url", help="the daemon's base URL (default: from server.listen in the config)")
+        sp.add_argument("--url", help="ask the daemon over TCP at this base URL with $MAINTD_TOKEN or a readable "
+                                      "server.token_file (default: server.unix_socket, else server.listen)")
         sp.set_defaults(fn=cmd_client)
         return sp
 

@@ -1,4 +1,4 @@
-"""The CLI's client side: the commands that talk to a running daemon (over its unix socket or
+"""The CLI's client side: the commands that talk to a running daemon (over its unix socket, else
 loopback TCP), and `events --history` from the audit journal.
 
 Kept apart from `agent.cli`, which imports it only to run one of `COMMANDS`: `maintd run` never
@@ -21,7 +21,7 @@ from agent.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class _Target:
-    """Where and how the CLI reaches the daemon."""
+    """Where and how the CLI reaches the daemon: its unix socket first when there is one, else loopback TCP."""
 
     url: str
     unix_socket: str | None = None
@@ -29,29 +29,33 @@ class _Target:
 
 
 def _target(args: argparse.Namespace) -> _Target:
-    """--url as given; else from the config: its unix socket when this user may use it, else loopback TCP.
+    """--url as given (TCP only); else from the config: its unix socket, with loopback TCP behind it.
 
-    The token is $MAINTD_TOKEN, else the contents of server.token_file when this user can read it
-    (root can), so `server.require_token_on_loopback` does not lock root's CLI out.
+    The token (sent over TCP only; on the socket the caller's uid decides) is $MAINTD_TOKEN, else the
+    contents of server.token_file when this user can read it.
     """
-    env_token = os.environ.get("MAINTD_TOKEN") or None
-    if args.url:
-        return _Target(args.url.rstrip("/"), token=env_token)
     try:
         server = config_mod.load(config_mod.path_from(args.config), check_perms=False).server
     except ConfigError:
         server = config_mod.ServerConfig(listen="127.0.0.1:8088")
+    token = os.environ.get("MAINTD_TOKEN") or _read_token(server.token_file)
+    if args.url:
+        return _Target(args.url.rstrip("/"), token=token)
     host, _, port = server.listen.rpartition(":")
     if host in ("0.0.0.0", "", "[::]", "::"):
         host = "127.0.0.1"
-    unix = server.unix_socket if server.unix_socket and os.access(server.unix_socket, os.W_OK) else None
-    token = env_token
-    if token is None and server.token_file and not unix:
-        try:
-            token = open(server.token_file, encoding="utf-8").read().strip() or None
-        except OSError:
-            pass
-    return _Target(f"http://{host}:{port}", unix, token)
+    return _Target(f"http://{host}:{port}", server.unix_socket, token)
+
+
+def _read_token(path: str | None) -> str | None:
+    """The token in `path` when this user may read it (root may), else None."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -67,45 +71,64 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock.connect(self.unix_path)
 
 
-def _send(target: _Target, method: str, path: str, body: Any) -> tuple[int, str]:
-    """(status, text) of one request to the daemon; raises OSError (requests' errors are OSErrors) when it is
-    unreachable."""
-    headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
+@dataclasses.dataclass(frozen=True)
+class _Answer:
+    """The daemon's answer, and why the unix socket was passed over for TCP (None: it was used, or there is none)."""
+
+    status: int
+    text: str
+    fallback: str | None = None
+
+
+def _send(target: _Target, method: str, path: str, body: Any) -> _Answer:
+    """One request to the daemon: over the unix socket when it can be connected to, else TCP; raises OSError
+    (requests' errors are OSErrors) when the daemon is unreachable."""
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    fallback = None
     if target.unix_socket:
         conn = _UnixConnection(target.unix_socket, timeout=10)
         try:
-            data = json.dumps(body).encode() if body is not None else None
-            if data is not None:
-                headers["Content-Type"] = "application/json"
-            conn.request(method, path, body=data, headers=headers)
-            answer = conn.getresponse()
-            return answer.status, answer.read().decode("utf-8", "replace")
-        finally:
+            conn.connect()  # only a failure to connect falls back: a request once sent is never sent twice
+        except OSError as exc:
             conn.close()
+            fallback = (f"the CLI could not use the unix socket {target.unix_socket} "
+                        f"({exc.strerror or type(exc).__name__}) and asked {target.url} instead")
+        else:
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                answer = conn.getresponse()
+                return _Answer(answer.status, answer.read().decode("utf-8", "replace"))
+            finally:
+                conn.close()
     import requests  # only the CLI's TCP path: the daemon never needs it for this
 
+    if target.token:
+        headers["Authorization"] = f"Bearer {target.token}"
     session = requests.Session()
     session.trust_env = False
-    response = session.request(method, target.url + path, json=body, headers=headers, timeout=10)
-    return response.status_code, response.text
+    response = session.request(method, target.url + path, data=data, headers=headers, timeout=10)
+    return _Answer(response.status_code, response.text, fallback)
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
-    """The daemon's JSON answer; a failure to reach it or a non-200 answer ends the command with status 1."""
+    """The daemon's JSON answer; a failure to reach it or a non-200 answer ends the command with status 1 and
+    says why (and, when the unix socket could not be used, why not and what to do)."""
     target = _target(args)
     try:
-        status, text = _send(target, method, path, body)
+        sent = _send(target, method, path, body)
     except OSError as exc:
-        where = target.unix_socket or target.url + path
+        where = " or ".join(filter(None, (target.unix_socket, target.url + path)))
         raise SystemExit(f"maintd: cannot reach the daemon at {where} ({type(exc).__name__}); is it running? "
                          "(systemctl status maintd; or pass --url)") from None
     try:
-        answer = json.loads(text)
+        answer = json.loads(sent.text)
     except ValueError:
-        answer = text
-    if status != 200:
+        answer = sent.text
+    if sent.status != 200:
         message = answer.get("error") if isinstance(answer, dict) else answer
-        raise SystemExit(f"maintd: the daemon answered {status}: {message}")
+        why = f"\nmaintd: {sent.fallback}" if sent.fallback and sent.status in (401, 403) else ""
+        raise SystemExit(f"maintd: the daemon answered {sent.status}: {message}{why}")
     return answer
 
 

@@ -35,12 +35,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def demo_config(endpoint: str, listen: str, state_dir: str) -> dict[str, Any]:
-    """The shipped demo.yaml with this run's emulator, port and state directory."""
+def demo_config(endpoint: str, listen: str, run_dir: str) -> dict[str, Any]:
+    """The shipped demo.yaml with this run's emulator, port, and its state and unix socket in `run_dir`."""
     data = yaml.safe_load(resources.files("agent").joinpath("demo.yaml").read_text())
     data["imds"]["endpoint"] = endpoint
     data["server"]["listen"] = listen
-    data["state"]["dir"] = state_dir
+    data["server"]["unix_socket"] = str(Path(run_dir) / "maintd.sock")
+    data["state"]["dir"] = str(Path(run_dir) / "state")
     return data
 
 
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="maintd-demo-") as tmp:
         cfg_path = Path(tmp) / "maintd.yaml"
-        cfg_path.write_text(yaml.safe_dump(demo_config(urls[VM], f"127.0.0.1:{port}", str(Path(tmp) / "state"))))
+        cfg_path.write_text(yaml.safe_dump(demo_config(urls[VM], f"127.0.0.1:{port}", tmp)))
         os.chmod(cfg_path, 0o600)
         say(f"IMDS emulator on {urls[VM]}; starting the agent (API and probe on {base})")
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "JOURNAL_STREAM")}

@@ -2,7 +2,7 @@
 # Install dist/maintd_*.deb with apt into a clean Debian 12 root (debootstrap) and run it there
 # with Debian's own library versions: maintd --version, check-config of the shipped files, an
 # upgrade in place (reinstall under a running maintd: the conffile and the state are kept, nothing
-# that had finished runs again), demo.
+# that had finished runs again), root's CLI over the default unix socket, demo.
 #   packaging/test-install.sh [ROOT]      (default /var/cache/maintd-ci/bookworm; reused if present)
 # Needs root, debootstrap and deb.debian.org (a package registry); the root comes from debroot.sh.
 set -euo pipefail
@@ -75,6 +75,13 @@ runs=$(sort "$root/var/lib/maintd-runs" | tr '\n' ' ')
 [ "$runs" = "second:2 third:1 " ] || { echo "hooks ran: $runs (want second:2 third:1)" >&2; exit 1; }
 approved
 echo "   kept: the admin's config, the state (nothing that had finished ran again: $runs)"
+echo "== secure by default: root's CLI acts over /run/maintd/maintd.sock, a tokenless loopback POST is 401"
+in_root maintd drain --reason install-test | grep -q "out of rotation: install-test"
+in_root maintd undrain | grep -q "manual drain lifted"
+in_root python3 -c "import urllib.error as e, urllib.request as u
+try: u.urlopen(u.Request('http://127.0.0.1:$((port + 1))/v1/drain', b'', method='POST'))
+except e.HTTPError as refused: raise SystemExit(0 if refused.code == 401 else refused.code)
+raise SystemExit('a tokenless loopback drain was accepted')"
 kill "${pids[@]}" 2>/dev/null || true
 wait "${pids[@]}" 2>/dev/null || true
 pids=()

@@ -53,7 +53,7 @@ def test_run_refuses_a_group_writable_config(write_config):
 
 
 def test_client_commands_say_clearly_when_the_daemon_is_not_running(write_config):
-    cfg = write_config(f"server: {{listen: '127.0.0.1:{free_port()}'}}\n")
+    cfg = write_config(f"server: {{listen: '127.0.0.1:{free_port()}', unix_socket: null}}\n")
     for command in ("status", "events", "health", "undrain"):
         done = maintd(command, "--config", str(cfg))
         assert done.returncode != 0 and "is it running?" in done.stderr, (command, done.stderr)
@@ -85,13 +85,13 @@ def test_root_cli_acts_over_the_unix_socket_and_is_journaled_by_uid(write_config
 
 
 def test_root_cli_shows_the_token_file_when_loopback_needs_a_token(write_config, tmp_path):
-    """server.require_token_on_loopback without a unix socket: the CLI reads server.token_file itself."""
+    """Loopback needs the token (the default) and there is no unix socket: the CLI reads server.token_file itself."""
     token = tmp_path / "token"
     token.write_text("t0ken\n")
     token.chmod(0o600)
     srv, backend = _running_server(token_reader=lambda: "t0ken", require_token_on_loopback=True)
     try:
-        cfg = write_config(f"server: {{listen: '{srv.url[7:]}', token_file: '{token}', require_token_on_loopback: true}}\n")
+        cfg = write_config(f"server: {{listen: '{srv.url[7:]}', token_file: '{token}', unix_socket: null}}\n")
         done = maintd("undrain", "--config", str(cfg))
         assert done.returncode == 0, done.stderr
         assert backend.by == ["127.0.0.1 (token)"]

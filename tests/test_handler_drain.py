@@ -75,7 +75,7 @@ def test_a_drain_for_an_event_already_gone_is_lifted_again(tmp_path, clock):
 @pytest.fixture
 def daemon(tmp_path, clock):
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {full_disk(tmp_path)}}}\n"
-                "server: {listen: '127.0.0.1:0'}\n")
+                "server: {listen: '127.0.0.1:0', require_token_on_loopback: false, unix_socket: null}\n")
     d = Daemon(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     d.serve()
     yield d

@@ -31,7 +31,7 @@ def imds():
     server.close()
 
 
-def make_client(imds, clock, timeout=2.0, first_timeout=120.0):
+def make_client(imds, clock, timeout=10.0, first_timeout=120.0):
     return ImdsClient(imds.url, "2020-07-01", timeout=timeout, first_timeout=first_timeout,
                       compute_api_version="2021-02-01", clock=clock, metrics=Metrics())
 

@@ -26,7 +26,8 @@ def api(tmp_path, clock):
          "DurationInSeconds": -1}]}
     imds = FakeImds()
     imds.get("/metadata/scheduledevents", json=document)
-    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nserver: {{listen: '127.0.0.1:0'}}\n"
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\n"
+                "server: {listen: '127.0.0.1:0', unix_socket: null}\n"
                 f"imds: {{endpoint: '{imds.url}'}}\n"
                 "handlers:\n  - {name: ckpt, type: exec, phases: [scheduled], command: [/bin/false]}\n")
     try:

@@ -58,7 +58,8 @@ def test_the_units_exposure_score_is_no_worse_than_documented(tmp_path):
 def test_unit_matches_the_daemon():
     unit = (ROOT / "systemd/maintd.service").read_text()
     for line in ("Type=notify", "RestartPreventExitStatus=78", "ExecReload=/bin/kill -HUP $MAINPID",
-                 "StateDirectory=maintd", "ConfigurationDirectory=maintd", "Restart=on-failure"):
+                 "StateDirectory=maintd", "ConfigurationDirectory=maintd", "Restart=on-failure",
+                 "RuntimeDirectory=maintd"):  # /run/maintd: the default server.unix_socket
         assert line in unit
     from agent.cli import EX_CONFIG
     assert EX_CONFIG == 78

@@ -247,7 +247,7 @@ RESTART: dict[str, str] = {
     "server.read_timeout": "server: {read_timeout: 9s}",
     "server.max_connections_per_client": "server: {max_connections_per_client: 7}",
     "server.max_connections": "server: {max_connections: 99}",
-    "server.require_token_on_loopback": "server: {require_token_on_loopback: true, token_file: /etc/maintd/token}",
+    "server.require_token_on_loopback": "server: {require_token_on_loopback: false}",
     "server.unix_socket": "server: {unix_socket: /run/maintd-test.sock}",
     "server.unix_socket_group": "server: {unix_socket: /run/maintd-test.sock, unix_socket_group: adm}",
     "probe.path": "probe: {path: /lb}",

@@ -14,6 +14,7 @@ from agent.metrics import Metrics
 from agent.http.routes import ApiError, ApiServer, is_loopback, token_ok
 
 TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 class FakeBackend:
@@ -113,11 +114,29 @@ def test_wrong_method_is_405_with_allow(server):
     assert r.status_code == 405 and r.headers["Allow"] == "POST"
 
 
-def test_mutations_from_loopback_need_no_token(server):
-    """A local operator (127.0.0.1) may drain without a token."""
+def test_mutations_from_loopback_need_the_token_by_default(server):
+    """A local user (127.0.0.1) without the token gets 401 saying how to proceed; with the token the drain is
+    done and journaled as the token's."""
     _, backend, port = server
     r = session().post(url(port, "/v1/drain"), json={"reason": "kernel patch"})
-    assert r.status_code == 200 and backend.drained == ["kernel patch"] and backend.by == ["127.0.0.1"]
+    assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer" and backend.drained == []
+    assert "server.token_file" in r.json()["error"] and "require_token_on_loopback: false" in r.json()["error"]
+    r = session().post(url(port, "/v1/drain"), json={"reason": "kernel patch"}, headers=AUTH)
+    assert r.status_code == 200 and backend.drained == ["kernel patch"] and backend.by == ["127.0.0.1 (token)"]
+
+
+def test_loopback_may_act_without_the_token_only_when_opted_out():
+    """server.require_token_on_loopback: false: 127.0.0.1 drains without a token; 127.0.0.2 still may not."""
+    backend = FakeBackend()
+    srv = ApiServer("0.0.0.0:0", backend, Metrics(), token_reader=lambda: TOKEN, require_token_on_loopback=False)
+    srv.serve_in_background()
+    try:
+        port = srv.socket.getsockname()[1]
+        assert session().post(url(port, "/v1/drain"), json={"reason": "local"}).status_code == 200
+        assert session("127.0.0.2").post(url(port, "/v1/drain"), json={"reason": "x"}).status_code == 401
+        assert backend.by == ["127.0.0.1"]
+    finally:
+        srv.close()
 
 
 def test_mutations_from_another_address_need_the_token(server):
@@ -155,15 +174,15 @@ def test_oversized_body_is_413(server):
 def test_malformed_json_is_400(server, body):
     """A body that is not JSON is 400 with a JSON error."""
     _, _, port = server
-    r = session().post(url(port, "/v1/health/reports"), data=body)
+    r = session().post(url(port, "/v1/health/reports"), data=body, headers=AUTH)
     assert r.status_code == 400 and "JSON" in r.json()["error"]
 
 
 def test_backend_validation_errors_pass_through_as_their_status(server):
     """An approval of an unknown event is the backend's 404; a bad report its 400."""
     _, _, port = server
-    assert session().post(url(port, "/v1/events/NOPE/approve")).status_code == 404
-    assert session().post(url(port, "/v1/health/reports"), json=[1]).status_code == 400
+    assert session().post(url(port, "/v1/events/NOPE/approve"), headers=AUTH).status_code == 404
+    assert session().post(url(port, "/v1/health/reports"), json=[1], headers=AUTH).status_code == 400
 
 
 def test_malformed_request_line_gets_a_json_400(server):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent.metrics import Metrics
-from agent.http.routes import ApiServer, uid_in_group
-from tests.test_server import TOKEN, FakeBackend, session, url
+from agent.http.routes import ApiServer, socket_caller_ok
+from tests.test_server import AUTH, TOKEN, FakeBackend, session, url
 
 
 def start(backend: FakeBackend | None = None, **options) -> tuple[ApiServer, FakeBackend, int]:
@@ -190,7 +190,7 @@ def test_the_probe_is_answered_while_every_worker_is_busy(servers):
 def test_a_deeply_nested_body_is_a_400_not_a_500(servers):
     """[[[[...]]]] 1000 levels deep is refused as bad JSON; the server goes on."""
     _, backend, port = servers()
-    r = session().post(url(port, "/v1/health/reports"), data=b"[" * 1000 + b"]" * 1000)
+    r = session().post(url(port, "/v1/health/reports"), data=b"[" * 1000 + b"]" * 1000, headers=AUTH)
     assert r.status_code == 400 and "nested" in r.json()["error"]
     assert backend.reports == [] and session().get(url(port, "/healthz")).status_code == 200
 
@@ -237,7 +237,8 @@ def test_expect_100_continue_gets_the_go_ahead(servers):
     _, backend, port = servers()
     with connect(port, "127.0.0.1") as s:
         s.settimeout(2)
-        s.sendall(b"POST /v1/drain HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\nExpect: 100-continue\r\n\r\n")
+        s.sendall(b"POST /v1/drain HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\nExpect: 100-continue\r\n"
+                  b"Authorization: Bearer " + TOKEN.encode() + b"\r\n\r\n")
         assert s.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
         s.sendall(b'{"reason": "k8s"}')
         assert s.recv(4096).startswith(b"HTTP/1.1 200")
@@ -262,9 +263,9 @@ def test_peers_read_readiness_only(servers):
     assert "hunter2" in session().get(url(port, "/v1/health")).text
 
 
-def test_require_token_on_loopback_makes_local_users_show_the_token(servers):
-    """server.require_token_on_loopback: a drain from 127.0.0.1 needs the token; reads from this host do not."""
-    _, backend, port = servers(require_token_on_loopback=True)
+def test_loopback_callers_show_the_token_to_act_by_default(servers):
+    """server.require_token_on_loopback (the default): a drain from 127.0.0.1 needs the token; reads do not."""
+    _, backend, port = servers()
     local = session()
     assert local.post(url(port, "/v1/drain"), json={"reason": "x"}).status_code == 401
     assert local.post(url(port, "/v1/events/E1/approve"), headers={"Authorization": "Bearer nope"}).status_code == 403
@@ -287,19 +288,20 @@ def unix_request(path: str, request: bytes) -> bytes:
 def test_the_unix_socket_names_the_caller_by_uid(servers, tmp_path: Path):
     """server.unix_socket: root's drain is recorded as uid 0; the socket file is not open to others."""
     sock = str(tmp_path / "maintd.sock")
-    _, backend, port = servers(unix_socket=sock, require_token_on_loopback=True)
+    _, backend, port = servers(unix_socket=sock)
     assert os.stat(sock).st_mode & 0o777 == 0o660
     answer = unix_request(sock, b"POST /v1/drain HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200") and backend.by == ["uid 0 (unix socket)"]
     assert b'"vm_name"' in unix_request(sock, b"GET /v1/status HTTP/1.1\r\nConnection: close\r\n\r\n")
 
 
-def test_only_root_and_the_group_may_use_the_unix_socket():
-    """Peer credentials: uid 0 always, others only as members of server.unix_socket_group."""
-    assert uid_in_group(0, 0, None)
-    assert not uid_in_group(65534, 65534, None)
-    assert uid_in_group(65534, 0, "root")  # primary group
-    assert not uid_in_group(65534, 65534, "root") and not uid_in_group(65534, 65534, "no-such-group")
+def test_only_root_maintds_user_and_the_group_may_use_the_unix_socket():
+    """Peer credentials: uid 0 and maintd's own uid always, others only as members of server.unix_socket_group."""
+    assert socket_caller_ok(0, 0, None, own_uid=999)
+    assert socket_caller_ok(999, 999, None, own_uid=999)
+    assert not socket_caller_ok(65534, 65534, None, own_uid=0)
+    assert socket_caller_ok(65534, 0, "root", own_uid=0)  # primary group
+    assert not socket_caller_ok(65534, 65534, "root", 0) and not socket_caller_ok(65534, 65534, "no-such-group", 0)
 
 
 def voluntary_switches(tid: int) -> int:

@@ -63,7 +63,7 @@ sys.exit(code)
 def write_config(path: Path, endpoint: str, **extra: object) -> Path:
     cfg = {"imds": {"endpoint": endpoint, "poll_interval": "100ms", "max_backoff": "200ms", "timeout": "1s"},
            "identity": {"name": "vm-1"}, "state": {"dir": str(path.parent / "state")},
-           "server": {"listen": f"127.0.0.1:{free_port()}"}, "log": {"format": "json", "level": "info"}, **extra}
+           "server": {"listen": f"127.0.0.1:{free_port()}", "unix_socket": None}, "log": {"format": "json", "level": "info"}, **extra}
     path.write_text(yaml.safe_dump(cfg))
     os.chmod(path, 0o600)
     return path

@@ -43,6 +43,10 @@ from agent.windows.approval_policy import (
 
 DEFAULT_PATH = "/etc/maintd/maintd.yaml"
 DEFAULT_STATE_DIR = "/var/lib/maintd"
+DEFAULT_UNIX_SOCKET = "/run/maintd/maintd.sock"
+"""systemd creates /run/maintd for the unit (RuntimeDirectory=maintd)."""
+MAX_SOCKET_PATH = 107
+"""sun_path holds 108 bytes with the terminating NUL."""
 
 
 def _is_loopback_url(url: str) -> bool:
@@ -98,7 +102,8 @@ class ServerConfig:
     listen: str = opt(text(r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$", "host:port such as 0.0.0.0:8088"),
                       "0.0.0.0:8088", "address of the HTTP server (probe, /healthz, /metrics, /v1 API)")
     token_file: str | None = opt(optional(text(r"^/", "an absolute path")), None,
-                                 "file holding the bearer token that lets non-loopback clients call mutating endpoints")
+                                 "file holding the bearer token that lets TCP clients (other hosts, and 127.0.0.1 "
+                                 "under require_token_on_loopback) call mutating endpoints")
     max_body_bytes: int = opt(integer(1024, 16 * 1024 * 1024), 64 * 1024, "largest request body accepted (413 beyond)")
     read_timeout: float = opt(duration(0.1, 300), 5.0,
                               "a request (head and body) must arrive whole within this long, however it trickles; "
@@ -107,14 +112,21 @@ class ServerConfig:
                                           "open connections one client address (this host's too) may hold; more are closed")
     max_connections: int = opt(integer(16, 1_000_000), 4096,
                                "open connections in all; a new one then replaces an idle one of the client holding the most")
-    require_token_on_loopback: bool = opt(boolean, False,
-                                          "mutating endpoints need the server.token_file token from 127.0.0.1 and ::1 too "
-                                          "(any local user can reach loopback; maintd's CLI reads the token file itself)")
-    unix_socket: str | None = opt(optional(text(r"^/", "an absolute path")), None,
-                                  "also serve on this unix socket, such as /run/maintd/maintd.sock (mode 0660): callers are "
-                                  "known by uid, root and server.unix_socket_group may read and act; the CLI prefers it")
+    require_token_on_loopback: bool = opt(boolean, True,
+                                          "mutating endpoints over TCP need the server.token_file token from 127.0.0.1 "
+                                          "and ::1 too, since any local user can reach loopback (root's CLI uses the "
+                                          "unix socket); false lets every local user drain and approve")
+    unix_socket: str | None = opt(optional(text(r"^/", "an absolute path")), DEFAULT_UNIX_SOCKET,
+                                  "also serve on this unix socket (mode 0660): callers are known by uid (SO_PEERCRED); "
+                                  "root, maintd's own user and server.unix_socket_group may read and act; the CLI "
+                                  "uses it first; null: none")
     unix_socket_group: str | None = opt(optional(text(r"^[a-z_][a-z0-9_-]*\$?$", "a group name")), None,
-                                        "group whose members may use server.unix_socket besides root")
+                                        "group whose members may use server.unix_socket besides root and maintd's user")
+
+    def validate(self) -> None:
+        if self.unix_socket and len(os.fsencode(self.unix_socket)) > MAX_SOCKET_PATH:
+            raise ConfigValueError("unix_socket", f"a unix socket's path is at most {MAX_SOCKET_PATH} bytes; "
+                                   "choose a shorter one such as /run/maintd/maintd.sock")
 
 
 @dataclasses.dataclass(frozen=True)

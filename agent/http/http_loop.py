@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import collections
 import errno
-import os
 import selectors
 import socket
-import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -371,35 +369,3 @@ class EventLoopServer:
             self._close(conn)
             return
         self._deadlines.set(conn, LINGER_SECONDS)
-
-
-def listen_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
-    """A listening TCP socket on host:port (IPv6 when host has a colon)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(backlog)
-    return sock
-
-
-def listen_unix(path: str, gid: int | None, backlog: int = 64) -> socket.socket:
-    """A listening unix socket at `path`, mode 0660 (owner root, group `gid`), replacing a stale socket
-    (never another kind of file: a path pointed at /etc/passwd is refused, not unlinked)."""
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    try:
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise FileExistsError(f"{path} exists and is not a socket")
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o117)
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(old)
-    if gid is not None:
-        os.chown(path, -1, gid)
-    sock.listen(backlog)
-    return sock
-

@@ -4,9 +4,10 @@ The event loop (`agent.http.http_loop`) holds the connections; this module route
 decides who the caller is:
 
 - **operator**: this host over TCP (exactly 127.0.0.1 or ::1), a permitted uid on the unix socket
-  (`server.unix_socket`: root and members of `server.unix_socket_group`), or a bearer token from
-  `server.token_file`. Reads everything. Mutates, except that `server.require_token_on_loopback`
-  makes TCP loopback callers show the token too (any local user can reach 127.0.0.1).
+  (`server.unix_socket`: root, the user maintd runs as, and members of `server.unix_socket_group`,
+  known by `SO_PEERCRED`), or a bearer token from `server.token_file`. Reads everything. Mutates
+  over the unix socket or with the token; a TCP loopback caller without the token mutates only
+  when `server.require_token_on_loopback: false` says so (any local user can reach 127.0.0.1).
 - **peer**: anyone else who passes `coordination.token_file` (or anyone, when it is not set). Gets
   readiness only: an event's id, status, rank and `ready`, and health states without descriptions
   — what the coordinator and the fleet gate read — never hook output.
@@ -24,13 +25,15 @@ import pwd
 import re
 import resource
 import socket
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Protocol
 from urllib.parse import unquote, urlsplit
 
 from agent import jsonsafe, logs
 from agent.http.http_connection import is_loopback
-from agent.http.http_loop import EventLoopServer, listen_tcp, listen_unix
+from agent.http.http_loop import EventLoopServer
+from agent.http.listeners import listen_tcp, listen_unix
 from agent.http.http_wire import HttpError, Request, error_body, json_body, response
 from agent.metrics import Metrics
 
@@ -92,9 +95,10 @@ def peer_health_view(health: dict[str, Any]) -> dict[str, Any]:
             if isinstance(reports, list) else []}
 
 
-def uid_in_group(uid: int, gid: int, group: str | None) -> bool:
-    """Whether a unix-socket caller may act: root, or a member of `group` (primary or supplementary)."""
-    if uid == 0:
+def socket_caller_ok(uid: int, gid: int, group: str | None, own_uid: int) -> bool:
+    """Whether a unix-socket caller may act: root, maintd's own user (who could signal or trace it anyway), or a
+    member of `group` (primary or supplementary)."""
+    if uid in (0, own_uid):
         return True
     if not group:
         return False
@@ -110,8 +114,10 @@ class Access:
     """Who may do what (from `server.*`)."""
 
     token_reader: Callable[[], str | None] = lambda: None
-    require_token_on_loopback: bool = False
+    require_token_on_loopback: bool = True
+    unix_socket: str | None = None
     unix_socket_group: str | None = None
+    own_uid: int = dataclasses.field(default_factory=os.geteuid)
 
 
 class Caller(NamedTuple):
@@ -125,7 +131,7 @@ class Caller(NamedTuple):
 def identify(request: Request, access: Access) -> Caller:
     """Who is calling: what they may read and change, and how the audit journal names them."""
     if request.uid is not None:
-        allowed = uid_in_group(request.uid, request.gid or -1, access.unix_socket_group)
+        allowed = socket_caller_ok(request.uid, request.gid or -1, access.unix_socket_group, access.own_uid)
         return Caller(allowed, allowed, f"uid {request.uid} (unix socket)")
     token = token_ok(request.header("authorization"), access.token_reader())
     loopback = is_loopback(request.client)
@@ -285,11 +291,11 @@ class Router:
         caller = call.caller
         if not caller.may_mutate:
             if call.request.uid is not None:
-                raise HttpError(403, f"uid {call.request.uid} is neither root nor in server.unix_socket_group")
+                raise HttpError(403, f"uid {call.request.uid} is neither root nor maintd's user nor in "
+                                     "server.unix_socket_group")
             if call.request.header("authorization"):
                 raise HttpError(403, "the bearer token is not the one in server.token_file")
-            where = "clients with" if self.access.require_token_on_loopback else "loopback clients or"
-            raise HttpError(401, f"mutating endpoints answer only {where} a bearer token (server.token_file)",
+            raise HttpError(401, how_to_act(self.access.unix_socket, is_loopback(call.request.client)),
                             {"WWW-Authenticate": "Bearer"})
         return 200, fn()
 
@@ -301,6 +307,17 @@ class Router:
             return jsonsafe.loads(raw, max_bytes=self.max_body)
         except ValueError as exc:
             raise HttpError(400, f"body is not valid JSON ({exc})") from None
+
+
+def how_to_act(unix_socket: str | None, loopback: bool) -> str:
+    """The 401 of a mutating endpoint: what the caller can do instead (the socket only helps on this host)."""
+    token = "send the bearer token in server.token_file (Authorization: Bearer <token>)"
+    if not loopback:
+        return f"changes need a bearer token: {token}"
+    socket_way = (f"use the unix socket {unix_socket} as root (sudo maintd drain|undrain|approve, or "
+                  f"curl --unix-socket {unix_socket} -X POST http://localhost/v1/...), or " if unix_socket else "")
+    return (f"loopback alone cannot make changes: {socket_way}{token}; "
+            "server.require_token_on_loopback: false lets every local user act (see the README's upgrade notes)")
 
 
 def _reason(body: Any) -> str:
@@ -330,7 +347,7 @@ class ApiServer:
     def __init__(self, listen: str | None, backend: Backend, metrics: Metrics, *, probe_path: str = "/probe",
                  token_reader: Callable[[], str | None] = lambda: None, max_body_bytes: int = 64 * 1024,
                  read_timeout: float = 5.0, sock: socket.socket | None = None, per_client: int = 32,
-                 max_connections: int = 4096, require_token_on_loopback: bool = False,
+                 max_connections: int = 4096, require_token_on_loopback: bool = True,
                  unix_socket: str | None = None, unix_socket_group: str | None = None) -> None:
         self.log = logs.get("server")
         self.metrics = metrics
@@ -348,7 +365,7 @@ class ApiServer:
         if unix_socket:
             gid = grp.getgrnam(unix_socket_group).gr_gid if unix_socket_group else None
             listeners.append(listen_unix(unix_socket, gid))
-        access = Access(token_reader, require_token_on_loopback, unix_socket_group)
+        access = Access(token_reader, require_token_on_loopback, unix_socket, unix_socket_group)
         self.router = Router(backend, metrics, access, probe_path, max_body_bytes)
         self.loop = EventLoopServer(listeners, self.router, request_timeout=read_timeout, max_body=max_body_bytes,
                                     per_client=per_client, max_connections=_fd_budget(max_connections),

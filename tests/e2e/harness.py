@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import secrets
 import signal
 import socket
 import subprocess
@@ -150,13 +151,21 @@ class Agent(Process):
         self.workdir = workdir
         self.base = f"http://127.0.0.1:{self.port}"
         workdir.mkdir(parents=True, exist_ok=True)
+        # the secure default with this agent's own paths: root acts over its unix socket, scripts (post()) with the
+        # token; loopback alone only reads
+        self.unix_socket = str(workdir / "maintd.sock")
+        self.token = secrets.token_hex(16)
+        token_file = workdir / "token"
+        token_file.write_text(self.token + "\n")
+        os.chmod(token_file, 0o600)
         cfg: dict[str, Any] = {
             "imds": {"endpoint": imds_url, "poll_interval": "100ms", "timeout": "2s", "first_timeout": "5s",
                      "max_backoff": "500ms"},
             "identity": {"name": name},
             "state": {"dir": str(workdir / "state")},
             # every VM of a test fleet calls its peers from 127.0.0.1, which holds one client's share on each
-            "server": {"listen": f"127.0.0.1:{self.port}", "max_connections_per_client": 1024},
+            "server": {"listen": f"127.0.0.1:{self.port}", "max_connections_per_client": 1024,
+                       "unix_socket": self.unix_socket, "token_file": str(token_file)},
             "log": {"format": "json", "level": "debug"},
         }
         for key, value in (extra or {}).items():
@@ -185,8 +194,10 @@ class Agent(Process):
     def get(self, path: str) -> requests.Response:
         return self.http.get(self.base + path, timeout=5)
 
-    def post(self, path: str, body: Any = None) -> requests.Response:
-        return self.http.post(self.base + path, json=body, timeout=5)
+    def post(self, path: str, body: Any = None, token: bool = True) -> requests.Response:
+        """POST over loopback TCP, as a script does: with the server's bearer token unless `token` is False."""
+        headers = {"Authorization": f"Bearer {self.token}"} if token else {}
+        return self.http.post(self.base + path, json=body, headers=headers, timeout=5)
 
     def state(self) -> dict[str, Any]:
         return json.loads((self.workdir / "state" / "state.json").read_text())

@@ -97,21 +97,28 @@ def test_sighup_with_a_bad_config_keeps_the_old_one_and_sigterm_exits_0(start_em
     assert agent.events("daemon.stopped")
 
 
+def drained_by(agent) -> list[str]:
+    """Who drained, in order, as the audit journal names them."""
+    journal = [json.loads(line) for line in (agent.workdir / "state" / JOURNAL_FILE).read_text().splitlines()]
+    return [e["by"] for e in journal if e["kind"] == "rotation.drained"]
+
+
 def test_the_cli_talks_to_the_running_daemon(start_emulator, start_agent):
+    """Root's `maintd` commands reach the daemon over its unix socket (the journal names uid 0); `--url` with
+    $MAINTD_TOKEN still works over TCP."""
     emu = start_emulator(["vm-1"])
     agent = start_agent(emu, "vm-1")
 
-    def maintd(*args):
-        return subprocess.run([sys.executable, "-m", "agent", *args, "--url", agent.base], capture_output=True,
-                              text=True, env=CLEAN_ENV, timeout=30)
+    def maintd(*args, env=CLEAN_ENV):
+        return subprocess.run([sys.executable, "-m", "agent", *args, "--config", str(agent.config_path)],
+                              capture_output=True, text=True, env=env, timeout=30)
 
     status = maintd("status")
     assert status.returncode == 0 and "vm_name" in status.stdout and "vm-1" in status.stdout
     drained = maintd("drain", "--reason", "kernel update")
     assert drained.returncode == 0 and "kernel update" in drained.stdout
     assert agent.get("/probe").status_code == 503
-    journal = [json.loads(line) for line in (agent.workdir / "state" / JOURNAL_FILE).read_text().splitlines()]
-    assert [e["by"] for e in journal if e["kind"] == "rotation.drained"] == ["127.0.0.1"]  # who drained
+    assert drained_by(agent) == ["uid 0 (unix socket)"]
     assert maintd("undrain").returncode == 0
     assert agent.get("/probe").status_code == 200
     eid = emu.add_event(event_type="Freeze", resources=["vm-1"], notice=600, duration_seconds=5)
@@ -119,18 +126,32 @@ def test_the_cli_talks_to_the_running_daemon(start_emulator, start_agent):
     assert maintd("health").returncode == 0
     missing = maintd("approve", "NO-SUCH-EVENT")
     assert missing.returncode == 1 and "404" in missing.stderr
+    by_url = maintd("drain", "--reason", "script", "--url", agent.base, env={**CLEAN_ENV, "MAINTD_TOKEN": agent.token})
+    assert by_url.returncode == 0, by_url.stderr
+    assert drained_by(agent)[-1] == "127.0.0.1 (token)"
 
 
-def test_local_users_cannot_act_but_roots_cli_can_over_the_unix_socket(start_emulator, start_agent, tmp_path):
-    """server.require_token_on_loopback + server.unix_socket: a loopback drain without the token is 401; root's
-    `maintd drain` goes over the unix socket and the journal names uid 0."""
+def test_the_secure_default_refuses_a_tokenless_loopback_drain_and_says_how(start_emulator, start_agent):
+    """The shipped server settings: a loopback POST without the token is 401 naming the unix socket, the token and
+    the opt-out; reads from loopback stay open; the token works; root over the socket works."""
     emu = start_emulator(["vm-1"])
-    sock = str(tmp_path / "run" / "maintd.sock")
-    agent = start_agent(emu, "vm-1", {"server": {"require_token_on_loopback": True, "unix_socket": sock}})
-    assert agent.post("/v1/drain", {"reason": "nobody"}).status_code == 401
+    agent = start_agent(emu, "vm-1")
+    refused = agent.post("/v1/drain", {"reason": "nobody"}, token=False)
+    assert refused.status_code == 401 and refused.headers["WWW-Authenticate"] == "Bearer"
+    for how in (agent.unix_socket, "sudo maintd drain", "server.token_file", "require_token_on_loopback: false"):
+        assert how in refused.json()["error"]
+    assert agent.get("/probe").status_code == 200 and agent.get("/v1/status").status_code == 200
+    assert agent.post("/v1/drain", {"reason": "script"}).status_code == 200
+    assert agent.post("/v1/undrain").status_code == 200
     done = subprocess.run([sys.executable, "-m", "agent", "drain", "--reason", "root", "--config",
                            str(agent.config_path)], capture_output=True, text=True, env=CLEAN_ENV, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert agent.get("/probe").status_code == 503
-    journal = [json.loads(line) for line in (agent.workdir / "state" / JOURNAL_FILE).read_text().splitlines()]
-    assert [e["by"] for e in journal if e["kind"] == "rotation.drained"] == ["uid 0 (unix socket)"]
+    assert drained_by(agent) == ["127.0.0.1 (token)", "uid 0 (unix socket)"]
+
+
+def test_opting_out_lets_loopback_act_without_the_token(start_emulator, start_agent):
+    """server.require_token_on_loopback: false (the explicit opt-out) restores the old loopback rule."""
+    emu = start_emulator(["vm-1"])
+    agent = start_agent(emu, "vm-1", {"server": {"require_token_on_loopback": False}})
+    assert agent.post("/v1/drain", {"reason": "local"}, token=False).status_code == 200
+    assert drained_by(agent) == ["127.0.0.1"]
