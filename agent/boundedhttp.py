@@ -20,8 +20,9 @@ import itertools
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter

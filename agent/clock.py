@@ -13,7 +13,7 @@ import select
 import threading
 import time
 import weakref
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 
@@ -119,7 +119,7 @@ class SystemClock:
         return time.monotonic()
 
     def now(self) -> datetime:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
@@ -137,7 +137,7 @@ class FakeClock:
     """A clock tests move by hand; `sleep` advances it instantly."""
 
     def __init__(self, start: datetime | None = None, monotonic: float = 1000.0) -> None:
-        self._now = start or datetime(2026, 1, 1, tzinfo=timezone.utc)
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
         self._mono = monotonic
         self._lock = threading.Lock()
 

@@ -16,9 +16,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import requests
 import yaml
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             emulator.stop()
 
 
-def _read_log(stream: Any, out: "queue.Queue[dict[str, Any]]") -> None:
+def _read_log(stream: Any, out: queue.Queue[dict[str, Any]]) -> None:
     for line in stream:
         try:
             entry = json.loads(line.lstrip("<0123456789>"))
@@ -130,7 +131,7 @@ def _probe(session: requests.Session, base: str) -> str:
     return f"{r.status_code} {r.text.strip()}"
 
 
-def _run(emulator: Emulator, base: str, lines: "queue.Queue[dict[str, Any]]", say: Callable[[str], None],
+def _run(emulator: Emulator, base: str, lines: queue.Queue[dict[str, Any]], say: Callable[[str], None],
          args: argparse.Namespace) -> int:
     session = requests.Session()
     session.trust_env = False

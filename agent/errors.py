@@ -40,7 +40,7 @@ class ConfigValueError(MaintdError, ValueError):
         self.key = key
         self.message = message
 
-    def under(self, prefix: str) -> "ConfigValueError":
+    def under(self, prefix: str) -> ConfigValueError:
         """The same error with `prefix` put in front of its key."""
         if not prefix:
             return self

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import threading
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 from agent import logs
 

@@ -8,7 +8,8 @@ exponential with additive jitter, built from primitives every tenacity since 8.x
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import tenacity
 

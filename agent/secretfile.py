@@ -24,7 +24,7 @@ import re
 import secrets
 import stat
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from agent import logs
 

@@ -10,7 +10,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 SD_LISTEN_FDS_START = 3
 T = TypeVar("T")

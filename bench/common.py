@@ -6,7 +6,7 @@ import json
 import os
 import platform
 import statistics
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ def machine() -> dict[str, Any]:
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.processor())
     return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
-            "kernel": platform.release(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "kernel": platform.release(), "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 

@@ -87,7 +87,7 @@ class Standin:
             try:
                 reader, writer = await asyncio.wait_for(
                     asyncio.open_connection(parts.hostname, parts.port or 80), timeout=2)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 continue
             try:
                 writer.write(f"POST {parts.path.rstrip('/')}/v1/events/{event_id}/peer-ready HTTP/1.1\r\n"
@@ -96,7 +96,7 @@ class Standin:
                 await writer.drain()
                 status = (await asyncio.wait_for(reader.readline(), timeout=2)).split(b" ")[1:2]
                 event.pushes["ok" if status and status[0].startswith(b"2") else "failed"] += 1
-            except (OSError, asyncio.TimeoutError, IndexError):
+            except (TimeoutError, OSError, IndexError):
                 event.pushes["failed"] += 1
             finally:
                 writer.close()

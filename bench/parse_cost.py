@@ -16,16 +16,17 @@ import gc
 import json
 import time
 import tracemalloc
-from datetime import datetime, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from agent import jsonsafe
-from agent.model.events import Document, parse_document
 from agent.imds.imds_client import MAX_DOCUMENT_BYTES
+from agent.model.events import Document, parse_document
 from agent.model.tracker import Tracked, diff
 from bench.common import percentile, write
 
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 SIZES = [(0, 1), (10, 1), (100, 1), (1000, 1), (10, 100), (10, 1000), (100, 100), (1000, 10)]
 """(events, names in each event's Resources)."""
 

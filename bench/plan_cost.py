@@ -9,17 +9,16 @@ Saturday `auto` one: the window is found among 300 profile changes).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agent.prepare.prepare_plan import PrepareConfig
 from agent.model.events import Event
-from agent.prepare.prepare_plan import make_plan
+from agent.prepare.prepare_plan import PrepareConfig, make_plan
 from agent.windows.approval_policy import parse_profiles
 from bench.common import percentile, write
 from bench.parse_cost import timed
 
-NOW = datetime(2026, 1, 5, 10, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 EVENT = Event("E1", "Reboot", "Scheduled", ("vm-0",), not_before=NOW + timedelta(days=7))
 PREPARE = PrepareConfig(lead_time=1800.0)
 HOURLY = {"frequency": "hour", "schedule": {"minutes": [0]}}

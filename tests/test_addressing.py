@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from agent.config.config import ConfigError, loads
 from agent.coordination.peer_addressing import (
     base36,
     event_url,
@@ -15,9 +16,8 @@ from agent.coordination.peer_addressing import (
     resolve,
     template_fields,
 )
-from agent.config.config import ConfigError, loads
-from agent.model.identity import Identity, identity_from_compute
 from agent.coordination.peers_file import PeersFile
+from agent.model.identity import Identity, identity_from_compute
 from tests.imds_server import wait_for
 
 WEB_15 = Identity("web_15", "web00000f", "web")

@@ -9,10 +9,9 @@ import tracemalloc
 import pytest
 
 from agent.config import config
-
 from agent.config import config_loading as configload
-from agent.model.config_schema import parse_duration_text
 from agent.errors import ConfigError
+from agent.model.config_schema import parse_duration_text
 
 
 def test_empty_file_gives_documented_defaults():

@@ -10,14 +10,21 @@ import pytest
 import requests
 import responses
 
+from agent.coordination.coordination_rules import (
+    PeerState,
+    acting_leader,
+    liveness_interval,
+    push_due,
+    recheck_delay,
+    watch_chain,
+)
 from agent.coordination.coordination_settings import CoordinationConfig
-from agent.coordination.coordination_rules import PeerState, acting_leader, liveness_interval, push_due, recheck_delay, watch_chain
 from agent.coordination.coordinator import Coordinator
-from agent.model.events import Event
 from agent.metrics import Metrics
-from agent.windows.approval_policy import Profile
-from agent.state.state_store import Store
+from agent.model.events import Event
 from agent.model.tracker import Tracked
+from agent.state.state_store import Store
+from agent.windows.approval_policy import Profile
 from tests.samples import sample
 
 AUTO = Profile(name="default", approval="auto")

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from agent.config.config import loads
-from agent.loop.daemon import Daemon
 from agent.health.health_store import HealthState
+from agent.loop.daemon import Daemon
 from agent.systemd import Notifier
 from tests.imds_server import FakeImds, Raw, wait_for
 from tests.samples import sample

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.model.events import (MAX_DESCRIPTION, MAX_EVENTS, MAX_RESOURCES, DocumentError, parse_document, parse_event,
-                          parse_not_before)
+from agent.model.events import (
+    MAX_DESCRIPTION,
+    MAX_EVENTS,
+    MAX_RESOURCES,
+    DocumentError,
+    parse_document,
+    parse_event,
+    parse_not_before,
+)
 
 FULL = {
     "DocumentIncarnation": 2,
@@ -31,7 +38,7 @@ def test_every_field_of_a_2020_07_01_event_is_read():
     assert doc.incarnation == 2
     assert (e.event_id, e.event_type, e.status) == ("4CAEA225-A741-474D-A72E-428C86FCD853", "Freeze", "Scheduled")
     assert e.resources == ("WestNO_0", "WestNO_1")
-    assert e.not_before == datetime(2016, 9, 19, 18, 29, 47, tzinfo=timezone.utc)
+    assert e.not_before == datetime(2016, 9, 19, 18, 29, 47, tzinfo=UTC)
     assert (e.source, e.duration_seconds, e.resource_type) == ("Platform", 5, "VirtualMachine")
     assert e.live_migration
 
@@ -53,9 +60,9 @@ def test_unknown_event_type_and_status_are_kept_as_text():
 
 
 @pytest.mark.parametrize("raw,expected", [
-    ("Thu, 16 Mar 2023 14:01:28 GMT", datetime(2023, 3, 16, 14, 1, 28, tzinfo=timezone.utc)),
-    ("2016-09-19T18:29:47Z", datetime(2016, 9, 19, 18, 29, 47, tzinfo=timezone.utc)),
-    ("2026-04-29T18:00:00", datetime(2026, 4, 29, 18, 0, tzinfo=timezone.utc)),
+    ("Thu, 16 Mar 2023 14:01:28 GMT", datetime(2023, 3, 16, 14, 1, 28, tzinfo=UTC)),
+    ("2016-09-19T18:29:47Z", datetime(2016, 9, 19, 18, 29, 47, tzinfo=UTC)),
+    ("2026-04-29T18:00:00", datetime(2026, 4, 29, 18, 0, tzinfo=UTC)),
     ("", None), ("   ", None), ("next tuesday", None), (None, None), (12345, None),
 ])
 def test_not_before_rfc1123_first_then_iso_and_blank_means_none(raw, expected):

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from agent.clock import FakeClock
 from agent.config.config import load, loads
-from agent.loop.daemon import Daemon
 from agent.errors import ConfigError
 from agent.health.health_store import HealthState
+from agent.loop.daemon import Daemon
 from agent.state.journal import read_journal
 from agent.state.state_store import Store
 from agent.systemd import Notifier

@@ -8,13 +8,13 @@ import responses
 
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
+from agent.coordination.peer_client import INVALID
 from agent.health.health_store import HealthStore
 from agent.metrics import Metrics
-from agent.coordination.peer_client import INVALID
 from agent.state.state_store import Store
-from tests.test_coordinator import answer, make_coordinator, peer, step, tracked, view
 from tests.imds_server import wait_for
 from tests.samples import sample
+from tests.test_coordinator import answer, make_coordinator, peer, step, tracked, view
 
 VMS = [f"vm{i}" for i in range(1, 7)]
 

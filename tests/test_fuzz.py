@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from agent.config.config import loads
 from agent.errors import ConfigError
-from agent.metrics import Metrics
 from agent.http.routes import ApiServer
+from agent.metrics import Metrics
 from tests.test_server import FakeBackend
 
 SECTIONS = ["imds", "identity", "state", "log", "server", "probe", "health", "coordination", "handlers",
@@ -58,7 +58,7 @@ def _raw(port: int, data: bytes) -> bytes:
         try:
             while chunk := s.recv(65536):
                 chunks.append(chunk)
-        except (socket.timeout, ConnectionResetError):
+        except (TimeoutError, ConnectionResetError):
             pass
         return b"".join(chunks)
 

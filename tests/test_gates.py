@@ -7,23 +7,23 @@ import requests
 import responses
 
 from agent.config.config import loads
-from agent.coordination.coordination_settings import CoordinationConfig
-from agent.coordination.coordinator import Coordinator
-from agent.errors import ConfigError
+from agent.coordination.approval_gates import GateChecker
 from agent.coordination.coordination_rules import (
     allowed_unhealthy,
     firing,
     fleet_verdict,
     peer_state,
 )
-from agent.coordination.approval_gates import GateChecker
-from agent.model.gate_specs import FleetGate, Gates, PrometheusGate
-from agent.metrics import Metrics
+from agent.coordination.coordination_settings import CoordinationConfig
+from agent.coordination.coordinator import Coordinator
 from agent.coordination.peer_client import PeerClient
-from agent.windows.approval_policy import Profile
+from agent.errors import ConfigError
+from agent.metrics import Metrics
+from agent.model.gate_specs import FleetGate, Gates, PrometheusGate
 from agent.state.state_store import Store
-from tests.test_coordinator import peer, step, tracked
+from agent.windows.approval_policy import Profile
 from tests.samples import sample
+from tests.test_coordinator import peer, step, tracked
 
 PROM = "http://prometheus.invalid:9090"
 

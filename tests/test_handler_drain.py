@@ -9,13 +9,13 @@ from datetime import timedelta
 import pytest
 
 from agent.config.config import loads
-from agent.loop.daemon import Daemon
-from agent.model.events import Event
 from agent.handlers.base import CANCELED, OK, Context, HandlerSpec, Services, Settings
 from agent.handlers.drain import DrainHandler
 from agent.health.health_store import HealthState, HealthStore
-from agent.metrics import Metrics
 from agent.health.rotation import Rotation
+from agent.loop.daemon import Daemon
+from agent.metrics import Metrics
+from agent.model.events import Event
 from agent.state.state_store import Store
 from agent.systemd import Notifier
 from tests.e2e.harness import http

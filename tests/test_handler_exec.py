@@ -9,7 +9,7 @@ import pwd
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,14 +18,14 @@ import pytest
 from agent.clock import SystemClock
 from agent.config.config import loads
 from agent.errors import ConfigError
-from agent.model.events import Event
 from agent.handlers.base import CANCELED, FAILED, OK, TIMED_OUT, Context
 from agent.handlers.exec import ENV_VALUE_MAX, OUTPUT_KEEP
 from agent.handlers.registry import instantiate
+from agent.model.events import Event
 
 PY = sys.executable
 HOSTILE = "$(touch pwned); rm -rf ~ `touch pwned2` && echo ${HOME} \"quoted\" 'single'\nsecond line"
-NOT_BEFORE = datetime(2026, 11, 22, 14, 5, tzinfo=timezone.utc)
+NOT_BEFORE = datetime(2026, 11, 22, 14, 5, tzinfo=UTC)
 EVENT_ID = "A1B2C3D4-0000-4000-8000-000000000001"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -16,15 +16,15 @@ from responses import matchers
 from agent.clock import FakeClock
 from agent.config.config import loads
 from agent.errors import ConfigError
-from agent.model.events import Event
 from agent.handlers.base import FAILED, OK, Context
 from agent.handlers.health import iso_duration
 from agent.handlers.registry import instantiate
 from agent.health.health_store import HealthState, HealthStore
 from agent.health.rotation import Rotation
+from agent.model.events import Event
 from agent.state.state_store import Store
 
-NOW = datetime(2026, 11, 22, 13, 56, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 22, 13, 56, tzinfo=UTC)
 EVENT_ID = "A1B2C3D4-0000-4000-8000-000000000001"
 PROP = f"maintenance/{EVENT_ID}"
 SF = "https://sf.example.invalid:19080"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -17,12 +17,12 @@ from agent import __version__
 from agent.clock import FakeClock
 from agent.config.config import loads
 from agent.errors import ConfigError
-from agent.model.events import Event
 from agent.handlers.base import FAILED, OK, Context
 from agent.handlers.registry import instantiate
+from agent.model.events import Event
 from agent.state.state_store import Store
 
-NOW = datetime(2026, 11, 22, 13, 56, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 22, 13, 56, tzinfo=UTC)
 EVENT_ID = "A1B2C3D4-0000-4000-8000-000000000001"
 SECRET = "T0000/B0000/s3cr3tT0k3n"
 HOOK_URL = f"https://hooks.example.invalid/services/{SECRET}"
@@ -182,7 +182,7 @@ def test_a_text_template_is_sent_as_text(make, clock):
              'template: "maintenance {event_type} on {resources} at {not_before} ({phase}): \\"{description}\\""}')
     assert h.run(context(clock, description='say "hi"')).outcome == OK
     assert responses.calls[0].request.body == \
-        'maintenance Reboot on vm-3,vm-4 at 2026-11-22T14:05:00Z (scheduled): "say "hi""'.encode()
+        b'maintenance Reboot on vm-3,vm-4 at 2026-11-22T14:05:00Z (scheduled): "say "hi""'
 
 
 @pytest.mark.parametrize("template, says", [

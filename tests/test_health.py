@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.health.health_store import (MAX_DESCRIPTION, HealthReport, HealthState, HealthStore, ReservedSource, StaleReport,
-                          TooManyReports, parse_report)
+from agent.health.health_store import (
+    MAX_DESCRIPTION,
+    HealthReport,
+    HealthState,
+    HealthStore,
+    ReservedSource,
+    StaleReport,
+    TooManyReports,
+    parse_report,
+)
 
 W, E, OK = HealthState.WARNING, HealthState.ERROR, HealthState.OK
 
@@ -278,7 +286,7 @@ def test_parse_report_accepts_service_fabric_spellings():
     r = parse_report(body(HealthState="error", SequenceNumber="17", TimeToLiveInMilliSeconds="PT30S",
                           RemoveWhenExpired=True, SentAt="2026-01-01T00:00:00Z"))
     assert (r.state, r.sequence_number, r.ttl, r.remove_when_expired) == (E, 17, 30.0, True)
-    assert r.sent_at == datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert r.sent_at == datetime(2026, 1, 1, tzinfo=UTC)
     assert parse_report(body(TimeToLiveInMilliSeconds=1500)).ttl == 1.5
     assert parse_report(body(TimeToLiveInMilliSeconds="60000")).ttl == 60.0
     assert parse_report(body(TimeToLiveInMilliSeconds="pt1m")).ttl == 60.0

@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.model.identity import Identity
 from agent.errors import ImdsError, ImdsRequestRejected, ImdsUnavailable
-from agent.loop.cadence import next_poll_delay
 from agent.imds.imds_client import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult, parse_retry_after
+from agent.loop.cadence import next_poll_delay
 from agent.metrics import Metrics
+from agent.model.identity import Identity
 from tests.imds_server import FakeImds, Raw
 from tests.samples import sample
 
@@ -384,7 +384,7 @@ def test_backoff_grows_caps_and_honours_retry_after():
 
 def test_retry_after_accepts_seconds_and_http_dates():
     """Retry-After may be delta-seconds or an HTTP date."""
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
     assert parse_retry_after("12", now) == 12
     assert parse_retry_after("Thu, 01 Jan 2026 00:00:30 GMT", now) == 30
     assert parse_retry_after("soon", now) is None and parse_retry_after(None, now) is None
@@ -392,7 +392,7 @@ def test_retry_after_accepts_seconds_and_http_dates():
 
 def test_an_absurd_retry_after_cannot_stop_polling():
     """A Retry-After of a day, of 5000 digits or a date in 2099 waits MAX_RETRY_AFTER at most."""
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
     for value in ("86400", "9" * 5000, "Thu, 01 Jan 2099 00:00:00 GMT"):
         assert parse_retry_after(value, now) == MAX_RETRY_AFTER
 
@@ -420,7 +420,7 @@ def test_a_retry_after_of_unicode_digits_fails_the_request_and_nothing_else(imds
 def test_retry_after_is_read_strictly():
     """Only ASCII digits or an HTTP-date count; Unicode digits, signs, fractions and dates that are no
     dates are ignored."""
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
     assert parse_retry_after(" 12 ", now) == 12
     for value in ("²", "١٢", "+5", "-5", "1.5", "1e3", "0x10", "Thu, 01 Jan 2026 99:00:30 GMT", "tomorrow"):
         assert parse_retry_after(value, now) is None, value

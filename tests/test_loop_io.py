@@ -8,8 +8,9 @@ import email.utils
 import os
 import threading
 import time
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from agent.systemd import Notifier
 from tests.imds_server import wait_for
 from tests.test_daemon import SE, imds  # noqa: F401 (IMDS scripted for the daemon's life; approvals succeed)
 
-UTC = timezone.utc
+UTC = UTC
 START = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 NOT_BEFORE = START + timedelta(minutes=30)
 FILE_CALLS = ((os, "fsync"), (os, "open"), (os, "replace"), (os, "rename"), (builtins, "open"))

@@ -5,7 +5,7 @@ shows every series that exists both before and after that tick."""
 from __future__ import annotations
 
 import email.utils
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +17,7 @@ from agent.loop.daemon import Daemon
 from agent.systemd import Notifier
 from tests.test_daemon import SE, imds  # noqa: F401 (IMDS scripted for the daemon's life; approvals succeed)
 
-UTC = timezone.utc
+UTC = UTC
 START = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 
 

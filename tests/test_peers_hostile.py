@@ -14,13 +14,13 @@ import responses
 
 from agent.clock import FakeClock
 from agent.config.config import loads
-from agent.model.gate_specs import Gates, PrometheusGate
-from agent.errors import AnswerTooLarge, ExchangeTimeout
 from agent.coordination.approval_gates import GateChecker
+from agent.coordination.peer_client import INVALID, NOT_READY, READY, UNREACHABLE, PeerClient, readiness
+from agent.errors import AnswerTooLarge, ExchangeTimeout
 from agent.handlers.base import FAILED
 from agent.handlers.registry import instantiate
 from agent.metrics import Metrics
-from agent.coordination.peer_client import INVALID, NOT_READY, READY, UNREACHABLE, PeerClient, readiness
+from agent.model.gate_specs import Gates, PrometheusGate
 from agent.state.state_store import Store
 from tests.test_coordinator import make_coordinator, peer, step, tracked, view
 from tests.test_handler_webhook import context
@@ -35,7 +35,7 @@ GIVE_UP = 8.0
 class Hostile:
     """A loopback HTTP server that reads a request head, then misbehaves as `behaviour` says; counts what it sent."""
 
-    def __init__(self, behaviour: Callable[[socket.socket, "Hostile"], None]) -> None:
+    def __init__(self, behaviour: Callable[[socket.socket, Hostile], None]) -> None:
         self.behaviour = behaviour
         self.sent = 0
         self.stop = threading.Event()

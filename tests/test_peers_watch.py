@@ -45,7 +45,7 @@ def test_a_look_is_handed_over_whole_and_a_dropped_watch_ends_its_thread(tmp_pat
     before = set(threading.enumerate())
     watch = PeersWatch(str(path), every=0.01)
     mine = set(threading.enumerate()) - before
-    wait_for(lambda: watch.latest.version)
+    wait_for(lambda w=watch: w.latest.version)
     assert isinstance(watch.latest.peers, MappingProxyType) and dict(watch.latest.peers) == {"web_1": "http://10.0.0.4:8088"}
     del watch
     gc.collect()

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from agent.config.config import loads
-from agent.prepare.prepare_plan import PrepareConfig
 from agent.errors import ConfigError
 from agent.model.events import Event
-from agent.prepare.prepare_plan import first_window, make_plan, with_coordination
+from agent.prepare.prepare_plan import PrepareConfig, first_window, make_plan, with_coordination
 from agent.windows.approval_policy import NOW, parse_profiles
 
-UTC = timezone.utc
+UTC = UTC
 MONDAY_10 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)  # a Monday
 
 BUSINESS_HOURS_AND_NIGHTLY = parse_profiles([

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -73,10 +73,10 @@ def test_profiles_default_and_fixed_date_selection():
          "approval": "never"},
         {"name": "default", "approval": "auto"},
     ])
-    inside, _ = in_force(profiles, datetime(2026, 12, 24, tzinfo=timezone.utc))
-    outside, selection = in_force(profiles, datetime(2026, 12, 1, tzinfo=timezone.utc))
+    inside, _ = in_force(profiles, datetime(2026, 12, 24, tzinfo=UTC))
+    outside, selection = in_force(profiles, datetime(2026, 12, 1, tzinfo=UTC))
     assert (inside.name, outside.name) == ("freeze", "default")
-    assert selection.next_change == datetime(2026, 12, 20, tzinfo=timezone.utc)
+    assert selection.next_change == datetime(2026, 12, 20, tzinfo=UTC)
 
 
 def test_profiles_need_exactly_one_default_and_unique_names():

@@ -4,7 +4,7 @@ held work, windows that move the approval, reloads, restarts and the views that 
 from __future__ import annotations
 
 import email.utils
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -14,7 +14,8 @@ from agent.loop.daemon import Daemon
 from agent.state.journal import read_journal
 from agent.systemd import Notifier
 from tests.test_daemon import SE, imds  # noqa: F401 (IMDS scripted for the daemon's life; approvals succeed)
-UTC = timezone.utc
+
+UTC = UTC
 MONDAY_10 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 NIGHTLY = """
 profiles:

@@ -7,7 +7,7 @@ import shutil
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -15,14 +15,14 @@ import pytest
 from agent.clock import FakeClock
 from agent.config.config import loads
 from agent.errors import ConfigError
-from agent.health.health_store import HealthState, HealthStore
-from agent.metrics import Metrics
 from agent.health.health_rules import RuleSpec, RuleState, aggregate, compare, describe, evaluate
+from agent.health.health_store import HealthState, HealthStore
 from agent.health.sampling import RuleEngine, SystemSampler
+from agent.metrics import Metrics
 from tests.samples import sample
 
 OK, W, E = HealthState.OK, HealthState.WARNING, HealthState.ERROR
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)  # FakeClock's start
+T0 = datetime(2026, 1, 1, tzinfo=UTC)  # FakeClock's start
 
 
 def rule(**kw) -> RuleSpec:

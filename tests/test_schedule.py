@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
@@ -24,7 +24,7 @@ from agent.windows.schedule import (
     validate_profiles,
 )
 
-UTC = timezone.utc
+UTC = UTC
 WEEKDAYS = ["monday", "tuesday", "wednesday", "thursday", "friday"]
 
 

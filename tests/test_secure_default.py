@@ -9,8 +9,8 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

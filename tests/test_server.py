@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from typing import Any
@@ -10,8 +9,8 @@ from typing import Any
 import pytest
 import requests
 
-from agent.metrics import Metrics
 from agent.http.routes import ApiError, ApiServer, is_loopback, token_ok
+from agent.metrics import Metrics
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

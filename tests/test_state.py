@@ -11,10 +11,10 @@ import pytest
 
 from agent.errors import StateError
 from agent.model.events import Document, Event
-from agent.state.journal import read_journal
-from agent.state.state_store import Store
-from agent.state.state_file import check_dir
 from agent.model.tracker import diff
+from agent.state.journal import read_journal
+from agent.state.state_file import check_dir
+from agent.state.state_store import Store
 
 
 def _event(eid="E1", status="Scheduled"):

@@ -9,8 +9,8 @@ import pytest
 
 from agent.health.health_store import HealthState, HealthStore
 from agent.health.rotation import Rotation
-from agent.state.state_store import Store
 from agent.health.tcp_probe import TcpProbe
+from agent.state.state_store import Store
 
 
 def connects(port: int) -> bool:

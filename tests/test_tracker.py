@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from agent.model.events import Document, Event, Skipped
 from agent.model.tracker import APPEARED, CANCELED, COMPLETED, STATUS_CHANGED, VANISHED, diff
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def ev(eid: str, status: str = "Scheduled", resources=("vm1",), not_before=T0 + timedelta(minutes=15)) -> Event:

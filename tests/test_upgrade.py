@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from agent.state.journal import JOURNAL_FORMAT, read_journal
-from agent.state.state_store import Store
 from agent.state.state_file import STATE_FORMAT
+from agent.state.state_store import Store
 from tests.e2e.harness import wait_until
 from tests.fixtures.make_state_dirs import EVENT_ID, HOOKS
 

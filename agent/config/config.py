@@ -13,6 +13,12 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from agent.config.config_loading import parse_yaml, read_text
+from agent.coordination.coordination_settings import CoordinationConfig
+from agent.errors import ConfigError, ConfigValueError
+from agent.handlers.base import HandlerSpec
+from agent.handlers.registry import parse_handlers
+from agent.health.health_rules import RuleSpec, parse_rules
 from agent.model.config_schema import (
     boolean,
     choice,
@@ -25,13 +31,7 @@ from agent.model.config_schema import (
     section,
     text,
 )
-from agent.config.config_loading import parse_yaml, read_text
 from agent.model.gate_specs import NO_GATES, Gates
-from agent.coordination.coordination_settings import CoordinationConfig
-from agent.errors import ConfigError, ConfigValueError
-from agent.handlers.base import HandlerSpec
-from agent.handlers.registry import parse_handlers
-from agent.health.health_rules import RuleSpec, parse_rules
 from agent.prepare.prepare_plan import PrepareConfig
 from agent.windows.approval_policy import (
     DEFAULT_PROFILE,
@@ -39,7 +39,6 @@ from agent.windows.approval_policy import (
     check_handler_names,
     parse_profiles,
 )
-
 
 DEFAULT_PATH = "/etc/maintd/maintd.yaml"
 DEFAULT_STATE_DIR = "/var/lib/maintd"

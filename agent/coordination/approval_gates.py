@@ -22,7 +22,8 @@ and counted (`maintd_gate_check_failures_total`), and the gate is asked again on
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from agent import logs
 from agent.coordination.coordination_rules import (
@@ -33,9 +34,9 @@ from agent.coordination.coordination_rules import (
     peer_state,
     query_samples,
 )
+from agent.coordination.peer_client import PeerClient
 from agent.metrics import Metrics
 from agent.model.gate_specs import Gates, PrometheusGate
-from agent.coordination.peer_client import PeerClient
 
 
 class GateChecker:

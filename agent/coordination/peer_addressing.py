@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 from urllib.parse import quote
 
 from agent.model.identity import Identity

@@ -16,9 +16,10 @@ body included, says the peer is alive, and not ready.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from agent import jsonsafe
 from agent.coordination.peer_addressing import event_url

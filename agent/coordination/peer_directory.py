@@ -9,16 +9,17 @@ pending event, the URL it is asked at and how that was decided.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from agent import logs
-from agent.coordination.peer_addressing import Address, Identity, folded, resolve, unusable_computer_name
-from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordination_rules import PeerState
-from agent.health.health_store import HealthState, HealthStore
+from agent.coordination.coordination_settings import CoordinationConfig
+from agent.coordination.peer_addressing import Address, Identity, folded, resolve, unusable_computer_name
 from agent.coordination.peers_file import PeersWatch
-from agent.model.tracker import Tracked
+from agent.health.health_store import HealthState, HealthStore
 from agent.model.events import SCHEDULED
+from agent.model.tracker import Tracked
 
 SHOWN_PEERS = 50
 """Peers listed per event in views (counts cover all of them)."""

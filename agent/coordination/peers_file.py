@@ -18,9 +18,10 @@ import re
 import stat
 import threading
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -163,7 +164,7 @@ class PeersWatch:
         self._stop.set()
 
 
-def _watch(ref: "weakref.ref[PeersWatch]", stop: threading.Event, every: float) -> None:
+def _watch(ref: weakref.ref[PeersWatch], stop: threading.Event, every: float) -> None:
     """The watcher's thread: a look at once, then one every `every` seconds until stopped or the watch is gone."""
     while True:
         watch = ref()

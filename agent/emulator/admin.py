@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from agent.emulator.faults import Fault
 from agent.emulator.model import Approval, Model, ModelClock, RecordedRequest

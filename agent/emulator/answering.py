@@ -14,8 +14,16 @@ import socket
 from typing import Any
 from urllib.parse import SplitResult
 
-from agent.emulator.faults import (CAPTIVE_PAGE, DEEP_JSON, DELAY_KINDS, MALFORMED, PROXY_504, Fault, error_body,
-                                   oversize)
+from agent.emulator.faults import (
+    CAPTIVE_PAGE,
+    DEEP_JSON,
+    DELAY_KINDS,
+    MALFORMED,
+    PROXY_504,
+    Fault,
+    error_body,
+    oversize,
+)
 from agent.emulator.model import RecordedRequest
 
 HANG_POLL = 0.02

@@ -13,7 +13,7 @@ import queue
 import signal
 import sys
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from agent.emulator import Emulator
@@ -51,10 +51,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the emulator until SIGTERM/SIGINT; returns the exit status."""
     args = _parser().parse_args(argv)
-    lines: "queue.Queue[dict[str, Any]]" = queue.Queue()
+    lines: queue.Queue[dict[str, Any]] = queue.Queue()
 
     def listen(name: str, fields: dict[str, Any]) -> None:
-        lines.put({"ts": datetime.now(timezone.utc).isoformat(), "event": name, **fields})
+        lines.put({"ts": datetime.now(UTC).isoformat(), "event": name, **fields})
 
     try:
         plan = load(args.scenario) if args.scenario else None

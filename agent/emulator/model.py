@@ -18,9 +18,10 @@ from __future__ import annotations
 import email.utils
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Protocol
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 
 API_VERSIONS = ("2017-03-01", "2017-08-01", "2017-11-01", "2019-01-01", "2019-04-01", "2019-08-01", "2020-07-01")
 """Every Scheduled Events api-version, oldest first (none newer than 2020-07-01 is documented)."""
@@ -51,7 +52,7 @@ class UnknownEventError(ValueError):
 
 def rfc1123(t: datetime) -> str:
     """NotBefore as IMDS writes it: `Mon, 19 Sep 2016 18:29:47 GMT`."""
-    return email.utils.format_datetime(t.astimezone(timezone.utc).replace(microsecond=0), usegmt=True)
+    return email.utils.format_datetime(t.astimezone(UTC).replace(microsecond=0), usegmt=True)
 
 
 @dataclass

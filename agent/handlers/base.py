@@ -20,15 +20,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.clock import Clock
-from agent.model.events import Event
 from agent.handlers.spec import HandlerSpec, NoOptions, Result, Settings
+from agent.model.events import Event
 from agent.model.outcomes import CANCELED, FAILED, OK, PHASES, SKIPPED, TIMED_OUT
 from agent.model.timefmt import iso_z
 
 if TYPE_CHECKING:
     from agent.health.health_store import HealthStore
-    from agent.metrics import Metrics
     from agent.health.rotation import Rotation
+    from agent.metrics import Metrics
     from agent.state.state_store import Store
 
 __all__ = ["PHASES", "OK", "FAILED", "TIMED_OUT", "SKIPPED", "CANCELED", "Result", "HandlerSpec", "NoOptions",
@@ -41,10 +41,10 @@ class Services:
     """What handlers may use besides the event: the daemon's shared parts and the settings snapshot."""
 
     clock: Clock
-    store: "Store"
-    metrics: "Metrics"
-    rotation: "Rotation"
-    health: "HealthStore"
+    store: Store
+    metrics: Metrics
+    rotation: Rotation
+    health: HealthStore
     settings: Settings = field(default_factory=Settings)
 
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from agent import logs
-from agent.model.config_schema import duration, list_of, mapping_of, opt, optional, text
 from agent.errors import ConfigValueError
 from agent.handlers.base import CANCELED, FAILED, OK, TIMED_OUT, Context, Handler, Result
+from agent.model.config_schema import duration, list_of, mapping_of, opt, optional, text
 
 OUTPUT_KEEP = 64 * 1024
 """Bytes of a hook's output kept (the tail); the rest is counted, not stored."""

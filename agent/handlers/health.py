@@ -26,12 +26,11 @@ from typing import Any
 from urllib.parse import quote
 
 from agent import boundedhttp
-
-from agent.model.config_schema import boolean, choice, duration, opt, optional, text
 from agent.errors import ConfigValueError
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result
 from agent.handlers.webhook import post, target
 from agent.health.health_store import HealthState
+from agent.model.config_schema import boolean, choice, duration, opt, optional, text
 
 SOURCE_ID = "maintd"
 REPORT_QUERY = "api-version=6.0&Immediate=true"

@@ -34,12 +34,12 @@ import requests
 
 from agent import __version__, boundedhttp, logs
 from agent.boundedhttp import Reply
-from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, text
 from agent.errors import ConfigValueError
 from agent.handlers.base import FAILED, OK, Context, Handler, Result
-from agent.retry import retrying
+from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, text
 from agent.model.outcomes import PHASE_SCHEDULED, PHASE_STARTED
 from agent.model.timefmt import iso_z
+from agent.retry import retrying
 
 TEMPLATE_FIELDS = ("event_id", "event_type", "status", "vm", "resources", "not_before", "phase", "description",
                    "source", "duration_seconds", "outcome", "approved_by", "text")

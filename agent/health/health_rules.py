@@ -35,13 +35,24 @@ from __future__ import annotations
 import math
 import operator as op
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from agent.model.config_schema import (choice, duration, fmt_duration, list_of, named_list, number, opt, optional,
-                                 parse_section, text)
 from agent.errors import ConfigValueError
+from agent.model.config_schema import (
+    choice,
+    duration,
+    fmt_duration,
+    list_of,
+    named_list,
+    number,
+    opt,
+    optional,
+    parse_section,
+    text,
+)
 
 SOURCE_ID = "rules"
 METRICS = ("cpu_percent", "memory_percent", "disk_percent", "load1", "command")
@@ -221,7 +232,7 @@ def evaluate(state: RuleState, now: float, wall: datetime) -> tuple[bool, float 
 
 def hms(at: datetime) -> str:
     """A wall-clock time as rule descriptions show it."""
-    return at.astimezone(timezone.utc).strftime("%H:%M:%SZ")
+    return at.astimezone(UTC).strftime("%H:%M:%SZ")
 
 
 def _number(value: float) -> str:

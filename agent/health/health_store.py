@@ -13,13 +13,14 @@ from __future__ import annotations
 import enum
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from agent.clock import Clock
-from agent.model.config_schema import parse_duration_text
 from agent.errors import ReservedSource, StaleReport, TooManyReports
+from agent.model.config_schema import parse_duration_text
 from agent.model.timefmt import iso_z_or_none
 
 RESERVED_PREFIX = "System."
@@ -42,7 +43,7 @@ class HealthState(enum.IntEnum):
         return self.name.title()
 
     @classmethod
-    def parse(cls, value: str) -> "HealthState":
+    def parse(cls, value: str) -> HealthState:
         """The state named by `value`, case-insensitively (Ok, Warning, Error)."""
         try:
             return cls[value.strip().upper()]
@@ -165,7 +166,7 @@ def _sent_at_field(value: Any) -> datetime | None:
         sent = None
     if sent is None:
         raise ValueError(f"SentAt: expected an ISO 8601 time such as 2026-01-01T00:00:00Z, got {value!r}")
-    return sent if sent.tzinfo else sent.replace(tzinfo=timezone.utc)
+    return sent if sent.tzinfo else sent.replace(tzinfo=UTC)
 
 
 def parse_report(body: Any) -> HealthReport:

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import fnmatch
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from agent.errors import StateError
 from agent.health.health_store import HealthState, HealthStore
-from agent.state.state_store import Store
 from agent.model.timefmt import iso_z
+from agent.state.state_store import Store
 
 DRAINS_FLAG = "drains"
 MANUAL = "manual"

@@ -16,10 +16,10 @@ from typing import Protocol
 
 from agent import logs
 from agent.clock import Clock
-from agent.model.config_schema import fmt_duration
+from agent.health.health_rules import SOURCE_ID, RuleSpec, RuleState, describe, evaluate, hms
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import Metrics
-from agent.health.health_rules import SOURCE_ID, RuleSpec, RuleState, describe, evaluate, hms
+from agent.model.config_schema import fmt_duration
 from agent.systemd import HOOK_ENV_STRIP
 
 FAILURES_BEFORE_WARNING = 3

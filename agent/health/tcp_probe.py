@@ -15,7 +15,8 @@ from __future__ import annotations
 import select
 import socket
 import threading
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from agent import logs
 from agent.http.routes import parse_listen

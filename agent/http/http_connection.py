@@ -13,7 +13,8 @@ import itertools
 import socket
 import struct
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from agent import logs
 from agent.http.http_wire import Request, head_end, parse_head

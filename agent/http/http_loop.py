@@ -21,8 +21,9 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 from agent import logs
 from agent.http.http_connection import BUSY, LINGER, READ, WRITE, Conn, Deadlines, Drops, Table, try_send

@@ -8,8 +8,8 @@ once, not a burst of catch-up polls.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 def next_poll_delay(failures: int, interval: float, max_backoff: float, retry_after: float | None,

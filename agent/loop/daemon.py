@@ -16,28 +16,28 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Callable
-
+from collections.abc import Callable
+from typing import Any
 
 from agent import logs
-from agent.loop.api import LoopView
 from agent.clock import Clock, SignalFlag
 from agent.config.config import Config
 from agent.errors import ImdsError
-from agent.model.events import Document
 from agent.handlers.base import Result
 from agent.health.health_store import HealthState
-from agent.loop.cadence import Cadence
-from agent.imds.imds_client import PollResult
-from agent.metrics import Metrics
-from agent.windows.approval_policy import Profile, in_force
-from agent.loop.report import Reporter
-from agent.state.state_file import LoadReport
-from agent.http.routes import ApiServer
-from agent.systemd import Notifier, call_pinging
 from agent.health.tcp_probe import TcpProbe
-from agent.model.tracker import Tracked, Transition, diff
+from agent.http.routes import ApiServer
+from agent.imds.imds_client import PollResult
+from agent.loop.api import LoopView
+from agent.loop.cadence import Cadence
+from agent.loop.report import Reporter
 from agent.loop.wiring import STOP_DRAIN, Callbacks, Parts, serve
+from agent.metrics import Metrics
+from agent.model.events import Document
+from agent.model.tracker import Tracked, Transition, diff
+from agent.state.state_file import LoadReport
+from agent.systemd import Notifier, call_pinging
+from agent.windows.approval_policy import Profile, in_force
 
 HANDLER_STOP_GRACE = 10.0
 """Seconds running handlers get to finish when maintd stops, before they are cut short."""

@@ -6,21 +6,22 @@ state store's write status) into log lines, metrics and health reports. It decid
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from agent import logs
 from agent.clock import Clock
 from agent.config.config import ImdsConfig
 from agent.errors import ImdsError, ImdsRequestRejected
-from agent.model.events import KNOWN_STATUSES, SCHEDULED, Document
 from agent.handlers.base import FAILED, OK, TIMED_OUT, Result
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import Metrics
-from agent.windows.approval_policy import Profile
-from agent.state.state_store import LoadReport, Store
-from agent.model.tracker import Tracked, Transition
+from agent.model.events import KNOWN_STATUSES, SCHEDULED, Document
 from agent.model.timefmt import iso_z_or_none
+from agent.model.tracker import Tracked, Transition
+from agent.state.state_store import LoadReport, Store
+from agent.windows.approval_policy import Profile
 
 
 def next_maintenance(tracked: Iterable[Tracked]) -> dict[str, datetime]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from agent.errors import ConfigValueError
 
@@ -264,8 +265,8 @@ def named_list(items: list[Any], parse_item: Callable[[Any], T], what: str) -> t
             obj = parse_item(item)
         except ConfigValueError as exc:
             raise exc.under(f"[{i}]") from None
-        name = getattr(obj, "name")
-        if any(getattr(o, "name") == name for o in out):
+        name = obj.name
+        if any(o.name == name for o in out):
             raise ConfigValueError(f"[{i}].name", f"{what} name {name!r} is used twice; names must be unique")
         out.append(obj)
     return tuple(out)

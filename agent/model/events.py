@@ -24,12 +24,11 @@ from __future__ import annotations
 import email.utils
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from agent.errors import DocumentError
 from agent.model.timefmt import iso_z
-
 
 KNOWN_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 SCHEDULED = "Scheduled"
@@ -138,8 +137,8 @@ def parse_not_before(raw: Any) -> datetime | None:
         except (ValueError, OverflowError):
             return None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.astimezone(timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
 
 
 def _short(value: Any, limit: int = MAX_ID) -> bool:

@@ -11,9 +11,9 @@ has gaps (a Started document shorter than a poll) and resets (Scheduled Events r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Mapping
 
 from agent.model.events import STARTED, Document, Event
 

@@ -18,20 +18,30 @@ NotBefore minus `DEADLINE_MARGIN`; one that cannot start in time is recorded `sk
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 from agent import logs
 from agent.errors import StateError
-from agent.model.events import SCHEDULED, STARTED, Event, parse_event
 from agent.handlers.base import Context, Handler, Result, Services, Settings
 from agent.lanes import Lanes
-from agent.model.outcomes import (CANCELED, FAILED, INTERRUPTED, OK, PHASE_COMPLETED, PHASE_SCHEDULED, PHASE_STARTED, RUNNING,
-                                  SKIPPED)
-from agent.windows.approval_policy import Profile, phase_for
-from agent.prepare.run_records import RunKey, attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
-from agent.model.tracker import Tracked, Transition
+from agent.model.events import SCHEDULED, STARTED, Event, parse_event
+from agent.model.outcomes import (
+    CANCELED,
+    FAILED,
+    INTERRUPTED,
+    OK,
+    PHASE_COMPLETED,
+    PHASE_SCHEDULED,
+    PHASE_STARTED,
+    RUNNING,
+    SKIPPED,
+)
 from agent.model.timefmt import iso_z
+from agent.model.tracker import Tracked, Transition
+from agent.prepare.run_records import RunKey, attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
+from agent.windows.approval_policy import Profile, phase_for
 
 DEADLINE_MARGIN = 5.0
 """Seconds kept free before NotBefore: a handler budget never reaches into them."""

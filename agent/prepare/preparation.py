@@ -16,21 +16,21 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from agent import logs
 from agent.clock import Clock
-from agent.prepare.prepare_plan import PrepareConfig
-from agent.model.events import Event, SCHEDULED
 from agent.metrics import Metrics
-from agent.prepare.prepare_plan import Plan, make_plan, with_coordination
-from agent.windows.approval_policy import NOW, Profile
-from agent.state.state_store import Store
-from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
+from agent.model.events import SCHEDULED, Event
 from agent.model.outcomes import PHASE_SCHEDULED
-from agent.prepare.run_records import RunKey
 from agent.model.timefmt import iso_z
+from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
+from agent.prepare.prepare_plan import Plan, PrepareConfig, make_plan, with_coordination
+from agent.prepare.run_records import RunKey
+from agent.state.state_store import Store
+from agent.windows.approval_policy import NOW, Profile
 
 PREPARATION_KEY = "preparation"
 

@@ -24,9 +24,18 @@ from typing import Any
 
 from agent.model.config_schema import fmt_duration, opt
 from agent.model.events import Event
-from agent.windows.approval_policy import (ALLOWING, MANUAL, MAX_LEAD_TIME, NOW, LeadTime, Profile, in_force, parse_lead_time,
-                                          parse_lead_times_by_type)
 from agent.model.timefmt import iso_z_or_none
+from agent.windows.approval_policy import (
+    ALLOWING,
+    MANUAL,
+    MAX_LEAD_TIME,
+    NOW,
+    LeadTime,
+    Profile,
+    in_force,
+    parse_lead_time,
+    parse_lead_times_by_type,
+)
 
 MAX_STEPS = 1000
 """Instants looked at when searching for a window's opening or its closing (a bound, never reached by a sane config)."""

@@ -44,10 +44,12 @@ from typing import Any
 from agent.clock import Clock
 from agent.errors import StateError
 from agent.model.events import parse_event
-from agent.state.journal import JOURNAL_FILE, append as append_journal, set_aside_newer
 from agent.model.timefmt import iso_z, parse_iso
-from agent.state.state_file import STATE_FILE, STATE_FORMAT, LoadReport, read_state, replace_file
 from agent.model.tracker import Tracked, Transition
+from agent.state.journal import JOURNAL_FILE, set_aside_newer
+from agent.state.journal import append as append_journal
+from agent.state.state_file import STATE_FILE, STATE_FORMAT, LoadReport, read_state, replace_file
+
 
 class Store:
     """Thread-safe state store; worker threads record handler results through it."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from agent.errors import ConfigValueError
 from agent.model.config_schema import (
     boolean,
     choice,
@@ -28,12 +29,19 @@ from agent.model.config_schema import (
     section,
     text,
 )
-from agent.errors import ConfigValueError
-from agent.model.gate_specs import Gates
 from agent.model.events import KNOWN_TYPES, SCHEDULED, STARTED, Event
-from agent.windows.schedule import FixedDate, Recurrence, Selection, parse_fixed_date, parse_recurrence, select, validate_profiles
-from agent.model.tracker import Transition
+from agent.model.gate_specs import Gates
 from agent.model.outcomes import PHASE_COMPLETED, PHASE_SCHEDULED, PHASE_STARTED
+from agent.model.tracker import Transition
+from agent.windows.schedule import (
+    FixedDate,
+    Recurrence,
+    Selection,
+    parse_fixed_date,
+    parse_recurrence,
+    select,
+    validate_profiles,
+)
 
 AUTO, IMMEDIATE, MANUAL, NEVER = "auto", "immediate", "manual", "never"
 APPROVAL_MODES = (AUTO, IMMEDIATE, MANUAL, NEVER)

@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 from collections import deque
 from collections.abc import Iterable
-from datetime import datetime, time, timedelta, timezone
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -23,7 +23,7 @@ from dateutil import rrule as rr
 from agent.errors import ConfigValueError
 from agent.model.timefmt import iso_z
 
-_UTC = timezone.utc
+_UTC = UTC
 _FREQ = {"minute": rr.MINUTELY, "hour": rr.HOURLY, "day": rr.DAILY, "week": rr.WEEKLY, "month": rr.MONTHLY}
 _UNIT = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedelta(weeks=1)}
 _RR_DAYS = (rr.MO, rr.TU, rr.WE, rr.TH, rr.FR, rr.SA, rr.SU)

@@ -31,11 +31,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from datetime import date, datetime, time, timezone
+from datetime import UTC, date, datetime, time
 from typing import TYPE_CHECKING, Any
 
-from agent.model.config_schema import REQUIRED, choice, did_you_mean, integer, list_of, opt, optional, parse_section, section, text
 from agent.errors import ConfigValueError
+from agent.model.config_schema import (
+    REQUIRED,
+    choice,
+    did_you_mean,
+    integer,
+    list_of,
+    opt,
+    optional,
+    parse_section,
+    section,
+    text,
+)
 from agent.model.timefmt import iso_z
 
 if TYPE_CHECKING:
@@ -49,7 +60,7 @@ MAX_COUNT = 100_000
 DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 DEFAULT_START = datetime(2000, 1, 1)
 
-_UTC = timezone.utc
+_UTC = UTC
 
 
 # --- value parsers ----------------------------------------------------------------------------

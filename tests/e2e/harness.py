@@ -16,8 +16,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import requests
 import yaml
@@ -60,7 +61,7 @@ class Process:
         self.lines: list[dict[str, Any]] = []
         self.raw: list[str] = []
         self._lock = threading.Lock()
-        self.stdout: "queue.Queue[str]" = queue.Queue()
+        self.stdout: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read_err, daemon=True).start()
         threading.Thread(target=self._read_out, daemon=True).start()
 

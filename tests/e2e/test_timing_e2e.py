@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -17,7 +17,7 @@ THREE_DAYS = 3 * 86400
 
 
 def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 def hook(tmp_path, name):
@@ -82,4 +82,4 @@ def test_a_preempt_is_prepared_at_once_whatever_the_profile(start_emulator, star
     assert (plan["prepare_reason"], plan["approve_reason"]) == ("lead_time", "no_window")
     assert not emu.approvals("vm-1")
     assert timedelta(seconds=0) <= datetime.fromisoformat(plan["not_before"].replace("Z", "+00:00")) - \
-        datetime.now(timezone.utc) <= timedelta(seconds=30)
+        datetime.now(UTC) <= timedelta(seconds=30)
