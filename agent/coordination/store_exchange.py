@@ -50,6 +50,10 @@ from agent.coordination.store_protocol import (
 )
 from agent.lanes import Lanes
 
+STORE, RECORDS = "store", "store_records"
+"""The health reports (source `coordination`): the store's last answer, and records the protocol did not write."""
+Report = Callable[[str, bool, str], None]
+"""(property, ok, description): a Warning when not ok."""
 OTHER = "(another VM)"
 """Who holds a claim this VM just lost, until the next listing says."""
 
@@ -74,6 +78,7 @@ class EventState:
     busy: bool = False
     listing: Listing | None = None
     due: float = float("-inf")
+    retry_at: float = float("-inf")
     checks: int = 0
     failures: int = 0
     error: StoreError | None = None
@@ -128,7 +133,7 @@ class StoreExchange:
     """Sends each event's store requests and keeps what they said; see the module docstring for who owns what."""
 
     def __init__(self, open_store: Callable[[], Store], describe: str, clock: Clock, *,
-                 on_change: Callable[[], None], report: Callable[[bool, str], None], max_workers: int = 4) -> None:
+                 on_change: Callable[[], None], report: Report, max_workers: int = 4) -> None:
         self.open_store = open_store
         self.clock = clock
         self.on_change = on_change
@@ -141,6 +146,7 @@ class StoreExchange:
         self._events: dict[str, EventState] = {}
         self._lanes = Lanes(max_workers, "store")
         self._last: tuple[str, float | None] = ("no request yet", None)
+        self._healthy: bool | None = None
 
     # --- worker side -----------------------------------------------------------------------
 
@@ -230,11 +236,11 @@ class StoreExchange:
         """Queue this tick's request for one event: write the marker if it changed, list when one is due."""
         st = self._events.setdefault(event_id, EventState())
         st.resources = tuple(resources)
-        if st.busy or now < st.due:
+        if st.busy or now < st.retry_at:
             return
         write = marker if marker != st.marker else None
         settled = st.listing is not None and st.listing.approval is not None and st.listing.approval.state == APPROVED
-        if write is None and (not listing_wanted or settled):
+        if write is None and (not listing_wanted or settled or now < st.due):
             return
         st.busy = True
         self._lanes.submit(event_id, functools.partial(self._sync, event_id, st.resources, me, write))
@@ -264,32 +270,30 @@ class StoreExchange:
                 st.due = float("-inf")
 
     def _answered(self, st: EventState, r: Result) -> None:
-        if st.error is not None or self._last[0] != "ok":
-            self.log.info("store.recovered", previous=str(st.error or self._last[0]))
-            self.report(True, "the store answers")
-        st.error, st.failures = None, 0
+        if self._healthy is False:
+            self.log.info("store.recovered", previous=self._last[0])
+        if self._healthy is not True:
+            self.report(STORE, True, "the store answers")
+        st.error, st.failures, self._healthy = None, 0, True
         self._last = ("ok", r.at)
 
     def _failed(self, event_id: str, st: EventState, error: StoreError, now: float) -> None:
         st.failures += 1
-        st.due = now + retry_delay(st.failures)
+        st.retry_at = now + retry_delay(st.failures)
         if st.error is None or str(st.error) != str(error):
             self.log.warning("store.request_failed", event_id=event_id, outcome=error.outcome, error=str(error),
-                             retry_in=st.due - now, effect="this VM approves nothing it has not read from the store")
-            self.report(False, f"{error.outcome}: {error}")
-        st.error = error
+                             retry_in=st.retry_at - now, effect="this VM approves nothing it has not read from the store")
+        self.report(STORE, False, f"{error.outcome}: {error}")
+        st.error, self._healthy = error, False
         self._last = (f"{error.outcome}: {error}", self._last[1])
 
     def _listed(self, event_id: str, st: EventState, listing: Listing, now: float) -> None:
         st.listing = listing
         st.checks += 1
         st.due = now + recheck_delay(st.checks, len(st.resources))
-        new = set(listing.problems) - st.problems
-        for problem in sorted(new):
+        for problem in sorted(set(listing.problems) - st.problems):
             self.log.warning("store.invalid_record", event_id=event_id, problem=problem,
                              effect="not counted as ready or approved")
-        if new:
-            self.report(False, f"event {event_id}: {sorted(new)[0]}")
         st.problems = frozenset(listing.problems)
 
     def verdict(self, event_id: str, resources: Sequence[str], me: str, takeover_after: float,
@@ -315,6 +319,8 @@ class StoreExchange:
                                 st.listing.approval if st.listing else None,
                                 str(st.error) if st.error else None, tuple(sorted(st.problems)))
                       for event_id, st in self._events.items())
+        odd = next((f"event {v.event_id}: {v.problems[0]}" for v in views if v.problems), None)
+        self.report(RECORDS, odd is None, odd or "every store record read is one the protocol wrote")
         self.snapshot = Snapshot(self.snapshot.store, self._last[0], self._last[1], views)
         return self.snapshot
 
