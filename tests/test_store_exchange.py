@@ -78,7 +78,8 @@ class Rig:
     def __init__(self, store: MemoryStore, clock: FakeClock) -> None:
         self.reports: list[tuple[str, bool, str]] = []
         self.exchange = StoreExchange(lambda: store, "memory/maintd", clock, on_change=lambda: None,
-                                      report=lambda key, ok, why: self.reports.append((key, ok, why)))
+                                      report=lambda key, ok, why: self.reports.append((key, ok, why)),
+                                      takeover_after=lambda: 60.0)
         self.clock = clock
 
     def sync(self, vms: tuple[str, ...], me: str, marker: str, listing: bool = True) -> None:

@@ -25,6 +25,7 @@ from agent.coordination.store_protocol import (
     post_deadline,
     recheck_delay,
     retry_delay,
+    takeover_check_delay,
     unstorable,
     vm_state,
 )
@@ -161,3 +162,15 @@ def test_background_lists_back_off_and_bound_the_fleet_rate() -> None:
     assert recheck_delay(20, 100) == 20 and recheck_delay(20, 500) == 60
     assert 100 / recheck_delay(20, 100) <= 5
     assert [retry_delay(n) for n in (1, 2, 3, 6, 50)] == [1, 2, 4, 30, 30]
+
+
+def test_a_claim_is_rechecked_right_when_it_may_be_taken_over_spread_over_the_fleet() -> None:
+    """A VM waiting on another's claim lists again when the claim turns takeover_after old (store time), plus a
+    jitter of at most N/5 s (10 s cap); never for an approved record or its own claim."""
+    ready = [marker(v) for v in VMS]
+    claimed = listing(*ready, record(VMS[0], age=20))
+    assert takeover_check_delay(claimed, VMS[1], 60, 3, 0.0) == 40
+    assert takeover_check_delay(claimed, VMS[1], 60, 500, 0.99) == pytest.approx(40 + 9.9)
+    assert takeover_check_delay(claimed, VMS[0], 60, 3, 0.0) is None
+    assert takeover_check_delay(listing(*ready, record(VMS[0], APPROVED)), VMS[1], 60, 3, 0.0) is None
+    assert takeover_check_delay(listing(*ready), VMS[1], 60, 3, 0.0) is None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import queue
+import random
 import threading
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,6 +47,7 @@ from agent.coordination.store_protocol import (
     parse_listing,
     recheck_delay,
     retry_delay,
+    takeover_check_delay,
     vm_state,
 )
 from agent.lanes import Lanes
@@ -74,6 +76,7 @@ class EventState:
     """What this VM knows of one event in the store (the loop's own)."""
 
     resources: tuple[str, ...] = ()
+    me: str = ""
     marker: str | None = None
     busy: bool = False
     listing: Listing | None = None
@@ -133,8 +136,10 @@ class StoreExchange:
     """Sends each event's store requests and keeps what they said; see the module docstring for who owns what."""
 
     def __init__(self, open_store: Callable[[], Store], describe: str, clock: Clock, *,
-                 on_change: Callable[[], None], report: Report, max_workers: int = 4) -> None:
+                 on_change: Callable[[], None], report: Report, takeover_after: Callable[[], float],
+                 max_workers: int = 4) -> None:
         self.open_store = open_store
+        self.takeover_after = takeover_after
         self.clock = clock
         self.on_change = on_change
         self.report = report
@@ -235,7 +240,7 @@ class StoreExchange:
             now: float) -> None:
         """Queue this tick's request for one event: write the marker if it changed, list when one is due."""
         st = self._events.setdefault(event_id, EventState())
-        st.resources = tuple(resources)
+        st.resources, st.me = tuple(resources), me
         if st.busy or now < st.retry_at:
             return
         write = marker if marker != st.marker else None
@@ -290,7 +295,9 @@ class StoreExchange:
     def _listed(self, event_id: str, st: EventState, listing: Listing, now: float) -> None:
         st.listing = listing
         st.checks += 1
-        st.due = now + recheck_delay(st.checks, len(st.resources))
+        n = len(st.resources)
+        takeover = takeover_check_delay(listing, st.me, self.takeover_after(), n, random.random())
+        st.due = now + min(recheck_delay(st.checks, n), takeover if takeover is not None else float("inf"))
         for problem in sorted(set(listing.problems) - st.problems):
             self.log.warning("store.invalid_record", event_id=event_id, problem=problem,
                              effect="not counted as ready or approved")

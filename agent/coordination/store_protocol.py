@@ -290,6 +290,18 @@ def recheck_delay(checks: int, vms: int) -> float:
     return min(cap, RECHECK_FIRST * 2 ** max(0, min(checks, 16) - 1))
 
 
+def takeover_check_delay(listing: Listing, me: str, takeover_after: float, vms: int, jitter: float) -> float | None:
+    """When to list again to take over the claim this listing shows (None: no claim to take over).
+
+    Right after the claim becomes `takeover_after` old, spread over vms / FLEET_LIST_RATE seconds
+    (at most RECHECK_FLOOR) by `jitter` in [0, 1), so a fleet does not relist all at once.
+    """
+    approval = listing.approval
+    if approval is None or approval.state in (APPROVED, RELEASED) or approval.by.casefold() == me.casefold():
+        return None
+    return max(0.0, takeover_after - approval.age) + jitter * min(RECHECK_FLOOR, vms / FLEET_LIST_RATE)
+
+
 def retry_delay(failures: int) -> float:
     """Wait after `failures` failed store requests in a row before the next one."""
     return min(RETRY_MAX, RETRY_FIRST * 2 ** max(0, min(failures, 16) - 1))
