@@ -118,10 +118,14 @@ class Azurite:
 
     def new_container(self) -> str:
         """A fresh container (each test its own), created with the account key."""
+        return self.create_container(f"t{uuid.uuid4().hex[:20]}")
+
+    def create_container(self, name: str) -> str:
+        """Create `name` (again, after a restart emptied the in-memory store)."""
         from azure.storage.blob import BlobServiceClient
 
-        name = f"t{uuid.uuid4().hex[:20]}"
-        with BlobServiceClient.from_connection_string(self.connection_string()) as service:
+        verify = str(self.cert) if self.cert else True
+        with BlobServiceClient.from_connection_string(self.connection_string(), connection_verify=verify) as service:
             service.create_container(name)
         return name
 

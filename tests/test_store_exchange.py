@@ -252,3 +252,17 @@ def test_short_tokens_are_refreshed_at_half_their_life() -> None:
     """A token valid for 10 minutes is replaced after 5, not 5 minutes before its end (which would be at once)."""
     token = parse_token(b'{"access_token": "t", "expires_on": 1000600}', 1_000_000.0)
     assert not refresh_due(token, 1_000_299.0) and refresh_due(token, 1_000_300.0)
+
+
+def test_a_marker_the_store_lost_is_written_again(store: MemoryStore, clock: FakeClock, logs: list[dict]) -> None:
+    """The store comes back empty (or someone deleted the blob): the next listing shows this VM's marker gone,
+    and the VM writes it again by itself."""
+    vm = ("web_a",)
+    rig = Rig(store, clock)
+    rig.sync(vm, "web_a", READY)
+    store.blobs.clear()
+    clock.advance(2)
+    rig.sync(vm, "web_a", READY)
+    assert any(e["event"] == "store.marker_missing" for e in logs)
+    rig.sync(vm, "web_a", READY)
+    assert store.ops[-2:] == ["put", "list"] and marker_blob(EVENT, "web_a") in store.blobs

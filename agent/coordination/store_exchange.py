@@ -298,6 +298,11 @@ class StoreExchange:
         n = len(st.resources)
         takeover = takeover_check_delay(listing, st.me, self.takeover_after(), n, random.random())
         st.due = now + min(recheck_delay(st.checks, n), takeover if takeover is not None else float("inf"))
+        own = listing.markers.get(st.me.casefold())
+        if st.marker is not None and (own is None or own.state != st.marker):
+            self.log.warning("store.marker_missing", event_id=event_id, expected=st.marker,
+                             found=own.state if own else None, effect="written again")
+            st.marker = None  # the store lost it (emptied, deleted by hand): the next tick writes it again
         for problem in sorted(set(listing.problems) - st.problems):
             self.log.warning("store.invalid_record", event_id=event_id, problem=problem,
                              effect="not counted as ready or approved")
