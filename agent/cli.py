@@ -10,9 +10,10 @@ import sys
 from typing import Any, Sequence
 
 from agent import __version__
-from agent import config as config_mod
+from agent.config import config as config_mod
 from agent.errors import ConfigError
-from agent.peersfile import PeersFile
+from agent.coordination.coordination_settings import CoordinationConfig
+from agent.coordination.peers_file import PeersFile
 
 EX_CONFIG = 78
 
@@ -30,9 +31,9 @@ def load_for_run(path: str, dry_run: bool = False) -> config_mod.Config:
 def cmd_run(args: argparse.Namespace) -> int:
     from agent import logs
     from agent.clock import SystemClock
-    from agent.daemon import build
+    from agent.loop.daemon import build
     from agent.errors import StateError
-    from agent.statefile import check_dir
+    from agent.state.state_file import check_dir
     from agent.systemd import listen_fds
 
     path = config_mod.path_from(args.config)
@@ -71,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def run_once(daemon: Any) -> int:
     """Poll once, print what maintd sees and would do, change nothing on disk, exit."""
     from agent.errors import ImdsError
-    from agent.policy import phase_for
+    from agent.windows.approval_policy import phase_for
 
     daemon.store.load()
     if daemon.vm_name is None:
@@ -114,7 +115,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _addressing(c: config_mod.CoordinationConfig) -> str:
+def _addressing(c: CoordinationConfig) -> str:
     """How peers will be addressed: the static map, the peers file as it reads now, the template."""
     lines = ["peers are reached through (first match wins):",
              f"  coordination.peers       {len(c.peers)} static entr{'y' if len(c.peers) == 1 else 'ies'}"]

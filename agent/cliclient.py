@@ -16,7 +16,7 @@ import socket
 import sys
 from typing import Any, Callable
 
-from agent import config as config_mod
+from agent.config import config as config_mod
 from agent.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +170,7 @@ def _events_table(events: list[dict[str, Any]]) -> str:
 
 def cmd_events(args: argparse.Namespace) -> int:
     if args.history:
-        from agent.journal import read_journal
+        from agent.state.journal import read_journal
 
         try:
             directory = config_mod.with_state_env(config_mod.load(config_mod.path_from(args.config), check_perms=False)).state.dir

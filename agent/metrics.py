@@ -12,8 +12,8 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from agent import __version__
-from agent.events import KNOWN_TYPES
-from agent.outcomes import OUTCOMES
+from agent.model.events import KNOWN_TYPES
+from agent.model.outcomes import OUTCOMES
 
 EVENT_TYPES = (*KNOWN_TYPES, "Other")
 IMDS_ENDPOINTS = ("scheduledevents", "compute", "approve")

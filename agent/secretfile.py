@@ -26,7 +26,7 @@ import stat
 import threading
 
 from agent import logs
-from agent.health import HealthState, HealthStore
+from agent.health.health_store import HealthState, HealthStore
 
 MAX_SECRET_BYTES = 64 * 1024
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what an HTTP header value can carry as is

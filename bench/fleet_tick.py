@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from agent.clock import FakeClock
-from agent.config import CoordinationConfig
-from agent.coordination_rules import PeerState
-from agent.coordinator import Coordinator, EventCoordination
-from agent.events import Event
+from agent.coordination.coordination_settings import CoordinationConfig
+from agent.coordination.coordination_rules import PeerState
+from agent.coordination.coordinator import Coordinator, EventCoordination
+from agent.model.events import Event
 from agent.metrics import Metrics
-from agent.policy import Profile
-from agent.state import Store
-from agent.tracker import Tracked
+from agent.windows.approval_policy import Profile
+from agent.state.state_store import Store
+from agent.model.tracker import Tracked
 
 AUTO = Profile(name="default", approval="auto")
 

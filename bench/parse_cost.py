@@ -20,9 +20,9 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from agent import jsonsafe
-from agent.events import Document, parse_document
-from agent.imds import MAX_DOCUMENT_BYTES
-from agent.tracker import Tracked, diff
+from agent.model.events import Document, parse_document
+from agent.imds.imds_client import MAX_DOCUMENT_BYTES
+from agent.model.tracker import Tracked, diff
 from bench.common import percentile, write
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)

@@ -1,4 +1,4 @@
-"""Cost of one plan (`agent.plan.make_plan`), which the loop computes when an event appears and again
+"""Cost of one plan (`agent.prepare.prepare_plan.make_plan`), which the loop computes when an event appears and again
 for every pending event on a reload or a change of the profile in force.
 
 Four profile sets, each with a 7-day Reboot (the longest notice, so the longest search): `default`
@@ -12,10 +12,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from agent.config import PrepareConfig
-from agent.events import Event
-from agent.plan import make_plan
-from agent.policy import parse_profiles
+from agent.prepare.prepare_plan import PrepareConfig
+from agent.model.events import Event
+from agent.prepare.prepare_plan import make_plan
+from agent.windows.approval_policy import parse_profiles
 from bench.common import percentile, write
 from bench.parse_cost import timed
 

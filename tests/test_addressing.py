@@ -6,19 +6,18 @@ import os
 
 import pytest
 
-from agent.addressing import (
-    Identity,
+from agent.coordination.peer_addressing import (
     base36,
     event_url,
     folded,
     from_template,
-    identity_from_compute,
     peer_fields,
     resolve,
     template_fields,
 )
-from agent.config import ConfigError, loads
-from agent.peersfile import PeersFile
+from agent.config.config import ConfigError, loads
+from agent.model.identity import Identity, identity_from_compute
+from agent.coordination.peers_file import PeersFile
 
 WEB_15 = Identity("web_15", "web00000f", "web")
 

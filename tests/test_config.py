@@ -8,8 +8,10 @@ import tracemalloc
 
 import pytest
 
-from agent import config, configload
-from agent.configschema import parse_duration_text
+from agent.config import config
+
+from agent.config import config_loading as configload
+from agent.model.config_schema import parse_duration_text
 from agent.errors import ConfigError
 
 

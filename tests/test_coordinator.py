@@ -10,14 +10,14 @@ import pytest
 import requests
 import responses
 
-from agent.config import CoordinationConfig
-from agent.coordination_rules import PeerState, acting_leader, liveness_interval, push_due, recheck_delay, watch_chain
-from agent.coordinator import Coordinator
-from agent.events import Event
+from agent.coordination.coordination_settings import CoordinationConfig
+from agent.coordination.coordination_rules import PeerState, acting_leader, liveness_interval, push_due, recheck_delay, watch_chain
+from agent.coordination.coordinator import Coordinator
+from agent.model.events import Event
 from agent.metrics import Metrics
-from agent.policy import Profile
-from agent.state import Store
-from agent.tracker import Tracked
+from agent.windows.approval_policy import Profile
+from agent.state.state_store import Store
+from agent.model.tracker import Tracked
 
 AUTO = Profile(name="default", approval="auto")
 

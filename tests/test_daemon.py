@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from agent.config import loads
-from agent.daemon import build
-from agent.health import HealthState
+from agent.config.config import loads
+from agent.loop.daemon import build
+from agent.health.health_store import HealthState
 from agent.systemd import Notifier
 from tests.imds_server import FakeImds
 

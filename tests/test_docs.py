@@ -18,8 +18,8 @@ def test_readme_reference_sections_are_up_to_date():
 
 def test_every_config_key_and_metric_appears_in_the_readme():
     text = README.read_text()
-    from agent.config import Config
-    from agent.configschema import describe
+    from agent.config.config import Config
+    from agent.model.config_schema import describe
 
     for key, _, _ in describe(Config):
         assert f"`{key}`" in text or key.split(".")[0] in docgen.LIST_SECTIONS

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.events import (MAX_DESCRIPTION, MAX_EVENTS, MAX_RESOURCES, DocumentError, parse_document, parse_event,
+from agent.model.events import (MAX_DESCRIPTION, MAX_EVENTS, MAX_RESOURCES, DocumentError, parse_document, parse_event,
                           parse_not_before)
 
 FULL = {

@@ -16,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.clock import FakeClock
-from agent.config import load, loads
-from agent.daemon import build
+from agent.config.config import load, loads
+from agent.loop.daemon import build
 from agent.errors import ConfigError
-from agent.health import HealthState
-from agent.journal import read_journal
-from agent.state import Store
+from agent.health.health_store import HealthState
+from agent.state.journal import read_journal
+from agent.state.state_store import Store
 from agent.systemd import Notifier
 
 VALID_STATE = json.dumps({"version": 1, "events": {"E1": {

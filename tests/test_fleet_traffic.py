@@ -6,12 +6,12 @@ import pytest
 import requests
 import responses
 
-from agent.config import CoordinationConfig
-from agent.coordinator import Coordinator
-from agent.health import HealthStore
+from agent.coordination.coordination_settings import CoordinationConfig
+from agent.coordination.coordinator import Coordinator
+from agent.health.health_store import HealthStore
 from agent.metrics import Metrics
-from agent.peers import INVALID
-from agent.state import Store
+from agent.coordination.peer_client import INVALID
+from agent.state.state_store import Store
 from tests.test_coordinator import answer, peer, setup, step, tracked
 
 VMS = [f"vm{i}" for i in range(1, 7)]

@@ -22,8 +22,8 @@ BUILD = """
 import dataclasses, json, sys, tempfile
 from agent import cli
 from agent.clock import SystemClock
-from agent.config import load, loads
-from agent.daemon import build
+from agent.config.config import load, loads
+from agent.loop.daemon import build
 from agent.systemd import Notifier
 
 cfg = load(sys.argv[1], check_perms=False) if sys.argv[1].endswith(".yaml") else loads(sys.argv[1])
@@ -36,7 +36,7 @@ print(json.dumps(sorted(sys.modules)))
 
 NOT_FOR_THE_SHIPPED_CONFIG = (
     "dateutil",  # recurrences only
-    "agent.rrules",
+    "agent.windows.recurrence",
     "zoneinfo",  # schedules with a time zone only
     "difflib",  # "did you mean" hints of a refused config only
     "agent.handlers.webhook",
@@ -67,7 +67,7 @@ def shipped() -> set[str]:
 
 
 def test_the_shipped_config_loads_no_schedule_plugin_handler_or_tool_code(shipped):
-    assert "agent.daemon" in shipped
+    assert "agent.loop.daemon" in shipped
     assert offenders(shipped, NOT_FOR_THE_SHIPPED_CONFIG) == []
 
 
@@ -90,4 +90,4 @@ def test_a_recurrence_loads_what_it_needs():
                                 "    approval: auto\n"
                                 "    recurrence: {frequency: day, time_zone: Europe/Stockholm,"
                                 " schedule: {hours: [1], minutes: [0]}}\n")
-    assert {"dateutil.rrule", "agent.rrules", "zoneinfo"} <= loaded
+    assert {"dateutil.rrule", "agent.windows.recurrence", "zoneinfo"} <= loaded

@@ -12,10 +12,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.config import loads
+from agent.config.config import loads
 from agent.errors import ConfigError
 from agent.metrics import Metrics
-from agent.server import ApiServer
+from agent.http.routes import ApiServer
 from tests.test_server import FakeBackend
 
 SECTIONS = ["imds", "identity", "state", "log", "server", "probe", "health", "coordination", "handlers",

@@ -6,10 +6,11 @@ import pytest
 import requests
 import responses
 
-from agent.config import CoordinationConfig, loads
-from agent.coordinator import Coordinator
+from agent.config.config import loads
+from agent.coordination.coordination_settings import CoordinationConfig
+from agent.coordination.coordinator import Coordinator
 from agent.errors import ConfigError
-from agent.coordination_rules import (
+from agent.coordination.coordination_rules import (
     FleetGate,
     Gates,
     PrometheusGate,
@@ -18,11 +19,11 @@ from agent.coordination_rules import (
     fleet_verdict,
     peer_state,
 )
-from agent.gates import GateChecker
+from agent.coordination.approval_gates import GateChecker
 from agent.metrics import Metrics
-from agent.peers import PeerClient
-from agent.policy import Profile
-from agent.state import Store
+from agent.coordination.peer_client import PeerClient
+from agent.windows.approval_policy import Profile
+from agent.state.state_store import Store
 from tests.test_coordinator import peer, step, tracked
 
 PROM = "http://prometheus.invalid:9090"

@@ -8,15 +8,15 @@ from datetime import timedelta
 
 import pytest
 
-from agent.config import loads
-from agent.daemon import build
-from agent.events import Event
+from agent.config.config import loads
+from agent.loop.daemon import build
+from agent.model.events import Event
 from agent.handlers.base import CANCELED, OK, Context, HandlerSpec, Services, Settings
 from agent.handlers.drain import DrainHandler
-from agent.health import HealthState, HealthStore
+from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import Metrics
-from agent.rotation import Rotation
-from agent.state import Store
+from agent.health.rotation import Rotation
+from agent.state.state_store import Store
 from agent.systemd import Notifier
 from tests.e2e.harness import http
 

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pytest
 
 from agent.clock import SystemClock
-from agent.config import loads
+from agent.config.config import loads
 from agent.errors import ConfigError
-from agent.events import Event
+from agent.model.events import Event
 from agent.handlers.base import CANCELED, FAILED, OK, TIMED_OUT, Context
 from agent.handlers.exec import ENV_VALUE_MAX, OUTPUT_KEEP
 from agent.handlers.registry import instantiate

@@ -15,12 +15,12 @@ from responses import matchers
 
 from agent import __version__
 from agent.clock import FakeClock
-from agent.config import loads
+from agent.config.config import loads
 from agent.errors import ConfigError
-from agent.events import Event
+from agent.model.events import Event
 from agent.handlers.base import FAILED, OK, Context
 from agent.handlers.registry import instantiate
-from agent.state import Store
+from agent.state.state_store import Store
 
 NOW = datetime(2026, 11, 22, 13, 56, tzinfo=timezone.utc)
 EVENT_ID = "A1B2C3D4-0000-4000-8000-000000000001"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.health import (MAX_DESCRIPTION, HealthReport, HealthState, HealthStore, ReservedSource, StaleReport,
+from agent.health.health_store import (MAX_DESCRIPTION, HealthReport, HealthState, HealthStore, ReservedSource, StaleReport,
                           TooManyReports, parse_report)
 
 W, E, OK = HealthState.WARNING, HealthState.ERROR, HealthState.OK

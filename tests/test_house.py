@@ -11,11 +11,11 @@ import ast
 from pathlib import Path
 
 AGENT = Path(__file__).resolve().parent.parent / "agent"
-PURE = ("agent.events", "agent.tracker", "agent.policy", "agent.schedule", "agent.health", "agent.rules",
-        "agent.jsonsafe", "agent.cadence", "agent.plan", "agent.coordination_rules", "agent.addressing",
-        "agent.httpwire", "agent.outcomes")
-IO_MODULES = ("requests", "urllib3", "http.client", "http.server", "socket", "subprocess", "agent.imds", "agent.server",
-              "agent.state", "agent.coordinator", "agent.gates", "agent.peers", "agent.daemon", "agent.wiring")
+PURE = ("agent.model.events", "agent.model.tracker", "agent.windows.approval_policy", "agent.windows.schedule", "agent.health.health_store", "agent.health.health_rules",
+        "agent.jsonsafe", "agent.loop.cadence", "agent.prepare.prepare_plan", "agent.coordination.coordination_rules", "agent.coordination.peer_addressing",
+        "agent.http.http_wire", "agent.model.outcomes")
+IO_MODULES = ("requests", "urllib3", "http.client", "http.server", "socket", "subprocess", "agent.imds.imds_client", "agent.http.routes",
+              "agent.state.state_store", "agent.coordination.coordinator", "agent.coordination.approval_gates", "agent.coordination.peer_client", "agent.loop.daemon", "agent.loop.wiring")
 MAX_MODULE_LINES = 420
 MAX_CLASS_LINES = 270
 

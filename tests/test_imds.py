@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.addressing import Identity
+from agent.model.identity import Identity
 from agent.errors import ImdsRequestRejected, ImdsUnavailable
-from agent.cadence import next_poll_delay
-from agent.imds import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult, parse_retry_after
+from agent.loop.cadence import next_poll_delay
+from agent.imds.imds_client import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult, parse_retry_after
 from agent.metrics import Metrics
 from tests.imds_server import FakeImds, Raw
 
@@ -242,7 +242,7 @@ def test_compute_answers_that_cannot_be_used_fail_the_request_and_nothing_else(i
 
 def test_requests_to_real_imds_are_spaced_under_its_rate_limit(imds, clock, monkeypatch):
     """Back-to-back calls to a non-loopback IMDS are spaced ≥ 0.25 s apart (4 req/s < 5 req/s limit)."""
-    monkeypatch.setattr("agent.imds._is_loopback", lambda endpoint: False)
+    monkeypatch.setattr("agent.imds.imds_client._is_loopback", lambda endpoint: False)
     client = make_client(imds, clock)
     imds.get(SE, json=DOC)
     start = clock.monotonic()

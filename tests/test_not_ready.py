@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 
 from agent.cliclient import _events_table
-from agent.config import loads
-from agent.daemon import build
+from agent.config.config import loads
+from agent.loop.daemon import build
 from agent.systemd import Notifier
 from tests.e2e.harness import http
 from tests.imds_server import FakeImds

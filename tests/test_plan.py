@@ -6,11 +6,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from agent.config import PrepareConfig, loads
+from agent.config.config import loads
+from agent.prepare.prepare_plan import PrepareConfig
 from agent.errors import ConfigError
-from agent.events import Event
-from agent.plan import first_window, make_plan, with_coordination
-from agent.policy import NOW, parse_profiles
+from agent.model.events import Event
+from agent.prepare.prepare_plan import first_window, make_plan, with_coordination
+from agent.windows.approval_policy import NOW, parse_profiles
 
 UTC = timezone.utc
 MONDAY_10 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)  # a Monday

@@ -9,9 +9,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from agent.clock import FakeClock
-from agent.config import loads
-from agent.daemon import build
-from agent.journal import read_journal
+from agent.config.config import loads
+from agent.loop.daemon import build
+from agent.state.journal import read_journal
 from agent.systemd import Notifier
 from tests.test_daemon import SE, imds  # noqa: F401 (IMDS scripted for the daemon's life; approvals succeed)
 UTC = timezone.utc
@@ -229,7 +229,7 @@ def test_a_planning_failure_prepares_at_once_and_says_so(make, clock, imds, monk
     def broken(*args, **kwargs):
         raise ValueError("a schedule nobody foresaw")
 
-    monkeypatch.setattr("agent.preparation.make_plan", broken)
+    monkeypatch.setattr("agent.prepare.preparation.make_plan", broken)
     d = make(NIGHTLY + "prepare:\n  lead_time: 30m\n", event())
     run_until(d, clock, MONDAY_10 + timedelta(seconds=2))
     assert ran(d)["outcome"] == "ok"

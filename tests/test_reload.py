@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from agent import wiring
-from agent.addressing import Identity
-from agent.daemon import build
-from agent.health import HealthState
-from agent.imds import PollResult
-from agent.events import Document
+from agent.loop import wiring
+from agent.model.identity import Identity
+from agent.loop.daemon import build
+from agent.health.health_store import HealthState
+from agent.imds.imds_client import PollResult
+from agent.model.events import Document
 from agent.systemd import Notifier
 
 
@@ -50,7 +50,7 @@ def agent(tmp_path, clock, write_config, monkeypatch):
         assert d.reload(), "the new file was refused"
         return d
 
-    from agent.config import load
+    from agent.config.config import load
     d = build(load(str(path)), clock, boot_id="b", notifier=Notifier({}), config_path=str(path))
     d.start()
     d.reload_with = reload_with

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from agent.clock import FakeClock
-from agent.config import loads
+from agent.config.config import loads
 from agent.errors import ConfigError
-from agent.health import HealthState, HealthStore
+from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import Metrics
-from agent.rules import RuleSpec, RuleState, aggregate, compare, describe, evaluate
-from agent.sampling import RuleEngine, SystemSampler
+from agent.health.health_rules import RuleSpec, RuleState, aggregate, compare, describe, evaluate
+from agent.health.sampling import RuleEngine, SystemSampler
 
 OK, W, E = HealthState.OK, HealthState.WARNING, HealthState.ERROR
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)  # FakeClock's start

@@ -9,10 +9,10 @@ import pytest
 
 AGENT = Path(__file__).resolve().parent.parent / "agent"
 IO = {"requests", "socket", "subprocess", "threading", "concurrent", "urllib.request", "http", "os",
-      "agent.gates", "agent.peers", "agent.peersfile", "agent.coordinator", "agent.directory", "agent.imds"}
+      "agent.coordination.approval_gates", "agent.coordination.peer_client", "agent.coordination.peers_file", "agent.coordination.coordinator", "agent.coordination.peer_directory", "agent.imds.imds_client"}
 
 
-@pytest.mark.parametrize("module", ["coordination_rules.py", "addressing.py", "policy.py"])
+@pytest.mark.parametrize("module", ["coordination/coordination_rules.py", "coordination/peer_addressing.py", "windows/approval_policy.py"])
 def test_decision_modules_import_no_io(module):
     tree = ast.parse((AGENT / module).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \

@@ -6,14 +6,14 @@ import threading
 from datetime import timedelta
 import pytest
 
-from agent.events import Event
+from agent.model.events import Event
 from agent.handlers.base import FAILED, OK, SKIPPED, Handler, HandlerSpec, Result, Services, Settings
-from agent.health import HealthStore
+from agent.health.health_store import HealthStore
 from agent.metrics import Metrics
-from agent.rotation import Rotation
-from agent.runner import Runner, result_key
-from agent.state import Store
-from agent.tracker import Tracked, Transition
+from agent.health.rotation import Rotation
+from agent.prepare.handler_runner import Runner, result_key
+from agent.state.state_store import Store
+from agent.model.tracker import Tracked, Transition
 
 CALLS: list[tuple[str, str, str]] = []
 ATTEMPTS: list[int] = []

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from agent.handlers.base import HandlerSpec, Result
-from agent.outcomes import CANCELED, FAILED, OK, TIMED_OUT
-from agent.runrecords import blocks, interrupted_verdict, run_result, why_not_ready
+from agent.model.outcomes import CANCELED, FAILED, OK, TIMED_OUT
+from agent.prepare.run_records import blocks, interrupted_verdict, run_result, why_not_ready
 
 SPEC = HandlerSpec(name="drain", type="drain", phases=("scheduled",), max_attempts=3)
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from agent.health import HealthState, HealthStore
+from agent.health.health_store import HealthState, HealthStore
 from agent.secretfile import SecretFiles
 
 KEY = "coordination.token_file"

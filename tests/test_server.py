@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from agent.metrics import Metrics
-from agent.server import ApiError, ApiServer, is_loopback, token_ok
+from agent.http.routes import ApiError, ApiServer, is_loopback, token_ok
 
 TOKEN = "s3cret-token"
 

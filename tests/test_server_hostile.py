@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.metrics import Metrics
-from agent.server import ApiServer, uid_in_group
+from agent.http.routes import ApiServer, uid_in_group
 from tests.test_server import TOKEN, FakeBackend, session, url
 
 
@@ -359,8 +359,8 @@ def test_socket_activation_overriding_server_listen_is_logged(logs):
 ])
 def test_the_peer_health_view_gives_the_fleet_gate_the_same_verdict(reports):
     """A peer's fleet gate reads the readiness-only /v1/health and decides as it would on the full one."""
-    from agent.gates import peer_state
-    from agent.server import peer_health_view
+    from agent.coordination.approval_gates import peer_state
+    from agent.http.routes import peer_health_view
 
     full = {"AggregatedHealthState": "Ok", "HealthEvents": reports}
     for warning_as_error in (False, True):

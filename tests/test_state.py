@@ -10,11 +10,11 @@ import threading
 import pytest
 
 from agent.errors import StateError
-from agent.events import Document, Event
-from agent.journal import read_journal
-from agent.state import Store
-from agent.statefile import check_dir
-from agent.tracker import diff
+from agent.model.events import Document, Event
+from agent.state.journal import read_journal
+from agent.state.state_store import Store
+from agent.state.state_file import check_dir
+from agent.model.tracker import diff
 
 
 def _event(eid="E1", status="Scheduled"):

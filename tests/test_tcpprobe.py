@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from agent.health import HealthState, HealthStore
-from agent.rotation import Rotation
-from agent.state import Store
-from agent.tcpprobe import TcpProbe
+from agent.health.health_store import HealthState, HealthStore
+from agent.health.rotation import Rotation
+from agent.state.state_store import Store
+from agent.health.tcp_probe import TcpProbe
 
 
 def connects(port: int) -> bool:

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.events import Document, Event, Skipped
-from agent.tracker import APPEARED, CANCELED, COMPLETED, STATUS_CHANGED, VANISHED, diff
+from agent.model.events import Document, Event, Skipped
+from agent.model.tracker import APPEARED, CANCELED, COMPLETED, STATUS_CHANGED, VANISHED, diff
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 

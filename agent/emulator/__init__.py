@@ -16,7 +16,7 @@ emulator (notice, durations, fault delays) is in emulated seconds; `time_scale` 
 time faster. The model advances on every request and every 50 ms while started (`tick()`).
 
 Only the standard library and PyYAML are used, and nothing is shared with the client side
-(`agent.events`, `agent.imds`, `agent.tracker`): a mistake in one is never mirrored by the other.
+(`agent.model.events`, `agent.imds.imds_client`, `agent.model.tracker`): a mistake in one is never mirrored by the other.
 """
 
 from __future__ import annotations

@@ -20,14 +20,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.clock import Clock
-from agent.events import Event
-from agent.outcomes import CANCELED, FAILED, OK, PHASES, SKIPPED, TIMED_OUT
+from agent.model.events import Event
+from agent.model.outcomes import CANCELED, FAILED, OK, PHASES, SKIPPED, TIMED_OUT
 
 if TYPE_CHECKING:
-    from agent.health import HealthStore
+    from agent.health.health_store import HealthStore
     from agent.metrics import Metrics
-    from agent.rotation import Rotation
-    from agent.state import Store
+    from agent.health.rotation import Rotation
+    from agent.state.state_store import Store
 
 __all__ = ["PHASES", "OK", "FAILED", "TIMED_OUT", "SKIPPED", "CANCELED", "Result", "HandlerSpec", "Settings",
            "Services", "Context", "Handler"]

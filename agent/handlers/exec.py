@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from agent import logs
-from agent.configschema import duration, list_of, mapping_of, opt, optional, text
+from agent.model.config_schema import duration, list_of, mapping_of, opt, optional, text
 from agent.errors import ConfigValueError
 from agent.handlers.base import CANCELED, FAILED, OK, TIMED_OUT, Context, Handler, Result
 

@@ -27,11 +27,11 @@ from urllib.parse import quote
 
 import requests
 
-from agent.configschema import boolean, choice, duration, opt, optional, text
+from agent.model.config_schema import boolean, choice, duration, opt, optional, text
 from agent.errors import ConfigValueError
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result
 from agent.handlers.webhook import post, target
-from agent.health import HealthState
+from agent.health.health_store import HealthState
 
 SOURCE_ID = "maintd"
 REPORT_QUERY = "api-version=6.0&Immediate=true"

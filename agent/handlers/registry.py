@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from agent.configschema import boolean, choice, did_you_mean, duration, integer, list_of, named_list, opt, parse_section, text
+from agent.model.config_schema import boolean, choice, did_you_mean, duration, integer, list_of, named_list, opt, parse_section, text
 from agent.errors import ConfigValueError
-from agent.events import KNOWN_TYPES
+from agent.model.events import KNOWN_TYPES
 from agent.handlers.base import PHASES, Handler, HandlerSpec, Services
 
 ENTRY_POINT_GROUP = "maintd.handlers"

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import requests
 
 from agent import __version__, logs
-from agent.configschema import choice, duration, integer, mapping_of, opt, optional, text
+from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, text
 from agent.errors import ConfigValueError
 from agent.handlers.base import FAILED, OK, Context, Handler, Result
 from agent.retry import retrying

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from agent.journal import JOURNAL_FILE
+from agent.state.journal import JOURNAL_FILE
 from tests.e2e.harness import CLEAN_ENV, wait_until
 
 pytestmark = pytest.mark.e2e

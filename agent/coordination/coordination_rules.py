@@ -1,0 +1,255 @@
+"""The rules of coordinated approval, pure: gate specs and verdicts, takeover, peer timeout, asking cadence.
+
+No I/O here: `coordinator` (peers) and `gates` (gate answers) do the HTTP through `peers` and call
+these functions with what they learned. Changing a coordination rule means changing this module.
+
+Traffic shape (O(N) per event): the acting leader asks each peer it has not heard ready from,
+at once and then with exponential backoff (`recheck_delay`); a peer that becomes ready pushes
+that to the acting leader, which checks it with one request. A follower asks only the lower-ranked
+peers up to the first one that answers (`watch_chain`), at `liveness_interval`, to notice when the
+leader chain is gone.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from agent.model.config_schema import choice, duration, integer, list_of, opt, optional, section, text
+from agent.errors import ConfigValueError
+
+# --- gate specs ------------------------------------------------------------------------------
+
+OK, UNHEALTHY, UNREACHABLE = "ok", "unhealthy", "unreachable"
+
+
+def _regex(value: Any) -> str:
+    pattern = text()(value)
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ConfigValueError("", f"{pattern!r} is not a regular expression: {exc}") from None
+    return pattern
+
+
+@dataclass(frozen=True)
+class FleetGate:
+    max_percent_unhealthy: int = opt(integer(0, 100), doc="share (%) of the event's VMs that may be unhealthy; rounds up")
+    unreachable_counts_as: str = opt(choice("error", "ignore"), "error",
+                                     "error: an unreachable peer counts as unhealthy; ignore: it is left out")
+
+
+@dataclass(frozen=True)
+class PrometheusGate:
+    url: str = opt(text(r"^https?://\S+$", "a base URL such as http://prometheus:9090"), doc="Prometheus base URL")
+    alerts: tuple[str, ...] = opt(list_of(_regex, unique=True), (),
+                                  "block while an alert whose name matches one of these (names or regexes) fires")
+    query: str | None = opt(optional(text()), None, "PromQL; block while it returns any sample")
+    timeout: float = opt(duration(0.1, 60), 5.0, "timeout of one query")
+    on_failure: str = opt(choice("block", "ignore"), "block", "what a failed query means: block, or ignore the gate")
+
+    def validate(self) -> None:
+        if not self.alerts and not self.query:
+            raise ConfigValueError("alerts", "set alerts (alert names or regexes), query (PromQL), or both")
+
+
+@dataclass(frozen=True)
+class Gates:
+    fleet: FleetGate | None = opt(optional(section(FleetGate)), None, "fleet health gate (off when unset)")
+    prometheus: PrometheusGate | None = opt(optional(section(PrometheusGate)), None,
+                                            "Prometheus alert gate (off when unset)")
+
+    @property
+    def active(self) -> bool:
+        return self.fleet is not None or self.prometheus is not None
+
+
+NO_GATES = Gates()
+
+
+@dataclass(frozen=True)
+class Held:
+    """Why an approval is held: the gate and a readable reason."""
+
+    gate: str
+    reason: str
+
+
+# --- gate verdicts ---------------------------------------------------------------------------
+
+def allowed_unhealthy(total: int, max_percent: int) -> int:
+    """How many of `total` VMs may be unhealthy: ceil(total × max_percent / 100), as Service Fabric rounds."""
+    return math.ceil(total * max_percent / 100)
+
+
+def fleet_verdict(states: dict[str, str], gate: FleetGate) -> Held | None:
+    """Hold when more VMs are unhealthy than the policy tolerates; `states` maps VM name to ok/unhealthy/unreachable."""
+    counted = {n: s for n, s in states.items() if not (s == UNREACHABLE and gate.unreachable_counts_as == "ignore")}
+    bad = sorted(n for n, s in counted.items() if s != OK)
+    allowed = allowed_unhealthy(len(counted), gate.max_percent_unhealthy)
+    if len(bad) <= allowed:
+        return None
+    shown = ", ".join(f"{n} ({states[n]})" for n in bad[:5]) + (f" +{len(bad) - 5} more" if len(bad) > 5 else "")
+    return Held("fleet", f"{len(bad)} of {len(counted)} VMs unhealthy, {gate.max_percent_unhealthy}% allows "
+                         f"{allowed}: {shown}")
+
+
+def peer_state(health: Any, event_id: str, warning_as_error: bool) -> str:
+    """ok or unhealthy from a `/v1/health` body, leaving out the reports about the event itself.
+
+    A body of the wrong shape is `unreachable`; a report whose fields are not strings is unhealthy
+    (an answer maintd cannot read never makes a VM look healthy).
+    """
+    if not isinstance(health, dict) or not isinstance(health.get("HealthEvents"), list):
+        return UNREACHABLE
+    bad = {"Error"} | ({"Warning"} if warning_as_error else set())
+    for report in health["HealthEvents"]:
+        if not isinstance(report, dict):
+            continue
+        state = "Error" if report.get("IsExpired") else report.get("HealthState")
+        if not isinstance(state, str):
+            return UNHEALTHY
+        about_event = (report.get("SourceId") == "maintd" and report.get("Property") == f"maintenance/{event_id}") \
+            or report.get("SourceId") == "maintenance"
+        if not about_event and state in bad:
+            return UNHEALTHY
+    return OK
+
+
+def firing(alerts_body: Any, patterns: Sequence[str]) -> list[str]:
+    """Names of firing alerts (from /api/v1/alerts) that match one of `patterns` in full; ValueError on a bad shape."""
+    data = alerts_body.get("data") if isinstance(alerts_body, dict) else None
+    alerts = data.get("alerts") if isinstance(data, dict) else None
+    if not isinstance(alerts, list):
+        raise ValueError("no data.alerts list in the answer")
+    compiled = [re.compile(p) for p in patterns]
+    names = set()
+    for a in alerts:
+        labels = a.get("labels") if isinstance(a, dict) and a.get("state") == "firing" else None
+        name = labels.get("alertname") if isinstance(labels, dict) else None
+        if isinstance(name, str):
+            names.add(name)
+    return sorted(n for n in names if any(c.fullmatch(n) for c in compiled))
+
+
+def query_samples(query_body: Any) -> int:
+    """How many samples a /api/v1/query answer holds; ValueError when it is not a Prometheus result."""
+    data = query_body.get("data") if isinstance(query_body, dict) else None
+    result = data.get("result") if isinstance(data, dict) else None
+    if isinstance(result, list):
+        return len(result)
+    if isinstance(result, (int, float, str)) or result is None:
+        raise ValueError(f"data.result is {type(result).__name__}, not a list of samples")
+    raise ValueError("no data.result in the answer")
+
+
+# --- peers: what this VM knows, and the rules over it ----------------------------------------
+
+@dataclass
+class PeerState:
+    """What this VM knows of one peer for one event (mutated by the coordinator under its lock)."""
+
+    ready: bool = False
+    last_ok: float | None = None
+    failing_since: float | None = None
+    last_asked: float = float("-inf")
+    asks: int = 0
+    """Asks so far that did not find the peer ready (drives the backoff)."""
+    hinted: bool = False
+    hint_at: float = float("-inf")
+    in_flight: bool = False
+    detail: str = ""
+    url: str | None = None
+    via: str = ""
+
+    def unreachable_for(self, now: float) -> float:
+        """Seconds since the peer was last known alive, while it fails to answer (0 when it answered last time)."""
+        return now - self.failing_since if self.failing_since is not None else 0.0
+
+    @property
+    def failing(self) -> bool:
+        return self.failing_since is not None
+
+
+def failed_since(peer: PeerState, now: float) -> float:
+    """When a peer that just failed to answer was last known alive: its last answer, or now if it never answered."""
+    if peer.failing_since is not None:
+        return peer.failing_since
+    return peer.last_ok if peer.last_ok is not None else now
+
+
+def liveness_interval(poll_interval: float, takeover_after: float) -> float:
+    """How often a follower asks the peers ranked before it: a quarter of takeover_after, within [poll, 5 s]."""
+    return max(poll_interval, min(takeover_after / 4, 5.0))
+
+
+def recheck_delay(asks: int, poll_interval: float, recheck_max: float) -> float:
+    """Wait before asking a not-ready peer again after `asks` asks: poll_interval doubling up to recheck_max."""
+    return min(recheck_max, poll_interval * 2 ** max(0, min(asks, 32) - 1))
+
+
+def readiness_due(peer: PeerState, now: float, poll_interval: float, recheck_max: float) -> bool:
+    """Whether the acting leader should ask this peer now (never a ready one, never two at a time)."""
+    if peer.ready or peer.in_flight:
+        return False
+    return peer.hinted or now - peer.last_asked >= recheck_delay(peer.asks, poll_interval, recheck_max)
+
+
+def liveness_due(peer: PeerState, now: float, every: float) -> bool:
+    """Whether a follower should ask a peer of its leader chain now (ready or not: it may have died since)."""
+    return not peer.in_flight and now - peer.last_asked >= every
+
+
+def push_due(leader: str, told: str | None, last_target: str | None, last_push: float, now: float,
+             every: float) -> bool:
+    """Whether a ready follower should push to the acting leader now: until one took it, every `every`."""
+    return told != leader and (last_target != leader or now - last_push >= every)
+
+
+def hint_accepted(peer: PeerState, now: float, poll_interval: float) -> bool:
+    """A readiness push makes the peer due at once, at most once per poll interval (pushes are unauthenticated)."""
+    return not peer.ready and now - peer.hint_at >= poll_interval
+
+
+def watch_chain(lower: Sequence[str], peers: Mapping[str, PeerState]) -> list[str]:
+    """The lower-ranked peers a follower asks: in rank order, up to and including the first not failing."""
+    chain: list[str] = []
+    for name in lower:
+        chain.append(name)
+        peer = peers.get(name)
+        if peer is None or not peer.failing:
+            break
+    return chain
+
+
+def acting_leader(lower: Sequence[str], peers: Mapping[str, PeerState]) -> str | None:
+    """The lowest-ranked peer not known to be failing (where readiness is pushed); None: this VM leads or will."""
+    return next((n for n in lower if not (peers.get(n) and peers[n].failing)), None)
+
+
+def leads_soon(lower: Sequence[str], peers: Mapping[str, PeerState], now: float, takeover_after: float) -> bool:
+    """Whether this VM asks for readiness: it leads, or every lower-ranked peer has been unreachable for half
+    of `takeover_after` (so it knows who is ready when it takes over, and a leader's blip starts no storm)."""
+    return all(n in peers and peers[n].unreachable_for(now) >= takeover_after / 2 for n in lower)
+
+
+def lower_reachable(lower: Sequence[str], peers: Mapping[str, PeerState], now: float,
+                    takeover_after: float) -> list[str]:
+    """Lower-ranked peers that still count as present: not failing for `takeover_after` (the takeover rule)."""
+    return [n for n in lower if peers.get(n) is None or peers[n].unreachable_for(now) < takeover_after]
+
+
+def not_ready(names: Sequence[str], peers: Mapping[str, PeerState], now: float, unreachable_peers: str,
+              peer_timeout: float) -> list[str]:
+    """Peers that block approval: not ready, unless `ignore` and unreachable for `peer_timeout` (the peer-timeout rule)."""
+    waiting = []
+    for name in names:
+        peer = peers.get(name)
+        if peer is not None and peer.ready:
+            continue
+        if unreachable_peers == "ignore" and peer is not None and peer.unreachable_for(now) >= peer_timeout:
+            continue
+        waiting.append(name)
+    return waiting

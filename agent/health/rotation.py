@@ -1,0 +1,135 @@
+"""Whether this VM is in the load balancer's rotation, and why not.
+
+Two things take it out: a drain (manual, `maintd drain`, or one per event, by the `drain`
+handler), persisted in the state store so it survives restarts and reboots; and the aggregated
+health of the SourceIds `probe.fail_on` admits (by default everything but maintd's own `imds`,
+`maintenance`, `config` and `state` reports: an IMDS outage must never drain a whole fleet).
+
+A drain takes effect in memory at once, whatever the disk does: on a full or read-only state disk
+the store keeps the change and the loop writes it (and reports the disk) when it can.
+
+What follows the verdict without asking it over and over (the TCP probe) subscribes: it hears of
+every drain, undrain, reconfiguration and health change, and `recheck_in` says when a health
+report's TimeToLive runs out, the one change that comes with time alone.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable, Sequence
+
+from agent.errors import StateError
+from agent.health.health_store import HealthState, HealthStore
+from agent.state.state_store import Store
+
+DRAINS_FLAG = "drains"
+MANUAL = "manual"
+
+
+def source_filter(patterns: Sequence[str]) -> Callable[[str], bool]:
+    """A predicate on SourceIds from `probe.fail_on` patterns: globs, `*` for all, `!glob` excludes (wins)."""
+    include = [p for p in patterns if not p.startswith("!")]
+    exclude = [p[1:] for p in patterns if p.startswith("!")]
+
+    def matches(source_id: str) -> bool:
+        if any(fnmatch.fnmatchcase(source_id, p) for p in exclude):
+            return False
+        return any(fnmatch.fnmatchcase(source_id, p) for p in include)
+
+    return matches
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the probe answers: in rotation or not, and the reason shown to people."""
+
+    in_rotation: bool
+    reason: str
+
+
+def verdict(drains: dict[str, dict[str, Any]], health: HealthState, unhealthy: Sequence[str]) -> Verdict:
+    """Pure decision: any drain or an Error health takes the VM out of rotation."""
+    if drains:
+        reasons = "; ".join(f"{key}: {d.get('reason', '')}".rstrip(": ") for key, d in sorted(drains.items()))
+        return Verdict(False, f"draining ({reasons})")
+    if health >= HealthState.ERROR:
+        return Verdict(False, "unhealthy: " + ("; ".join(unhealthy) or "health is Error"))
+    return Verdict(True, "OK")
+
+
+class Rotation:
+    """Drains by key (`manual`, `event:<EventId>`), persisted; and the probe's current verdict."""
+
+    def __init__(self, store: Store, health: HealthStore, fail_on: Sequence[str],
+                 consider_warning_as_error: bool = False) -> None:
+        self.store = store
+        self.health = health
+        self._lock = threading.Lock()
+        self._listeners: tuple[Callable[[], None], ...] = ()
+        self.configure(fail_on, consider_warning_as_error)
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call `listener` after anything that may change the verdict (it must not block: it runs on the
+        changing thread, the loop's or an API worker's)."""
+        self._listeners += (listener,)
+        self.health.subscribe(listener)
+
+    def recheck_in(self) -> float | None:
+        """Seconds until the verdict may change with nobody calling (a health TTL runs out); None: never."""
+        return self.health.next_expiry_in()
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    def configure(self, fail_on: Sequence[str], consider_warning_as_error: bool) -> None:
+        """Apply (new) probe.fail_on and health.consider_warning_as_error."""
+        self._sources = source_filter(fail_on)
+        self._warning_is_error = consider_warning_as_error
+        self._changed()
+
+    def drains(self) -> dict[str, dict[str, Any]]:
+        """Current drains: key -> {"reason", "since"}."""
+        return dict(self.store.flag(DRAINS_FLAG) or {})
+
+    def drain(self, key: str, reason: str, now: datetime) -> bool:
+        """Take the VM out of rotation for `key`; False if that drain already existed."""
+        with self._lock:
+            drains = self.drains()
+            if key in drains:
+                return False
+            drains[key] = {"reason": reason, "since": now.isoformat().replace("+00:00", "Z")}
+            self._save(drains)
+        self._changed()
+        return True
+
+    def undrain(self, key: str) -> bool:
+        """Lift the drain `key`; False if there was none."""
+        with self._lock:
+            drains = self.drains()
+            if drains.pop(key, None) is None:
+                return False
+            self._save(drains)
+        self._changed()
+        return True
+
+    def _save(self, drains: dict[str, dict[str, Any]]) -> None:
+        try:
+            self.store.set_flag(DRAINS_FLAG, drains or None)
+        except StateError:  # in effect from memory; the loop retries the write and reports the disk
+            pass
+
+    @property
+    def saved(self) -> bool:
+        """Whether the drains (and every other state change) have reached the disk."""
+        return not self.store.dirty
+
+    def verdict(self) -> Verdict:
+        """What the probe answers now."""
+        state = self.health.aggregate(self._warning_is_error, self._sources)
+        unhealthy = [str(u.get("Description", "")) if isinstance(u, dict) else str(u)
+                     for u in self.health.unhealthy(self._warning_is_error, self._sources)]
+        return verdict(self.drains(), state, unhealthy)

@@ -1,0 +1,377 @@
+"""maintd's HTTP server: the LB probe, /healthz, /metrics and the /v1 JSON API, and who may see and do what.
+
+The event loop (`agent.http.http_loop`) holds the connections; this module routes a request and
+decides who the caller is:
+
+- **operator**: this host over TCP (exactly 127.0.0.1 or ::1), a permitted uid on the unix socket
+  (`server.unix_socket`: root and members of `server.unix_socket_group`), or a bearer token from
+  `server.token_file`. Reads everything. Mutates, except that `server.require_token_on_loopback`
+  makes TCP loopback callers show the token too (any local user can reach 127.0.0.1).
+- **peer**: anyone else who passes `coordination.token_file` (or anyone, when it is not set). Gets
+  readiness only: an event's id, status, rank and `ready`, and health states without descriptions
+  — what the coordinator and the fleet gate read — never hook output.
+
+The probe, /healthz and /metrics answer everyone. Errors are JSON: {"error": ..., "status": ...}.
+"""
+
+from __future__ import annotations
+
+import functools
+import grp
+import hmac
+import os
+import pwd
+import re
+import resource
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Protocol
+from urllib.parse import unquote, urlsplit
+
+from agent import jsonsafe, logs
+from agent.http.http_connection import is_loopback
+from agent.http.http_loop import EventLoopServer, listen_tcp, listen_unix
+from agent.http.http_wire import HttpError, Request, error_body, json_body, response
+from agent.metrics import Metrics
+
+__all__ = ["ApiError", "ApiServer", "Backend", "is_loopback", "parse_listen", "token_ok"]
+
+ApiError = HttpError
+"""An error answer: HTTP status and message (the backend raises it too)."""
+
+PEER_EVENT_FIELDS = ("EventId", "EventType", "EventStatus", "NotBefore", "vm_name", "present", "names_self", "rank",
+                     "ready")
+"""What a peer sees of an event: enough to rank and wait, nothing an operator wrote or a hook printed."""
+PEER_HEALTH_FIELDS = ("SourceId", "Property", "HealthState", "IsExpired")
+_FD_RESERVE = 64
+"""File descriptors kept for everything but connections (state files, hooks, IMDS, peers)."""
+
+
+class Backend(Protocol):
+    """What the server reads and asks of the daemon; `by` says who asked, for the audit journal."""
+
+    def probe(self) -> tuple[bool, str]: ...
+    def alive(self) -> tuple[bool, str]: ...
+    def metrics_text(self) -> bytes: ...
+    def status(self) -> dict[str, Any]: ...
+    def events(self) -> list[dict[str, Any]]: ...
+    def event(self, event_id: str) -> dict[str, Any] | None: ...
+    def health(self) -> dict[str, Any]: ...
+    def drain(self, reason: str, by: str) -> dict[str, Any]: ...
+    def undrain(self, by: str) -> dict[str, Any]: ...
+    def approve(self, event_id: str, by: str) -> dict[str, Any]: ...
+    def peer_ready(self, event_id: str, body: Any) -> dict[str, Any]: ...
+    def report_health(self, body: Any) -> dict[str, Any]: ...
+    def peer_authorized(self, authorization: str | None) -> bool: ...
+
+
+def token_ok(authorization: str | None, token: str | None) -> bool:
+    """Whether `Authorization: Bearer <token>` carries the configured token (constant-time compare)."""
+    if not token or not authorization:
+        return False
+    scheme, _, value = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """('host', port) from 'host:port' or '[v6]:port'."""
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def peer_event_view(view: dict[str, Any]) -> dict[str, Any]:
+    """The readiness-only view of an event that a peer gets."""
+    return {k: view[k] for k in PEER_EVENT_FIELDS if k in view}
+
+
+def peer_health_view(health: dict[str, Any]) -> dict[str, Any]:
+    """Health as a peer's fleet gate needs it: states per (SourceId, Property), no descriptions."""
+    reports = health.get("HealthEvents")
+    return {"AggregatedHealthState": health.get("AggregatedHealthState"),
+            "HealthEvents": [{k: r.get(k) for k in PEER_HEALTH_FIELDS} for r in reports if isinstance(r, dict)]
+            if isinstance(reports, list) else []}
+
+
+def uid_in_group(uid: int, gid: int, group: str | None) -> bool:
+    """Whether a unix-socket caller may act: root, or a member of `group` (primary or supplementary)."""
+    if uid == 0:
+        return True
+    if not group:
+        return False
+    try:
+        entry = grp.getgrnam(group)
+        return gid == entry.gr_gid or pwd.getpwuid(uid).pw_name in entry.gr_mem
+    except KeyError:
+        return False
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may do what (from `server.*`)."""
+
+    token_reader: Callable[[], str | None] = lambda: None
+    require_token_on_loopback: bool = False
+    unix_socket_group: str | None = None
+
+
+class Caller(NamedTuple):
+    """One request's caller as the rules see it."""
+
+    operator_read: bool
+    may_mutate: bool
+    by: str
+
+
+def identify(request: Request, access: Access) -> Caller:
+    """Who is calling: what they may read and change, and how the audit journal names them."""
+    if request.uid is not None:
+        allowed = uid_in_group(request.uid, request.gid or -1, access.unix_socket_group)
+        return Caller(allowed, allowed, f"uid {request.uid} (unix socket)")
+    token = token_ok(request.header("authorization"), access.token_reader())
+    loopback = is_loopback(request.client)
+    by = f"{request.client} (token)" if token else request.client
+    return Caller(loopback or token, token or (loopback and not access.require_token_on_loopback), by)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One endpoint: a bounded name for metrics, its methods, and its handler."""
+
+    name: str
+    methods: tuple[str, ...]
+    handler: Callable[["Call"], tuple[int, Any]]
+    cheap: bool = False
+    content_type: str = "application/json"
+    """Of a handler's bytes; anything else it returns is sent as JSON."""
+
+
+@dataclass
+class Call:
+    """A request being answered: the request, path parameter, and (looked up when a handler asks) its caller."""
+
+    request: Request
+    access: Access
+    arg: str = ""
+
+    @functools.cached_property
+    def caller(self) -> Caller:
+        return identify(self.request, self.access)
+
+
+class Router:
+    """The route table, built once; `answer()` turns a request into bytes and never raises."""
+
+    def __init__(self, backend: Backend, metrics: Metrics, access: Access, probe_path: str, max_body: int) -> None:
+        self.backend = backend
+        self.metrics = metrics
+        self.access = access
+        self.max_body = max_body
+        self.log = logs.get("server")
+        b = backend
+        get, post = ("GET",), ("POST",)
+        self.exact: dict[str, Route] = {
+            probe_path: Route("probe", get, self._probe, cheap=True, content_type="text/plain; charset=utf-8"),
+            "/healthz": Route("healthz", get, self._healthz, cheap=True),
+            "/metrics": Route("metrics", get, lambda c: (200, b.metrics_text()),
+                              content_type="text/plain; version=0.0.4; charset=utf-8"),
+            "/v1/status": Route("status", get, lambda c: self._operator(c, b.status)),
+            "/v1/events": Route("events", get, lambda c: self._operator(c, b.events)),
+            "/v1/health": Route("health", get, self._health),
+            "/v1/drain": Route("drain", post, lambda c: self._mutate(c, lambda: b.drain(_reason(self._json(c)),
+                                                                                       c.caller.by))),
+            "/v1/undrain": Route("undrain", post, lambda c: self._mutate(c, lambda: b.undrain(c.caller.by))),
+            "/v1/health/reports": Route("health_reports", post,
+                                        lambda c: self._mutate(c, lambda: b.report_health(self._json(c)))),
+        }
+        self.patterns: list[tuple[re.Pattern[str], Route]] = [
+            (re.compile(r"^/v1/events/([^/]+)/approve$"),
+             Route("events_approve", post, lambda c: self._mutate(c, lambda: b.approve(c.arg, c.caller.by)))),
+            (re.compile(r"^/v1/events/([^/]+)/peer-ready$"), Route("events_peer_ready", post, self._peer_ready)),
+            (re.compile(r"^/v1/events/([^/]+)$"), Route("event", get, self._event)),
+        ]
+
+    def route(self, path: str) -> tuple[Route | None, str]:
+        """The route of `path` and its parameter (None when there is no such endpoint)."""
+        found = self.exact.get(path)
+        if found is not None:
+            return found, ""
+        for pattern, candidate in self.patterns:
+            match = pattern.match(path)
+            if match:
+                return candidate, unquote(match.group(1))
+        return None, ""
+
+    def cheap(self, request: Request) -> bool:
+        found, _ = self.route(urlsplit(request.target).path)
+        return found is not None and found.cheap
+
+    def answer(self, request: Request) -> tuple[bytes, bool]:
+        head_only = request.method == "HEAD"
+        method = "GET" if head_only else request.method
+        path = urlsplit(request.target).path
+        found, arg = self.route(path)
+        name = found.name if found else "unknown"
+        try:
+            if found is None:
+                raise HttpError(404, f"no such endpoint: {path}")
+            if method not in found.methods:
+                raise HttpError(405, f"{method} is not allowed here; use {', '.join(found.methods)}",
+                                {"Allow": ", ".join(found.methods)})
+            status, body = found.handler(Call(request, self.access, arg))
+        except HttpError as exc:
+            return self._error(name, exc, head_only, request.keep_alive), exc.close or not request.keep_alive
+        except Exception as exc:  # a bug must cost one request, not the server
+            self.log.error("http.internal_error", path=path, error=repr(exc), exc_info=True)
+            error = HttpError(500, "internal error; see maintd's log (http.internal_error)")
+            return self._error(name, error, head_only, request.keep_alive), not request.keep_alive
+        self.metrics.http_requests.labels(name, str(status)).inc()
+        close = not request.keep_alive
+        if isinstance(body, bytes):
+            return response(status, body, found.content_type, head_only=head_only, close=close), close
+        return response(status, json_body(body), "application/json", head_only=head_only, close=close), close
+
+    def refuse(self, error: HttpError) -> bytes:
+        return self._error("invalid", error, False, False)
+
+    def _error(self, route: str, error: HttpError, head_only: bool, keep_alive: bool) -> bytes:
+        self.metrics.http_requests.labels(route, str(error.status)).inc()
+        return response(error.status, error_body(error.status, error.message), "application/json", head_only=head_only,
+                        close=error.close or not keep_alive, headers=error.headers)
+
+    # --- handlers ------------------------------------------------------------------------
+
+    def _probe(self, _: Call) -> tuple[int, Any]:
+        ok, reason = self.backend.probe()
+        return (200 if ok else 503), (reason + "\n").encode()
+
+    def _healthz(self, _: Call) -> tuple[int, Any]:
+        ok, detail = self.backend.alive()
+        return (200 if ok else 503), {"status": "ok" if ok else "stuck", "detail": detail}
+
+    def _peer_or_operator(self, call: Call) -> bool:
+        """True for an operator, False for an authorized peer; 401 for anyone else."""
+        if call.caller.operator_read:
+            return True
+        if call.request.uid is None and self.backend.peer_authorized(call.request.header("authorization")):
+            return False
+        raise HttpError(401, "this endpoint needs the bearer token in coordination.token_file",
+                        {"WWW-Authenticate": "Bearer"})
+
+    def _operator(self, call: Call, fn: Callable[[], Any]) -> tuple[int, Any]:
+        if not self._peer_or_operator(call):
+            raise HttpError(403, "operator data: ask from this host or with the bearer token in server.token_file")
+        return 200, fn()
+
+    def _event(self, call: Call) -> tuple[int, Any]:
+        operator = self._peer_or_operator(call)
+        view = self.backend.event(call.arg)
+        if view is None:
+            raise HttpError(404, f"no event {call.arg} is known here")
+        return 200, view if operator else peer_event_view(view)
+
+    def _health(self, call: Call) -> tuple[int, Any]:
+        operator = self._peer_or_operator(call)
+        health = self.backend.health()
+        return 200, health if operator else peer_health_view(health)
+
+    def _peer_ready(self, call: Call) -> tuple[int, Any]:
+        """A peer's hint that it became ready: peer auth suffices, since the leader only re-asks it."""
+        self._peer_or_operator(call)
+        return 202, self.backend.peer_ready(call.arg, self._json(call))
+
+    def _mutate(self, call: Call, fn: Callable[[], Any]) -> tuple[int, Any]:
+        caller = call.caller
+        if not caller.may_mutate:
+            if call.request.uid is not None:
+                raise HttpError(403, f"uid {call.request.uid} is neither root nor in server.unix_socket_group")
+            if call.request.header("authorization"):
+                raise HttpError(403, "the bearer token is not the one in server.token_file")
+            where = "clients with" if self.access.require_token_on_loopback else "loopback clients or"
+            raise HttpError(401, f"mutating endpoints answer only {where} a bearer token (server.token_file)",
+                            {"WWW-Authenticate": "Bearer"})
+        return 200, fn()
+
+    def _json(self, call: Call) -> Any:
+        raw = call.request.body
+        if not raw.strip():
+            return None
+        try:
+            return jsonsafe.loads(raw, max_bytes=self.max_body)
+        except ValueError as exc:
+            raise HttpError(400, f"body is not valid JSON ({exc})") from None
+
+
+def _reason(body: Any) -> str:
+    if body is None:
+        return "manual drain"
+    if not isinstance(body, dict) or not isinstance(body.get("reason", ""), str):
+        raise HttpError(400, 'body must be {"reason": "text"}')
+    return body.get("reason") or "manual drain"
+
+
+def _fd_budget(wanted: int) -> int:
+    """Connections this process can hold: raise the soft RLIMIT_NOFILE towards the hard one if needed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + _FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < need:
+        soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        except (ValueError, OSError):
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return max(16, min(wanted, soft - _FD_RESERVE)) if soft != resource.RLIM_INFINITY else wanted
+
+
+class ApiServer:
+    """The HTTP server on `listen` (or a socket-activated `sock`) and optionally a unix socket."""
+
+    def __init__(self, listen: str | None, backend: Backend, metrics: Metrics, *, probe_path: str = "/probe",
+                 token_reader: Callable[[], str | None] = lambda: None, max_body_bytes: int = 64 * 1024,
+                 read_timeout: float = 5.0, sock: socket.socket | None = None, per_client: int = 32,
+                 max_connections: int = 4096, require_token_on_loopback: bool = False,
+                 unix_socket: str | None = None, unix_socket_group: str | None = None) -> None:
+        self.log = logs.get("server")
+        self.metrics = metrics
+        if sock is not None:
+            if listen is not None:
+                self.log.warning("server.listen_overridden", listen=listen, socket=_sockname(sock),
+                                 hint="systemd passed maintd.socket; server.listen is ignored "
+                                      "(change the port with systemctl edit maintd.socket)")
+            self.socket = sock
+        else:
+            assert listen is not None
+            self.socket = listen_tcp(*parse_listen(listen))
+        listeners = [self.socket]
+        self.unix_socket = unix_socket
+        if unix_socket:
+            gid = grp.getgrnam(unix_socket_group).gr_gid if unix_socket_group else None
+            listeners.append(listen_unix(unix_socket, gid))
+        access = Access(token_reader, require_token_on_loopback, unix_socket_group)
+        self.router = Router(backend, metrics, access, probe_path, max_body_bytes)
+        self.loop = EventLoopServer(listeners, self.router, request_timeout=read_timeout, max_body=max_body_bytes,
+                                    per_client=per_client, max_connections=_fd_budget(max_connections),
+                                    on_drop=lambda reason: metrics.http_dropped.labels(reason).inc())
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server as bound (for tests and the CLI)."""
+        host, port = self.socket.getsockname()[:2]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def serve_in_background(self) -> None:
+        """Serve on the `http` thread."""
+        self.loop.start()
+
+    def close(self) -> None:
+        """Stop serving (within a second) and close every socket."""
+        self.loop.close()
+        if self.unix_socket:
+            try:
+                os.unlink(self.unix_socket)
+            except OSError:
+                pass
+
+
+def _sockname(sock: socket.socket) -> str:
+    name = sock.getsockname()
+    return f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(name)

@@ -1,0 +1,220 @@
+"""The only code that talks to IMDS: Scheduled Events GET and POST, and this VM's compute identity.
+
+Requests go over `agent.imds.imds_connection` connections opened straight to the endpoint, so HTTP(S)_PROXY never
+redirects IMDS calls (IMDS must not be reached through a proxy). Every request sends `Metadata: true`.
+Answers are bounded before they are parsed (size, nesting depth, field sizes) and anything that
+cannot be read is a failed request, never an exception the caller did not ask for. The poll loop is
+its own retry: `get_document` never retries; `cadence.next_poll_delay` says how long to wait after a failure
+(exponential with jitter, capped, honouring Retry-After).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import threading
+from contextlib import closing
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from urllib.parse import urlencode, urlsplit
+
+from agent import jsonsafe
+from agent.model.identity import Identity, identity_from_compute
+from agent.clock import Clock
+from agent.errors import ImdsError, ImdsRequestRejected, ImdsUnavailable
+from agent.model.events import MAX_NAME, Document, parse_document
+from agent.imds.imds_connection import Connection, Reply, TooLarge, request_bytes, safe_header_value
+from agent.metrics import Metrics
+
+SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
+COMPUTE_PATH = "/metadata/instance/compute"
+HEADERS = {"Metadata": "true", "User-Agent": "maintd"}
+MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
+"""Largest Scheduled Events answer read: a 1000-event document is about 320 KB, so ~12 000 events fit."""
+MAX_SMALL_BYTES = 256 * 1024
+"""Largest compute metadata or approval answer read (a real compute document is a few KB)."""
+MAX_RETRY_AFTER = 300.0
+"""Longest Retry-After honoured: IMDS asks for seconds (410: "a max of 70 seconds"); a hostile or broken
+answer asking for a day would stop polling for a day, and 5000 nines for good."""
+MIN_REQUEST_GAP = 0.25
+"""Seconds between two requests to a real IMDS: 4 req/s, under its shared per-VM limit of 5."""
+
+
+@dataclass(frozen=True)
+class PollResult:
+    """A successful poll: a new document, or `unchanged` (a 304, or the same bytes as the last document)."""
+
+    document: Document | None
+    unchanged: bool
+    duration: float
+
+
+def parse_retry_after(value: str | None, now: datetime) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or HTTP-date), at most MAX_RETRY_AFTER; None when
+    absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return min(max(0.0, (when - now).total_seconds()), MAX_RETRY_AFTER)
+
+
+def _is_loopback(endpoint: str) -> bool:
+    host = urlsplit(endpoint).hostname or ""
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def _text(body: bytes) -> str:
+    return body[:500].decode("utf-8", "replace")
+
+
+class ImdsClient:
+    """IMDS client bound to one endpoint; thread-safe (the approval worker and the loop share it).
+
+    The poll owns one keep-alive connection and the request bytes for it (rebuilt only when the
+    ETag changes); the rare calls (approval, compute metadata) each open their own, so no caller
+    waits on another's.
+    """
+
+    def __init__(self, endpoint: str, api_version: str, *, timeout: float, first_timeout: float,
+                 compute_api_version: str, clock: Clock, metrics: Metrics) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.api_version = api_version
+        self.timeout = timeout
+        self.first_timeout = first_timeout
+        self.compute_api_version = compute_api_version
+        self.clock = clock
+        self.metrics = metrics
+        self._poll = Connection(self.endpoint)
+        self._etag: str | None = None
+        self._poll_request = self._get_bytes(SCHEDULED_EVENTS_PATH, api_version)
+        self._last: tuple[bytes, Document] | None = None
+        """The last document and the body it came from: the same bytes again are `unchanged`."""
+        self._answered = False
+        self._lock = threading.Lock()
+        self._last_request = float("-inf")
+        self._min_gap = 0.0 if _is_loopback(self.endpoint) else MIN_REQUEST_GAP
+
+    def _target(self, path: str, api_version: str) -> str:
+        return f"{path}?{urlencode({'api-version': api_version})}"
+
+    def _get_bytes(self, path: str, api_version: str, etag: str | None = None) -> bytes:
+        extra = {"If-None-Match": etag} if etag else {}
+        return request_bytes("GET", self._poll.host_header, self._target(path, api_version),
+                             {**HEADERS, **extra})
+
+    def _pace(self) -> None:
+        with self._lock:
+            wait = self._last_request + self._min_gap - self.clock.monotonic()
+            if wait > 0:
+                self.clock.sleep(wait)
+            self._last_request = self.clock.monotonic()
+
+    def _request(self, endpoint_label: str, connection: Connection, request: bytes, *, timeout: float,
+                 max_body: int) -> Reply:
+        """One exchange, timed and counted; any transport failure or oversize answer is ImdsUnavailable."""
+        self._pace()
+        start = self.clock.monotonic()
+        try:
+            reply = connection.exchange(request, timeout, max_body)
+        except Exception as exc:  # noqa: BLE001 - whatever the wire brings (the parser too) fails the request
+            self.metrics.imds_requests.labels(endpoint_label, "error").inc()
+            self.metrics.imds_duration.labels(endpoint_label).observe(self.clock.monotonic() - start)
+            kind = ("timed out" if isinstance(exc, TimeoutError) else "answer too large" if isinstance(exc, TooLarge)
+                    else "connection failed" if isinstance(exc, OSError) else "answer unreadable")
+            raise ImdsUnavailable(f"IMDS {kind}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+        self.metrics.imds_requests.labels(endpoint_label, str(reply.status)).inc()
+        self.metrics.imds_duration.labels(endpoint_label).observe(self.clock.monotonic() - start)
+        return reply
+
+    def _once(self, endpoint_label: str, request: bytes, timeout: float) -> Reply:
+        """A rare call on a connection of its own, closed after it."""
+        with closing(Connection(self.endpoint)) as connection:
+            return self._request(endpoint_label, connection, request, timeout=timeout, max_body=MAX_SMALL_BYTES)
+
+    def _raise_for(self, reply: Reply) -> None:
+        status = reply.status
+        if 200 <= status < 300 or status == 304:
+            return
+        body = _text(reply.body)
+        retry_after = parse_retry_after(reply.header("Retry-After"), self.clock.now())
+        if status in (400, 405):
+            raise ImdsRequestRejected(f"IMDS rejected the request ({status})", status, body)
+        raise ImdsUnavailable(f"IMDS answered {status}", status, body, retry_after)
+
+    @property
+    def next_timeout(self) -> float:
+        """The timeout of the next poll: `first_timeout` until IMDS has answered once, then `timeout`."""
+        return self.timeout if self._answered else max(self.timeout, self.first_timeout)
+
+    def get_document(self) -> PollResult:
+        """Poll Scheduled Events once within its timeout (connect, headers, body); raises ImdsError on any
+        failure, including any answer that cannot be read as a document (never retries)."""
+        timeout = self.next_timeout
+        start = self.clock.monotonic()
+        reply = self._request("scheduledevents", self._poll, self._poll_request, timeout=timeout,
+                              max_body=MAX_DOCUMENT_BYTES)
+        self._raise_for(reply)
+        self._answered = True
+        duration = self.clock.monotonic() - start
+        if reply.status == 304:
+            return PollResult(None, True, duration)
+        content_type = reply.header("Content-Type")
+        if "json" not in content_type.lower():
+            raise ImdsUnavailable(f"IMDS answered {reply.status} with Content-Type {content_type[:100]!r}, "
+                                  "not JSON (is a proxy in the path?)", reply.status, _text(reply.body)[:200])
+        if self._last is not None and reply.body == self._last[0]:  # nearly every poll at 1 Hz
+            return PollResult(None, True, duration)
+        try:
+            document = parse_document(jsonsafe.loads(reply.body, max_bytes=MAX_DOCUMENT_BYTES),
+                                      self._last[1] if self._last else None)
+        except Exception as exc:  # noqa: BLE001 - whatever the bytes do to the parser, the poll fails, the loop goes on
+            self.metrics.documents_malformed.inc()
+            raise ImdsUnavailable(f"malformed Scheduled Events document: {type(exc).__name__}: {str(exc)[:200]}",
+                                  reply.status, _text(reply.body)[:200]) from exc
+        self._remember_etag(safe_header_value(reply.header("ETag")) or None)
+        self._last = (reply.body, document)
+        return PollResult(document, False, duration)
+
+    def interrupt(self) -> None:
+        """Make a poll under way fail at once (a SIGTERM need not wait for its timeout); signal-safe."""
+        self._poll.interrupt()
+
+    def _remember_etag(self, etag: str | None) -> None:
+        if etag != self._etag:
+            self._etag = etag
+            self._poll_request = self._get_bytes(SCHEDULED_EVENTS_PATH, self.api_version, etag)
+
+    def approve(self, event_ids: list[str]) -> None:
+        """POST StartRequests for `event_ids`; raises ImdsError unless IMDS answers 2xx."""
+        body = json.dumps({"StartRequests": [{"EventId": e} for e in event_ids]}).encode()
+        request = request_bytes("POST", self._poll.host_header,
+                                self._target(SCHEDULED_EVENTS_PATH, self.api_version),
+                                {**HEADERS, "Content-Type": "application/json"}, body)
+        self._raise_for(self._once("approve", request, self.timeout))
+
+    def compute_identity(self) -> Identity:
+        """This VM's `compute.name` (what Resources lists), computer name and scale set; raises ImdsError,
+        whatever the answer holds."""
+        reply = self._once("compute", self._get_bytes(COMPUTE_PATH, self.compute_api_version), max(self.timeout, 10.0))
+        self._raise_for(reply)
+        try:
+            identity = identity_from_compute(jsonsafe.loads(reply.body, max_bytes=MAX_SMALL_BYTES))
+        except Exception as exc:  # noqa: BLE001 - as for the document: any failure to read it fails the request
+            raise ImdsUnavailable(f"compute metadata is not usable: {type(exc).__name__}: {str(exc)[:200]}",
+                                  reply.status, _text(reply.body)) from exc
+        if len(identity.name) > MAX_NAME or not identity.name.isprintable():
+            raise ImdsUnavailable("compute metadata has no usable name", reply.status, _text(reply.body))
+        return identity
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying may help (tenacity predicate): anything but a rejected request."""
+    return isinstance(exc, ImdsError) and not isinstance(exc, ImdsRequestRejected)

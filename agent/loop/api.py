@@ -1,0 +1,200 @@
+"""The server's backend: JSON views of the agent's parts and the operator's operations.
+
+Everything here runs on HTTP server threads. It reads what the loop publishes (an immutable
+`LoopView`, replaced each tick) and the thread-safe parts it is given (state store, health store,
+rotation, runner, coordinator), and records an operator's wish (drain, manual approval) for the
+loop to act on. It never sees the loop itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable
+
+from agent import __version__, logs
+from agent.clock import Clock
+from agent.config.config import Config
+from agent.coordination.coordinator import Coordinator
+from agent.health.health_store import HealthStore, parse_report
+from agent.metrics import Metrics
+from agent.windows.approval_policy import DEFAULT_PROFILE, Profile
+from agent.prepare.preparation import Preparation
+from agent.health.rotation import MANUAL, Rotation
+from agent.prepare.handler_runner import Runner
+from agent.http.routes import ApiError, token_ok
+from agent.state.state_store import Store
+from agent.model.tracker import Tracked
+
+
+def _iso(dt: datetime | None) -> str | None:
+    return dt.isoformat().replace("+00:00", "Z") if dt is not None else None
+
+
+@dataclass(frozen=True)
+class LoopView:
+    """What the loop knows that the API shows: published by the loop, never changed in place."""
+
+    config: Config
+    vm_name: str | None = None
+    tracked: dict[str, Tracked] = field(default_factory=dict)
+    incarnation: int | None = None
+    failures: int = 0
+    polls: int = 0
+    last_success: float | None = None
+    last_tick: float = 0.0
+    profile: Profile = DEFAULT_PROFILE
+    profile_next_change: datetime | None = None
+
+    def stuck_for(self, now: float) -> float:
+        """Seconds the loop is past the time it should have ticked again (0 when alive)."""
+        c = self.config.imds
+        allowance = max(c.poll_interval, c.max_backoff) + c.first_timeout + 5.0
+        return max(0.0, now - self.last_tick - allowance)
+
+
+class LocalApi:
+    """Implements `server.Backend` over the parts it reads."""
+
+    def __init__(self, view: Callable[[], LoopView], *, store: Store, health: HealthStore, rotation: Rotation,
+                 runner: Runner, coordinator: Coordinator, preparation: Preparation, metrics: Metrics, clock: Clock,
+                 peer_token: Callable[[], str | None]) -> None:
+        self.view = view
+        self.store = store
+        self.health_store = health
+        self.rotation = rotation
+        self.runner = runner
+        self.coordinator = coordinator
+        self.preparation = preparation
+        self.metrics = metrics
+        self.clock = clock
+        self.peer_token = peer_token
+        self.log = logs.get("api")
+
+    def probe(self) -> tuple[bool, str]:
+        v = self.rotation.verdict()
+        return v.in_rotation, v.reason
+
+    def alive(self) -> tuple[bool, str]:
+        stuck = self.view().stuck_for(self.clock.monotonic())
+        if stuck > 0:
+            return False, f"the poll loop has not ticked for {stuck:.0f}s longer than it should"
+        return True, "the poll loop is ticking"
+
+    def metrics_text(self) -> bytes:
+        return self.metrics.render()
+
+    def status(self) -> dict[str, Any]:
+        lv = self.view()
+        v = self.rotation.verdict()
+        since = self.clock.monotonic() - lv.last_success if lv.last_success is not None else None
+        warning_as_error = lv.config.health.consider_warning_as_error
+        nxt = lv.profile_next_change
+        return {
+            "version": __version__,
+            "vm_name": lv.vm_name,
+            "dry_run": lv.config.dry_run,
+            "in_rotation": v.in_rotation,
+            "rotation_reason": v.reason,
+            "drains": self.rotation.drains(),
+            "health": self.health_store.aggregate(warning_as_error).name.title(),
+            "imds": {"endpoint": lv.config.imds.endpoint,
+                     "last_success_seconds_ago": round(since, 3) if since is not None else None,
+                     "consecutive_failures": lv.failures, "polls": lv.polls,
+                     "document_incarnation": lv.incarnation},
+            "events": len(lv.tracked),
+            "events_naming_this_vm": sum(1 for t in lv.tracked.values() if t.names_self),
+            "not_ready": {eid: why for eid, t in lv.tracked.items()
+                          if t.names_self and t.event.status == "Scheduled" and (why := self.runner.not_ready(t))},
+            "state": {"dir": str(self.store.dir), "unsaved_changes": self.store.dirty,
+                      "write_error": self.store.write_error},
+            "profile": lv.profile.name, "profile_approval": lv.profile.approval,
+            "profile_next_change": _iso(nxt),
+            **self.coordinator.status(lv.tracked, lv.vm_name),
+        }
+
+    def _ready(self, tracked: Tracked | None) -> bool:
+        """Whether this VM has finished preparing for the event (every scheduled handler settled)."""
+        return tracked is not None and tracked.event.status == "Scheduled" and self.runner.is_ready(tracked)
+
+    def event(self, event_id: str) -> dict[str, Any] | None:
+        lv = self.view()
+        tracked = lv.tracked.get(event_id)
+        record = self.store.event_record(event_id)
+        if tracked is None and record is None:
+            return None
+        coordination = self.coordinator.view(event_id)
+        if tracked is not None:
+            event = tracked.event.to_json()
+            rank = tracked.event.rank(lv.vm_name or "")
+            names_self, first_seen, present = tracked.names_self, _iso(tracked.first_seen), True
+        else:
+            assert record is not None
+            event, names_self, first_seen, present = record["event"], record.get("names_self"), record.get("first_seen"), False
+            rank = None
+        return {
+            **event,
+            "vm_name": lv.vm_name,
+            "present": present,
+            "names_self": names_self,
+            "rank": rank,
+            "first_seen": first_seen,
+            "ready": self._ready(tracked),
+            "not_ready": self.runner.not_ready(tracked) if tracked is not None and tracked.event.status == "Scheduled" else [],
+            "results": self.store.results(event_id),
+            "history": (record or {}).get("history", []),
+            "outcome": (record or {}).get("outcome"),
+            **coordination,
+            "plan": self.preparation.view(event_id, coordination),
+        }
+
+    def events(self) -> list[dict[str, Any]]:
+        return [v for v in (self.event(eid) for eid in list(self.view().tracked)) if v is not None]
+
+    def health(self) -> dict[str, Any]:
+        return self.health_store.to_json(self.view().config.health.consider_warning_as_error)
+
+    def drain(self, reason: str, by: str) -> dict[str, Any]:
+        created = self.rotation.drain(MANUAL, reason, self.clock.now())
+        self.log.warning("rotation.drained", key=MANUAL, reason=reason, new=created, by=by)
+        self.store.journal("rotation.drained", key=MANUAL, reason=reason, by=by)
+        saved = {} if self.rotation.saved else {"note": "in effect; not yet saved: the state disk refuses writes "
+                                                        "(maintd retries; see maintd status)"}
+        return {"drained": True, "already": not created, "reason": reason, **saved}
+
+    def undrain(self, by: str) -> dict[str, Any]:
+        removed = self.rotation.undrain(MANUAL)
+        self.log.info("rotation.undrained", key=MANUAL, was_drained=removed, by=by)
+        self.store.journal("rotation.undrained", key=MANUAL, by=by)
+        return {"undrained": removed, "remaining_drains": self.rotation.drains()}
+
+    def approve(self, event_id: str, by: str) -> dict[str, Any]:
+        """Record an operator's approval (`maintd approve`); the coordinator sends it. `by`: the caller."""
+        tracked = self.view().tracked.get(event_id)
+        if tracked is None:
+            raise ApiError(404, f"no current event {event_id}")
+        if tracked.event.status != "Scheduled":
+            raise ApiError(409, f"event {event_id} is {tracked.event.status}; only Scheduled events can be approved")
+        self.store.record(event_id, "manual_approval", {"at": self.clock.now().isoformat(), "by": by},
+                          journal="approval.manual")
+        self.log.info("approval.manual", event_id=event_id, by=by)
+        self.preparation.release(event_id, "operator")  # an operator's go starts a held preparation
+        return {"event_id": event_id, "manual_approval": "recorded"}
+
+    def peer_ready(self, event_id: str, body: Any) -> dict[str, Any]:
+        vm = body.get("vm") if isinstance(body, dict) else None
+        if not isinstance(vm, str) or not vm:
+            raise ApiError(400, 'body must be {"vm": "name of the peer that became ready"}')
+        return {"event_id": event_id, "asked_again": self.coordinator.hint(event_id, vm)}
+
+    def report_health(self, body: Any) -> dict[str, Any]:
+        try:
+            report = parse_report(body)
+            self.health_store.report(report)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        return {"accepted": True, "SourceId": report.source_id, "Property": report.property}
+
+    def peer_authorized(self, authorization: str | None) -> bool:
+        token = self.peer_token()
+        return token is None or token_ok(authorization, token)

@@ -1,0 +1,318 @@
+"""The loop: polls on monotonic deadlines, hands what changed on, acts on signals.
+
+The loop polls once per `imds.poll_interval` (deadline += interval, so 3600 polls take 3600 s
+± one interval) and never waits on a handler, a peer or the disk: handlers and peer requests run on
+worker threads and report back through the state store. The IMDS request runs on the loop's own
+thread with one deadline for the whole exchange (a stop interrupts it at once); only IMDS's slow
+first answer, longer than a watchdog interval, waits on a thread of its own while the loop keeps
+pinging the systemd watchdog. Signal handlers only set flags; the loop acts on them next tick.
+
+The parts are built in `wiring.py`; what the loop reports (logs, metrics, health) is worded in
+`report.py`; what the HTTP API shows is read from the `LoopView` the loop publishes each tick.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+
+from agent import logs
+from agent.loop.api import LoopView
+from agent.clock import Clock
+from agent.config.config import Config
+from agent.errors import ImdsError
+from agent.model.events import Document
+from agent.handlers.base import Result
+from agent.health.health_store import HealthState
+from agent.loop.cadence import Cadence
+from agent.imds.imds_client import PollResult
+from agent.metrics import Metrics
+from agent.windows.approval_policy import Profile, in_force
+from agent.loop.report import Reporter
+from agent.http.routes import ApiServer
+from agent.systemd import Notifier, call_pinging
+from agent.health.tcp_probe import TcpProbe
+from agent.model.tracker import Tracked, Transition, diff
+from agent.loop.wiring import STOP_DRAIN, Callbacks, Parts, serve
+
+HANDLER_STOP_GRACE = 10.0
+"""Seconds running handlers get to finish when maintd stops, before they are cut short."""
+PRUNE_EVERY = 60.0
+"""Longest gap between two checks for finished events past `state.retention`."""
+
+
+class Daemon:
+    """One maintd instance. `start()`, then `tick()` repeatedly (or `run()`), then `shutdown()`."""
+
+    def __init__(self, config: Config, *, clock: Clock, metrics: Metrics | None = None,
+                 boot_id: str | None = None, notifier: Notifier | None = None, config_path: str | None = None) -> None:
+        self.parts = Parts(config, clock, Callbacks(self._handler_result, self.wake_coordination),
+                           metrics=metrics, boot_id=boot_id, notifier=notifier)
+        p = self.parts
+        self.config_path = config_path
+        self.clock, self.metrics, self.notifier = clock, p.metrics, p.notifier
+        self.store, self.health, self.rotation = p.store, p.health, p.rotation
+        self.runner, self.coordinator, self.rules, self.preparation = p.runner, p.coordinator, p.rules, p.preparation
+        self.report = Reporter(p.metrics, p.health, clock)
+        self.log = logs.get("daemon")
+        self.server: ApiServer | None = None
+        self.tcp_probe: TcpProbe | None = None
+        self.vm_name: str | None = p.vm_name
+        self.tracked: dict[str, Tracked] = {}
+        self.document: Document | None = None
+        self.cadence = Cadence(next_poll=clock.monotonic(), started_at=clock.monotonic())
+        self.last_tick = clock.monotonic()
+        self._pruned_at = float("-inf")
+        self.stop_requested = threading.Event()
+        self._second_stop = threading.Event()
+        self.reload_requested = threading.Event()
+        self._coordinate_soon = threading.Event()
+        self.profile: Profile | None = None
+        self._update_profile()
+        self.view = self._publish()
+        self.report.follow_loop(lambda: self.view.last_tick, lambda: self.view.last_success)
+
+    @property
+    def config(self) -> Config:
+        """The config in force (replaced on reload)."""
+        return self.parts.config
+
+    @property
+    def boot_id(self) -> str:
+        return self.parts.boot_id
+
+    def _publish(self) -> LoopView:
+        """Replace the view the API reads (an immutable snapshot of the loop's own fields)."""
+        assert self.profile is not None
+        self.view = LoopView(config=self.config, vm_name=self.vm_name, tracked=self.tracked,
+                             incarnation=self.document.incarnation if self.document else None,
+                             failures=self.cadence.failures, polls=self.cadence.polls,
+                             last_success=self.cadence.last_success,
+                             last_tick=self.last_tick, profile=self.profile,
+                             profile_next_change=self.profile_next_change)
+        return self.view
+
+    def start(self) -> None:
+        """Load the state, find this VM's name, report initial health."""
+        loaded = self.report.state_loaded(self.store)
+        self.tracked = self.store.tracked()
+        self.log.info("daemon.started", events=loaded.events, state_dir=str(self.store.dir),
+                      endpoint=self.config.imds.endpoint, dry_run=self.config.dry_run, boot_id=self.boot_id)
+        self.health.set("imds", "poll", HealthState.OK, "starting: no poll yet")
+        if self.rotation.undrain(STOP_DRAIN):
+            self.log.info("rotation.undrained", key=STOP_DRAIN, reason="maintd started again")
+        if self.vm_name is None:
+            self.resolve_identity(attempts=5)
+        self.runner.resume(self.preparation.resume(self.tracked))
+        self.rules.start()
+        self._publish()
+
+    def resolve_identity(self, attempts: int) -> None:
+        """Learn this VM's name from IMDS (a few tries at start, then once per poll cycle)."""
+        self.vm_name = self.parts.resolve_identity(attempts, self.stop_requested)
+        self.parts.publish_settings(self.profile)
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Tick until a stop is requested."""
+        while not self.stop_requested.is_set():
+            self.tick()
+            self._sleep_until_due()
+
+    def _sleep_until_due(self) -> None:
+        wait = self.cadence.next_poll - self.clock.monotonic()
+        if self.notifier.watchdog_interval is not None:
+            wait = min(wait, self.notifier.watchdog_interval)
+        if wait > 0 and not (self.stop_requested.is_set() or self.reload_requested.is_set()
+                             or self._coordinate_soon.is_set()):
+            self.clock.sleep(wait)
+
+    def tick(self) -> list[Transition]:
+        """One pass: reload if asked, poll if due, hand transitions on, flush pending state."""
+        now = self.clock.monotonic()
+        self.last_tick = now
+        if self.reload_requested.is_set():
+            self.reload_requested.clear()
+            self.reload()
+        transitions: list[Transition] = []
+        if now >= self.cadence.next_poll:
+            self._coordinate_soon.clear()
+            transitions = self._poll_and_schedule(now)
+        elif self._coordinate_soon.is_set():
+            self._coordinate_soon.clear()
+            last = self.cadence.last_success
+            if last is not None and now - last <= 2 * self.config.imds.poll_interval:
+                self._coordinate()
+        assert self.profile is not None
+        self.preparation.tick(self.tracked, self.profile.name)
+        self._prune_state(now)
+        self.report.state_write_status(self.store)
+        c = self.cadence
+        self.report.imds_health(self.config.imds, c.failures, c.last_success, c.started_at)
+        self._publish()
+        self.notifier.watchdog(self.clock.monotonic())
+        return transitions
+
+    def _poll_and_schedule(self, now: float) -> list[Transition]:
+        interval, backoff = self.config.imds.poll_interval, self.config.imds.max_backoff
+        if self.vm_name is None:
+            self.resolve_identity(attempts=1)
+            if self.vm_name is None:
+                self.cadence.failed(now, interval, backoff)
+                return []
+        try:
+            result = self._fetch()
+        except ImdsError as exc:
+            self.cadence.failed(self.clock.monotonic(), interval, backoff, exc.retry_after)
+            self.report.poll_failed(exc, self.cadence.failures)
+            return []
+        self.cadence.succeeded(self.clock.monotonic(), interval)
+        return self._poll_succeeded(result)
+
+    def _fetch(self) -> PollResult:
+        """The GET on the loop's own thread (its deadline bounds it, a stop interrupts it); only IMDS's
+        slow first answer waits on a thread of its own while the loop keeps pinging the watchdog."""
+        imds = self.parts.imds
+        return call_pinging(imds.get_document, self.notifier, self.clock.monotonic, imds.next_timeout,
+                            self._alive)
+
+    def _alive(self) -> None:
+        self.last_tick = self.clock.monotonic()
+        self._publish()
+
+    def _poll_succeeded(self, result: PollResult) -> list[Transition]:
+        self.report.poll_succeeded()
+        transitions = [] if result.unchanged or result.document is None else self.process_document(result.document)
+        self._coordinate()
+        return transitions
+
+    def dry_poll(self) -> tuple[Document, list[Transition]]:
+        """One poll diffed against the saved state, acting on nothing (`maintd run --once`)."""
+        assert self.vm_name is not None
+        document = self._fetch().document
+        if document is None:
+            raise ImdsError("IMDS answered 304 Not Modified to a first request")
+        _, transitions = diff(self.store.tracked(), document, vm_name=self.vm_name, boot_id=self.boot_id,
+                              now=self.clock.now())
+        return document, transitions
+
+    def process_document(self, document: Document) -> list[Transition]:
+        """Diff a fresh document against what is tracked, persist, and hand transitions on."""
+        assert self.vm_name is not None
+        self.report.document(document, self.document)
+        self.document = document
+        tracked, transitions = diff(self.tracked, document, vm_name=self.vm_name, boot_id=self.boot_id,
+                                    now=self.clock.now())
+        self.tracked = tracked
+        self.store.apply(tracked, transitions)  # in memory now, written in the background
+        for tr in transitions:
+            self.report.transition(tr)
+        self.report.events(tracked)
+        self.preparation.submit(transitions)
+        return transitions
+
+    def _update_profile(self) -> Profile:
+        profile, selection = in_force(self.config.profiles, self.clock.now())
+        self.report.profile(profile, self.profile, self.config.profiles)
+        self.profile, self.profile_next_change = profile, selection.next_change
+        self.parts.publish_settings(profile)
+        return profile
+
+    def _coordinate(self) -> None:
+        """Approval decisions, right after a successful poll (never on stale data)."""
+        if self.vm_name is None:
+            return
+        profile = self._update_profile()
+        self.coordinator.tick(self.tracked, self.vm_name, profile, self.config.dry_run, self.runner.pending)
+
+    def _prune_state(self, now: float) -> None:
+        """Drop finished events older than `state.retention`, checked every min(60 s, retention / 4)."""
+        if now - self._pruned_at < min(PRUNE_EVERY, self.config.state.retention / 4):
+            return
+        self._pruned_at = now
+        gone = self.store.prune(self.clock.now())  # in memory now, written in the background
+        if gone:
+            self.log.info("state.pruned", events=len(gone), retention_seconds=self.config.state.retention)
+
+    def _handler_result(self, event_id: str, handler: str, phase: str, result: Result) -> None:
+        """On a handler thread: report it; when this VM just became ready, decide (and tell the leader) now."""
+        self.report.handler_result(event_id, handler, phase, result)
+        tracked = self.tracked.get(event_id)
+        if phase == "scheduled" and tracked is not None and self.vm_name and self.runner.is_ready(tracked):
+            self.wake_coordination()  # the coordinator's tick pushes readiness to the acting leader
+
+    def wake_coordination(self) -> None:
+        """Decide about approvals now rather than after the next poll (a VM just became ready)."""
+        self._coordinate_soon.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Cut the loop's sleep short (signal-safe)."""
+        wake = getattr(self.clock, "wake", None)
+        if wake:
+            wake()
+
+    def serve(self, sock: Any = None) -> ApiServer:
+        """Start the HTTP server (on a socket-activated `sock` when systemd passed one)."""
+        self.server, self.tcp_probe = serve(self.parts, lambda: self.view, sock)
+        self.log.info("server.listening", url=self.server.url, socket_activated=sock is not None)
+        return self.server
+
+    def stuck_for(self) -> float:
+        """Seconds the loop is past the time it should have ticked again (0 when alive)."""
+        return self._publish().stuck_for(self.clock.monotonic())
+
+    # --- control ------------------------------------------------------------------------
+
+    def reload(self) -> bool:
+        """Re-read the config file; a refused file keeps the running config (and says why)."""
+        if not self.config_path:
+            return False
+        identity = self.config.identity
+        if not self.parts.reload(self.config_path):
+            return False
+        if self.config.identity != identity:
+            self.vm_name = self.parts.vm_name
+        self._update_profile()
+        self._publish()
+        return True
+
+    def request_stop(self, *_: Any) -> None:
+        """Ask the loop to stop (signal-safe)."""
+        self.stop_requested.set()
+        self.parts.imds.interrupt()  # a poll under way fails now, not at its timeout
+        self._wake()
+
+    def request_reload(self, *_: Any) -> None:
+        """Ask the loop to reload the config (signal-safe)."""
+        self.reload_requested.set()
+        self._wake()
+
+    def install_signals(self) -> None:
+        """SIGTERM/SIGINT stop, SIGHUP reloads."""
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGHUP, self.request_reload)
+
+    def shutdown(self) -> None:
+        """Drain if configured, let handlers finish briefly, flush state, tell systemd we are stopping."""
+        self.notifier.stopping()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self._second_stop.set())  # a second SIGTERM ends the drain wait
+        self.parts.drain_for_stop(self._second_stop)
+        self.parts.stop(HANDLER_STOP_GRACE)
+        if self.tcp_probe is not None:
+            self.tcp_probe.stop()
+        if self.server is not None:
+            self.server.close()
+        self.log.info("daemon.stopped", polls=self.cadence.polls)
+
+
+def build(config: Config, clock: Clock, *, config_path: str | None = None, metrics: Metrics | None = None,
+          boot_id: str | None = None, notifier: Notifier | None = None) -> Daemon:
+    """The daemon with every part the config asks for, wired together."""
+    return Daemon(config, clock=clock, metrics=metrics, boot_id=boot_id, notifier=notifier,
+                  config_path=config_path)

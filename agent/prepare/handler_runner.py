@@ -1,0 +1,306 @@
+"""Runs handlers on worker threads: per event in sequence (phase by phase, handler by handler),
+different events in parallel, each run recorded once per (EventId, handler, phase) across restarts.
+
+Before a handler starts, `{"outcome": "running", "attempt": n}` is recorded; its result replaces
+that record before anything acts on it. A `running` record found at start means maintd died (or
+stopped) mid-run: the run is recorded `interrupted` and runs again with `MAINTD_ATTEMPT=n+1`, up
+to the handler's `max_attempts` (at-least-once); with `rerun_interrupted: false`, or once the
+attempts are used up, it is recorded `failed` and not run again (at-most-once).
+
+When an event leaves the document, its `scheduled`/`started` work is cut: the run under way gets
+the event's cancel flag (a drain wait ends, an exec hook gets SIGTERM), the handlers not yet run
+are recorded `skipped`, and the `completed` phase runs at once on its own lane, beside the cut run.
+
+A handler's time budget is its `timeout`, capped in the `scheduled` phase by the time left before
+NotBefore minus `DEADLINE_MARGIN`; one that cannot start in time is recorded `skipped` ("deadline").
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+from typing import Any, Callable
+
+from agent import logs
+from agent.errors import StateError
+from agent.model.events import Event, parse_event
+from agent.handlers.base import Context, Handler, Result, Services, Settings
+from agent.lanes import Lanes
+from agent.model.outcomes import CANCELED, FAILED, INTERRUPTED, OK, RUNNING, SKIPPED
+from agent.windows.approval_policy import Profile, phase_for
+from agent.prepare.run_records import attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
+from agent.model.tracker import Tracked, Transition
+
+DEADLINE_MARGIN = 5.0
+"""Seconds kept free before NotBefore: a handler budget never reaches into them."""
+OUTPUT_TAIL = 4000
+
+ResultListener = Callable[[str, str, str, Result], None]
+
+
+def result_key(handler: str, phase: str) -> str:
+    """The state-store key of a handler's result."""
+    return f"handler:{handler}:{phase}"
+
+
+def budget(timeout: float, phase: str, not_before: datetime | None, now: datetime) -> float:
+    """Seconds a run may take: its timeout, capped before NotBefore in the scheduled phase (≤ 0: too late)."""
+    if phase != "scheduled" or not_before is None:
+        return timeout
+    return min(timeout, (not_before - now).total_seconds() - DEADLINE_MARGIN)
+
+
+def handler_settings(vm_name: str | None, lb_timeout: float, drain_grace: float, profile: Profile | None) -> Settings:
+    """The snapshot handlers read: this VM's name, the drain timings (the profile's override the
+    probe's) and the handlers the profile lets run."""
+    if profile is None:
+        return Settings(vm_name or "", lb_timeout, drain_grace)
+    return Settings(vm_name or "", profile.lb_timeout if profile.lb_timeout is not None else lb_timeout,
+                    profile.drain_grace if profile.drain_grace is not None else drain_grace, profile.handlers)
+
+
+class Runner:
+    """Owns the handler worker threads; thread-safe."""
+
+    def __init__(self, handlers: list[Handler], services: Services, *, dry_run: bool = False, max_workers: int = 8,
+                 on_result: ResultListener | None = None) -> None:
+        self.handlers = handlers
+        self.services = services
+        self.clock = services.clock
+        self.store = services.store
+        self.metrics = services.metrics
+        self.dry_run = dry_run
+        self.on_result = on_result
+        self.log = logs.get("runner")
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._cuts: dict[str, threading.Event] = {}
+        """Per present event: set when it leaves the document (or maintd stops) to cut its work short."""
+        self._running: dict[str, str] = {}
+        """Per event: the scheduled/started handler running now."""
+        self._lanes = Lanes(max_workers, "handler")
+        for h in handlers:
+            self.metrics.init_handler(h.spec.name, h.spec.phases)
+
+    # --- scheduling -----------------------------------------------------------------------
+
+    def submit(self, tr: Transition) -> None:
+        """Queue the phase a transition starts; a vanished event first cuts its pending work short."""
+        phase = phase_for(tr)
+        if phase == "completed":
+            self._preempt(tr.event.event_id, tr.outcome)
+        if phase is not None:
+            self._enqueue(phase, tr.event, tr.names_self, tr.outcome)
+
+    def resume(self, tracked: dict[str, Tracked]) -> None:
+        """After a restart: settle interrupted runs, then queue the phase each present event is in, and
+        the `completed` phase of a gone event whose completed run was interrupted (the undrain, say)."""
+        for eid, t in tracked.items():
+            phase = "scheduled" if t.event.status == "Scheduled" else "started" if t.event.status == "Started" else None
+            self._settle(eid, phase)
+            if phase:
+                self._enqueue(phase, t.event, t.names_self, None)
+        for eid, rec in self.store.event_records().items():
+            if eid not in tracked and rec.get("vanished_at") and self._settle(eid, "completed"):
+                self._enqueue("completed", parse_event(rec["event"]), bool(rec.get("names_self")), rec.get("outcome"))
+
+    def _settle(self, event_id: str, phase: str | None) -> bool:
+        """Settle the event's `running` records: those of `phase` (the one it is in) may run again, the
+        others cannot (the event has moved on); True when one will run again."""
+        again = False
+        for key, rec in self.store.results(event_id).items():
+            if key.startswith("handler:") and rec.get("outcome") == RUNNING:
+                again |= self._settle_interrupted(event_id, key, rec, phase is not None and key.endswith(f":{phase}"))
+        return again
+
+    def _settle_interrupted(self, event_id: str, key: str, rec: dict[str, Any], current: bool) -> bool:
+        """Record an interrupted run as to run again, or failed; True when it runs again."""
+        name = key.split(":")[1]
+        handler = next((h for h in self.handlers if h.spec.name == name), None)
+        attempt = attempt_of(rec)
+        fields = {"event_id": event_id, "handler": name, "attempt": attempt}
+        again, why = interrupted_verdict(handler.spec if handler else None, attempt, current)
+        if again and handler is not None:
+            self._record(event_id, key, {**rec, "outcome": INTERRUPTED, "attempt": attempt, "detail": why},
+                         journal="handler.interrupted")
+            self.log.warning("handler.interrupted", **fields, max_attempts=handler.spec.max_attempts, action="runs again")
+            return True
+        self._record(event_id, key, {**rec, "outcome": FAILED, "detail": why}, journal="handler.interrupted")
+        self.log.error("handler.interrupted", **fields, detail=why, action="recorded failed, not run again")
+        return False
+
+    def _enqueue(self, phase: str, event: Event, names_self: bool, outcome: str | None) -> None:
+        eid = event.event_id
+        if phase == "completed":  # its own lane: never behind the scheduled work it cut
+            cut, lane = self.stopping, (eid, phase)
+        else:
+            with self._lock:
+                cut, lane = self._cuts.setdefault(eid, threading.Event()), (eid, "present")
+        self._lanes.submit(lane, lambda: self._run_phase_logged(phase, event, names_self, outcome, cut))
+
+    def _preempt(self, event_id: str, outcome: str | None) -> None:
+        """Cut the event's scheduled/started work: the run under way ends early, the rest is skipped."""
+        with self._lock:
+            cut = self._cuts.pop(event_id, None)
+            running = self._running.get(event_id)
+        if cut is None:
+            return
+        cut.set()
+        if running is not None:
+            self.log.warning("handler.canceling", event_id=event_id, handler=running, reason=f"event {outcome or 'gone'}")
+
+    def _run_phase_logged(self, phase: str, event: Event, names_self: bool, outcome: str | None,
+                          cut: threading.Event) -> None:
+        try:
+            self._run_phase(phase, event, names_self, outcome, cut)
+        except Exception as exc:  # never lose the lane: log and go on with the event's next phase
+            self.log.error("runner.internal_error", event_id=event.event_id, phase=phase, error=repr(exc),
+                           exc_info=True)
+
+    # --- running --------------------------------------------------------------------------
+
+    def selected(self, phase: str, event: Event, names_self: bool) -> list[Handler]:
+        """The handlers that run for this event in this phase, in order (narrowed by the profile in force)."""
+        allowed = self.services.settings.handlers
+        return [h for h in self.handlers if phase in h.spec.phases and h.spec.applies_to(event, names_self)
+                and (allowed is None or h.spec.name in allowed)]
+
+    def _run_phase(self, phase: str, event: Event, names_self: bool, outcome: str | None,
+                   cut: threading.Event) -> None:
+        for handler in self.selected(phase, event, names_self):
+            if self.stopping.is_set():
+                return
+            key = result_key(handler.spec.name, phase)
+            rec = self.store.result(event.event_id, key)
+            if rec is not None and rec.get("outcome") != INTERRUPTED:
+                continue
+            if self.dry_run and not handler.spec.dry_run:
+                self.log.info("handler.dry_run_skipped", event_id=event.event_id, handler=handler.spec.name, phase=phase)
+                continue
+            if cut.is_set():
+                self._finish(handler, phase, event, key, Result(SKIPPED, "canceled: the event left the document "
+                                                                "before it ran"), 0.0, self.clock.now())
+                continue
+            attempt = 1 if rec is None else attempt_of(rec) + 1  # an interrupted run goes again
+            self._run_one(handler, phase, event, names_self, outcome, key, cut, attempt)
+
+    def _run_one(self, handler: Handler, phase: str, event: Event, names_self: bool, outcome: str | None,
+                 key: str, cut: threading.Event, attempt: int) -> None:
+        spec, settings = handler.spec, self.services.settings
+        now = self.clock.now()
+        base = max(spec.timeout, handler.minimum_timeout(settings))
+        allowed = budget(base, phase, event.not_before, now)
+        fields = {"event_id": event.event_id, "event_type": event.event_type, "handler": spec.name, "phase": phase}
+        if allowed <= 0:
+            self.metrics.deadline_short.inc()
+            self.log.warning("deadline.short", **fields, action="skipped", seconds_left=round(allowed + DEADLINE_MARGIN, 1))
+            self._finish(handler, phase, event, key, Result(SKIPPED, "deadline: too close to NotBefore to start"), 0.0, now)
+            return
+        if allowed < base:
+            self.metrics.deadline_short.inc()
+            self.log.warning("deadline.short", **fields, action="budget cut", timeout=round(allowed, 1),
+                             configured=round(base, 1))
+        self._record(event.event_id, key, {"outcome": RUNNING, "started_at": now.isoformat(), "attempt": attempt})
+        self.log.info("handler.started", **fields, timeout=round(allowed, 1), attempt=attempt)
+        ctx = Context(event=event, phase=phase, vm_name=settings.vm_name, names_self=names_self, timeout=allowed,
+                      deadline=event.not_before, dry_run=self.dry_run, clock=self.clock, cancel=cut,
+                      stopping=self.stopping, settings=settings, outcome=outcome, attempt=attempt)
+        t0 = self.clock.monotonic()
+        cuttable = phase != "completed"
+        if cuttable:
+            with self._lock:
+                self._running[event.event_id] = spec.name
+        try:
+            result = self._call(handler, ctx, allowed)
+        finally:
+            if cuttable:
+                with self._lock:
+                    self._running.pop(event.event_id, None)
+        if result is None:
+            self.log.warning("handler.abandoned", **fields, reason="maintd is stopping; the run will be settled at restart")
+            return
+        self._finish(handler, phase, event, key, result, self.clock.monotonic() - t0, now)
+
+    def _call(self, handler: Handler, ctx: Context, allowed: float) -> Result | None:
+        """Run on a helper thread so a hung handler costs its budget, not the worker; None: abandoned (stop)."""
+        box: list[Result] = []
+
+        def target() -> None:
+            try:
+                box.append(handler.run(ctx))
+            except Exception as exc:
+                box.append(Result(FAILED, f"{type(exc).__name__}: {exc}"))
+
+        thread = threading.Thread(target=target, name=f"h-{handler.spec.name}", daemon=True)
+        thread.start()
+        thread.join(allowed + 5.0)
+        return run_result(box[0] if box else None, ctx.event_gone, self.stopping.is_set(), allowed)
+
+    def _finish(self, handler: Handler, phase: str, event: Event, key: str, result: Result, duration: float,
+                started: datetime) -> None:
+        spec = handler.spec
+        record = {"outcome": result.outcome, "detail": result.detail, "duration_seconds": round(duration, 3),
+                  "started_at": started.isoformat(), "finished_at": self.clock.now().isoformat(),
+                  "on_failure": spec.on_failure}
+        previous = self.store.result(event.event_id, key)
+        if previous is not None and "attempt" in previous:
+            record["attempt"] = previous["attempt"]
+        if result.exit_code is not None:
+            record["exit_code"] = result.exit_code
+        if result.output:
+            record["output"] = result.output[-OUTPUT_TAIL:]
+        self._record(event.event_id, key, record, journal="handler.finished")
+        self.metrics.handler_runs.labels(spec.name, phase, result.outcome).inc()
+        self.metrics.handler_duration.labels(spec.name, phase).observe(duration)
+        level = "info" if result.outcome in (OK, SKIPPED) else "warning" if result.outcome == CANCELED else "error"
+        getattr(self.log, level)("handler.finished", event_id=event.event_id, event_type=event.event_type,
+                                 handler=spec.name, phase=phase, outcome=result.outcome, detail=result.detail,
+                                 exit_code=result.exit_code, duration_seconds=round(duration, 3))
+        if self.on_result:
+            self.on_result(event.event_id, spec.name, phase, result)
+
+    def _record(self, event_id: str, key: str, value: dict[str, Any], journal: str | None = None) -> None:
+        try:
+            self.store.record(event_id, key, value, journal=journal)
+        except StateError as exc:
+            self.log.error("state.write_failed", event_id=event_id, key=key, error=str(exc),
+                           hint="kept in memory; written when the disk accepts it")
+
+    # --- readiness and lifecycle ----------------------------------------------------------
+
+    def _blocking(self, t: Tracked) -> list[tuple[Handler, dict[str, Any] | None]]:
+        if self.dry_run:
+            return []
+        out = []
+        for handler in self.selected("scheduled", t.event, t.names_self):
+            rec = self.store.result(t.event.event_id, result_key(handler.spec.name, "scheduled"))
+            if blocks(rec, handler.spec.on_failure):
+                out.append((handler, rec))
+        return out
+
+    def pending(self, t: Tracked) -> list[str]:
+        """Scheduled-phase handlers that keep the VM from being ready for this event."""
+        return [h.spec.name for h, _ in self._blocking(t)]
+
+    def not_ready(self, t: Tracked) -> list[str]:
+        """Why the VM is not ready for this event, one sentence per handler, saying what to do."""
+        return [why_not_ready(h.spec.name, rec, h.spec.max_attempts, t.event.event_id) for h, rec in self._blocking(t)]
+
+    def is_ready(self, t: Tracked) -> bool:
+        """Every scheduled handler finished ok (or failed under on_failure: continue)."""
+        return not self.pending(t)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no event has queued or running work (tests, shutdown)."""
+        return self._lanes.wait_idle(timeout)
+
+    def stop(self, grace: float) -> None:
+        """Let running handlers finish for up to `grace` seconds, then cut them short."""
+        if not self.wait_idle(grace):
+            self.log.warning("runner.cancelling", running=sorted(map(str, self._lanes.busy())))
+        self.stopping.set()
+        with self._lock:
+            cuts = list(self._cuts.values())
+        for cut in cuts:
+            cut.set()
+        self._lanes.shutdown()

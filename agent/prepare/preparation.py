@@ -1,0 +1,239 @@
+"""Holds each event's scheduled-phase work until the time its plan (`agent.prepare.prepare_plan`) says, then hands it on.
+
+The daemon gives every transition to `submit`: a Scheduled event naming this VM that appears
+before its preparation time is held; everything else (started and completed phases, events for
+other VMs, events due at once) goes straight to the runner. `tick`, once per loop pass, re-plans
+the pending events when the config was reloaded, the profile in force changed or an event's
+NotBefore moved, and releases what is due. An event whose preparation started is never held again:
+re-planning only updates its approval side. The start is recorded in the state store (result key
+`preparation`), so a restart holds what was held and resumes what had started; a held event that
+starts or vanishes drops its held work. Plans and each change of them go to the audit journal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from datetime import datetime
+from typing import Any, Callable, Mapping
+
+from agent import logs
+from agent.clock import Clock
+from agent.prepare.prepare_plan import PrepareConfig
+from agent.errors import StateError
+from agent.model.events import Event
+from agent.metrics import Metrics
+from agent.prepare.prepare_plan import Plan, make_plan, with_coordination
+from agent.windows.approval_policy import NOW, Profile
+from agent.state.state_store import Store
+from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
+
+PREPARATION_KEY = "preparation"
+
+
+def _pending(event_status: str, names_self: bool) -> bool:
+    return names_self and event_status == "Scheduled"
+
+
+def _same_open_window(a: Plan, b: Plan, now: datetime) -> bool:
+    """Both plans find the same window open now (one open "always" starts when it was planned)."""
+    return a.window is not None and b.window is not None and a.window.start <= now and b.window.start <= now \
+        and (a.window.profile, a.window.end) == (b.window.profile, b.window.end)
+
+
+class Preparation:
+    """Held scheduled-phase work and the plan of every pending event naming this VM; thread-safe views."""
+
+    def __init__(self, *, store: Store, clock: Clock, metrics: Metrics, submit: Callable[[Transition], None],
+                 profiles: tuple[Profile, ...], prepare: PrepareConfig) -> None:
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics
+        self.forward = submit
+        self.profiles = profiles
+        self.prepare = prepare
+        self.log = logs.get("preparation")
+        self._lock = threading.Lock()
+        self._held: dict[str, Transition] = {}
+        self._plans: dict[str, Plan] = {}
+        self._profile: str | None = None
+        self._reconfigured = False
+
+    # --- the daemon's calls ---------------------------------------------------------------
+
+    def configure(self, profiles: tuple[Profile, ...], prepare: PrepareConfig) -> None:
+        """A reloaded config: pending events are re-planned on the next tick."""
+        if (profiles, prepare) != (self.profiles, self.prepare):
+            self.profiles, self.prepare, self._reconfigured = profiles, prepare, True
+
+    def submit(self, transitions: list[Transition]) -> None:
+        """Hold or pass on each transition (the daemon's transition listener)."""
+        for tr in transitions:
+            eid = tr.event.event_id
+            if tr.kind == APPEARED and _pending(tr.event.status, tr.names_self):
+                plan = self._replan(tr.event, "appeared")
+                if plan.due(self.clock.now()):
+                    self._start(tr, plan, "due", held=False)
+                else:
+                    with self._lock:
+                        self._held[eid] = tr
+                continue
+            if tr.kind == VANISHED or tr.event.status != "Scheduled":
+                self._forget(eid, "vanished" if tr.kind == VANISHED else f"event is {tr.event.status}")
+            self.forward(tr)
+        self._export()
+
+    def resume(self, tracked: Mapping[str, Tracked]) -> dict[str, Tracked]:
+        """After a restart: the events whose work resumes now (the runner's `resume`); the others are held."""
+        now = self.clock.now()
+        out: dict[str, Tracked] = {}
+        for eid, t in tracked.items():
+            if _pending(t.event.status, t.names_self) and not self.started(eid):
+                plan = self._replan(t.event, "restart")
+                if not plan.due(now):
+                    with self._lock:
+                        self._held[eid] = Transition(APPEARED, t.event, True, t.first_seen)
+                    continue
+                self._record_start(eid, plan, "due")
+            elif _pending(t.event.status, t.names_self):
+                self._plans[eid] = self._as_started(eid, make_plan(t.event, self.profiles, self.prepare, now))
+            out[eid] = t
+        self._export()
+        return out
+
+    def tick(self, tracked: Mapping[str, Tracked], profile: str | None) -> None:
+        """Re-plan what changed, release what is due, export the next preparation times."""
+        cause = "reload" if self._reconfigured else "profile" if profile != self._profile and self._profile else None
+        self._reconfigured, self._profile = False, profile
+        with self._lock:
+            held = dict(self._held)
+        for eid, tr in held.items():
+            t = tracked.get(eid)
+            if t is None:
+                continue
+            if t.event != tr.event:  # a NotBefore moved, Resources changed
+                with self._lock:
+                    if eid in self._held:  # not released by an operator meanwhile
+                        self._held[eid] = dataclasses.replace(tr, event=t.event)
+                if cause is None:
+                    self._replan(t.event, "event_changed")
+        if cause is not None:
+            for eid, t in tracked.items():
+                if eid in self._plans and _pending(t.event.status, t.names_self):
+                    self._replan(t.event, cause)
+        now = self.clock.now()
+        for eid, tr in held.items():
+            plan = self._plans.get(eid)
+            if eid in tracked and plan is not None and plan.due(now):
+                self._start(dataclasses.replace(tr, event=tracked[eid].event), plan, "due", held=True)
+        self._export()
+
+    def release(self, event_id: str, reason: str) -> bool:
+        """Start a held event's preparation now (an operator approved it); False when none is held."""
+        with self._lock:
+            tr, plan = self._held.get(event_id), self._plans.get(event_id)
+        if tr is None or plan is None:
+            return False
+        plan = dataclasses.replace(plan, prepare_at=self.clock.now(), prepare_reason=reason,
+                                   prepare_detail=f"{reason}: preparation started at once")
+        started = self._start(tr, plan, reason, held=True)
+        self._export()
+        return started
+
+    def started(self, event_id: str) -> bool:
+        """Whether preparation for the event has started (recorded, or a scheduled handler has run)."""
+        results = self.store.results(event_id)
+        return PREPARATION_KEY in results or any(k.startswith("handler:") and k.endswith(":scheduled")
+                                                 for k in results)
+
+    def view(self, event_id: str, coordination: dict[str, Any]) -> dict[str, Any] | None:
+        """The `plan` object of /v1/events/{id}: the plan, whether work is held, what holds the approval."""
+        with self._lock:
+            plan = self._plans.get(event_id)
+            held = event_id in self._held
+        if plan is None:
+            return None
+        return {**with_coordination(plan.to_json(), coordination), "preparation": "held" if held else "started"}
+
+    # --- inside ---------------------------------------------------------------------------
+
+    def _replan(self, event: Event, cause: str) -> Plan:
+        """A fresh plan; an event already preparing keeps its preparation side. Logged and journaled when it changed."""
+        eid = event.event_id
+        now = self.clock.now()
+        try:
+            plan = make_plan(event, self.profiles, self.prepare, now)
+        except Exception as exc:  # never lose an event to a planning bug: prepare at once, as without a plan
+            self.log.error("plan.failed", event_id=eid, error=repr(exc), exc_info=True, action="prepare at once")
+            plan = Plan(now, "now", f"planning failed ({type(exc).__name__}): prepare at once", None, "no_window",
+                        "planning failed: see the plan.failed log line", event.not_before, NOW, None)
+        with self._lock:
+            previous = self._plans.get(eid)
+            if previous is not None and eid not in self._held:
+                plan = dataclasses.replace(plan, prepare_at=previous.prepare_at, prepare_reason=previous.prepare_reason,
+                                           prepare_detail=previous.prepare_detail, lead_time=previous.lead_time)
+            if previous is not None and _same_open_window(previous, plan, now):  # not a change: when it was seen
+                plan = dataclasses.replace(plan, window=previous.window, approve_not_before=previous.approve_not_before,
+                                           approve_detail=previous.approve_detail)
+            self._plans[eid] = plan
+        if previous is None or previous.to_json() != plan.to_json():
+            fields = {"event_id": eid, "event_type": event.event_type, "cause": cause, **plan.to_json()}
+            self.log.info("plan.made" if previous is None else "plan.changed", **fields)
+            self.store.journal("plan.made" if previous is None else "plan.changed", **fields)
+        return plan
+
+    def _as_started(self, event_id: str, plan: Plan) -> Plan:
+        """`plan` with the preparation side recorded when the event's preparation started (if it was)."""
+        rec = self.store.result(event_id, PREPARATION_KEY)
+        if rec is None:
+            return plan
+        try:
+            planned = datetime.fromisoformat(rec["planned_at"])
+        except (KeyError, TypeError, ValueError):
+            return plan
+        return dataclasses.replace(plan, prepare_at=planned, prepare_reason=str(rec.get("reason", "")),
+                                   prepare_detail=str(rec.get("detail", "")), lead_time=rec.get("lead_time", plan.lead_time))
+
+    def _start(self, tr: Transition, plan: Plan, reason: str, *, held: bool) -> bool:
+        """Hand the work to the runner; a held one only by the thread that takes it out (loop or API)."""
+        eid = tr.event.event_id
+        with self._lock:
+            if held and self._held.pop(eid, None) is None:
+                return False
+            self._plans[eid] = plan
+        self._record_start(eid, plan, reason)
+        self.forward(tr)
+        return True
+
+    def _record_start(self, event_id: str, plan: Plan, reason: str) -> None:
+        now = self.clock.now()
+        record = {"status": "started", "at": now.isoformat(), "planned_at": plan.prepare_at.isoformat(),
+                  "reason": plan.prepare_reason, "detail": plan.prepare_detail, "lead_time": plan.lead_time, "by": reason}
+        self.log.info("preparation.started", event_id=event_id, reason=plan.prepare_reason, by=reason,
+                      late_seconds=round(max(0.0, (now - plan.prepare_at).total_seconds()), 1))
+        try:
+            self.store.record(event_id, PREPARATION_KEY, record, journal="preparation.started")
+        except StateError as exc:  # kept in memory; the loop retries the write
+            self.log.error("state.write_failed", event_id=event_id, key=PREPARATION_KEY, error=str(exc))
+
+    def _forget(self, event_id: str, why: str) -> None:
+        with self._lock:
+            held = self._held.pop(event_id, None)
+            if why == "vanished":
+                self._plans.pop(event_id, None)
+        if held is not None:
+            self.log.info("preparation.dropped", event_id=event_id, reason=why)
+            self.store.journal("preparation.dropped", event_id=event_id, reason=why)
+
+    def _export(self) -> None:
+        """maintd_event_prepare_timestamp_seconds: the earliest held preparation time per event type."""
+        nxt: dict[str, datetime] = {}
+        with self._lock:
+            for eid, tr in self._held.items():
+                plan = self._plans.get(eid)
+                if plan is not None:
+                    label = tr.event.type_label
+                    nxt[label] = min(nxt.get(label, plan.prepare_at), plan.prepare_at)
+        self.metrics.event_prepare.clear()
+        for label, when in nxt.items():
+            self.metrics.event_prepare.labels(label).set(when.timestamp())

@@ -1,0 +1,76 @@
+"""Pure rules over a handler's run and its stored record (`{"outcome", "attempt", "detail", ...}`):
+what a run that returned, hung or was cut comes to, the attempt a record counts, whether an
+interrupted run runs again (and why not), whether a scheduled-phase result still keeps the VM from
+being ready, and the not-ready reason in words that say what to do. No I/O: the runner runs the
+handlers and reads and writes the records; these decide.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.handlers.base import HandlerSpec, Result
+from agent.model.outcomes import CANCELED, FAILED, INTERRUPTED, OK, RUNNING, SKIPPED, TIMED_OUT
+
+DETAIL_SHOWN = 200
+"""Characters of a result's detail quoted in a not-ready reason."""
+
+
+def run_result(result: Result | None, event_gone: bool, stopping: bool, allowed: float) -> Result | None:
+    """What a run comes to: its own result (None when it did not return within its budget); canceled
+    when the event left the document meanwhile (unless it ended ok); None (abandoned, settled at the
+    next start) when maintd is stopping; otherwise timed out when it did not return."""
+    if result is not None and result.outcome == OK:
+        return result
+    if event_gone:
+        if result is None:
+            return Result(CANCELED, "the event left the document; the handler did not return and was abandoned")
+        if result.outcome != CANCELED:
+            return Result(CANCELED, f"the event left the document during the run ({result.outcome}: "
+                                    f"{result.detail})", result.exit_code, result.output)
+        return result
+    if stopping:
+        return None
+    return result or Result(TIMED_OUT, f"still running after {allowed:.0f}s; abandoned")
+
+
+def attempt_of(record: dict[str, Any] | None) -> int:
+    """The attempt a stored run record counts (1 when it says nothing sensible)."""
+    value = record.get("attempt") if record else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+
+
+def interrupted_verdict(spec: HandlerSpec | None, attempt: int, current: bool) -> tuple[bool, str]:
+    """Whether a run found `running` at start runs again, and the detail recorded: only a configured
+    handler, in the phase the event is still in, with `rerun_interrupted` and attempts left."""
+    if spec is None:
+        return False, "interrupted; the handler is no longer configured"
+    if not current:
+        return False, "interrupted; the event has moved on to another phase"
+    if not spec.rerun_interrupted:
+        return False, "interrupted; rerun_interrupted: false"
+    if attempt < spec.max_attempts:
+        return True, f"interrupted, attempt {attempt} of {spec.max_attempts}; runs again"
+    return False, f"interrupted, attempt {attempt} of {spec.max_attempts}"
+
+
+def blocks(record: dict[str, Any] | None, on_failure: str) -> bool:
+    """Whether a scheduled-phase result keeps the VM from being ready: anything but ok, unless it
+    ended and the handler says `on_failure: continue`."""
+    outcome = record.get("outcome") if record else None
+    return not (outcome == OK or (outcome in (FAILED, TIMED_OUT, SKIPPED, CANCELED) and on_failure == "continue"))
+
+
+def why_not_ready(name: str, record: dict[str, Any] | None, max_attempts: int, event_id: str) -> str:
+    """What keeps one scheduled handler from counting as ready, in words that say what to do."""
+    rec = record or {}
+    outcome, attempt = rec.get("outcome"), attempt_of(rec)
+    if outcome is None:
+        return f"{name} has not run yet"
+    if outcome == RUNNING:
+        return f"{name} is running (attempt {attempt} of {max_attempts}, since {rec.get('started_at', '?')})"
+    if outcome == INTERRUPTED:
+        return f"{name} was interrupted (attempt {attempt} of {max_attempts}); it runs again"
+    detail = str(rec.get("detail") or "")[:DETAIL_SHOWN]
+    return (f"{name} {str(outcome).replace('_', ' ')}" + (f" ({detail})" if detail else "")
+            + f"; on_failure: block — approve by hand with `maintd approve {event_id}`")

@@ -1,0 +1,170 @@
+"""The state file on disk, apart from the store that owns its contents: refuse a state dir others
+could write, read a file without following links, check a state object's shape, move an unusable
+file aside, and replace the file atomically (`mkstemp`, fsync, rename, fsync of the directory).
+
+`read_state` never raises for a bad file: what cannot be used is moved aside (`state.json.corrupt-*`)
+and reported, so maintd starts fresh instead of dying at every restart.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from agent import jsonsafe
+from agent.clock import Clock
+from agent.errors import StateError
+from agent.model.events import parse_event
+
+STATE_FILE = "state.json"
+MAX_STATE_BYTES = 64 * 1024 * 1024
+"""Largest state file read back (a week of events with hook output tails is well under 10 MB)."""
+
+
+def iso(t: datetime) -> str:
+    return t.isoformat().replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What `read_state` found: how many events, and the unusable file moved aside (if any)."""
+
+    events: int
+    moved_aside: str | None = None
+    problem: str | None = None
+
+
+def check_dir(directory: str | os.PathLike[str]) -> None:
+    """Refuse a state dir others could write to: they could plant results, approvals or symlinks."""
+    try:
+        st = os.stat(directory)
+    except FileNotFoundError:
+        return  # created by the first write, mode 755
+    except OSError as exc:
+        raise StateError(f"state dir {directory}: {exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateError(f"state dir {directory} is not a directory; fix state.dir")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StateError(f"state dir {directory} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
+                         f"another user could forge maintd's state. Fix: chmod go-w {directory}")
+
+
+def read_file(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file at `path` (not a symlink, FIFO or directory); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {limit} read")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def check_shape(data: Any) -> None:
+    """Raise ValueError unless `data` is a state object every reader of the store can use as it is."""
+    if not isinstance(data, dict) or not isinstance(data.get("events"), dict):
+        raise ValueError("not a maintd state object")
+    for eid, rec in data["events"].items():
+        where = f"events.{eid}"
+        _need(isinstance(rec, dict), where, "is not an object")
+        parse_event(rec.get("event"))
+        _need(isinstance(rec.get("names_self"), bool), where, "names_self is not true/false")
+        _need(isinstance(rec.get("first_seen"), str), where, "first_seen is not a time")
+        parse_iso(rec["first_seen"])
+        _need(isinstance(rec.get("boot_id", ""), str) and isinstance(rec.get("seen_started", False), bool),
+              where, "boot_id or seen_started has the wrong type")
+        _need(isinstance(rec.get("history", []), list) and all(isinstance(h, dict) for h in rec.get("history", [])),
+              where, "history is not a list of objects")
+        if rec.get("vanished_at") is not None:
+            _need(isinstance(rec["vanished_at"], str), where, "vanished_at is not a time")
+            parse_iso(rec["vanished_at"])
+        _need(rec.get("outcome") is None or isinstance(rec["outcome"], str), where, "outcome is not text")
+    for part in ("results", "flags"):
+        _need(isinstance(data.get(part, {}), dict), part, "is not an object")
+    for eid, results in data.get("results", {}).items():
+        _need(isinstance(results, dict) and all(isinstance(v, dict) for v in results.values()),
+              f"results.{eid}", "is not an object of objects")
+    _need(all(isinstance(v, dict) for v in data.get("flags", {}).values()), "flags", "holds a value that is not an object")
+
+
+def _need(ok: bool, where: str, problem: str) -> None:
+    if not ok:
+        raise ValueError(f"{where}: {problem}")
+
+
+def read_state(path: Path, clock: Clock) -> tuple[dict[str, Any] | None, LoadReport]:
+    """The state object at `path` (None when there is none or it was unusable and moved aside)."""
+    for leftover in path.parent.glob(f".{path.name}.*"):  # temp files of a write cut short by a crash
+        try:
+            leftover.unlink()
+        except OSError:
+            pass
+    try:
+        data = jsonsafe.loads(read_file(path, MAX_STATE_BYTES), max_bytes=MAX_STATE_BYTES)
+        check_shape(data)
+    except FileNotFoundError:
+        return None, LoadReport(0)
+    except OSError as exc:
+        why = "it is a symbolic link, which maintd does not follow" if exc.errno == errno.ELOOP else exc.strerror
+        return None, _set_aside(path, clock, f"cannot read {path}: {why or exc}")
+    except (ValueError, KeyError, TypeError) as exc:
+        return None, _set_aside(path, clock, f"corrupt state file: {exc}")
+    data.setdefault("results", {})
+    data.setdefault("flags", {})
+    return data, LoadReport(len(data["events"]))
+
+
+def _set_aside(path: Path, clock: Clock, problem: str) -> LoadReport:
+    stamp = clock.now().strftime("%Y%m%dT%H%M%SZ")
+    for n in range(100):
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}" + (f"-{n}" if n else ""))
+        if not os.path.lexists(aside):
+            break
+    try:
+        os.rename(path, aside)
+    except OSError as exc:
+        return LoadReport(0, problem=f"{problem}; cannot move it aside: {exc.strerror or exc}")
+    return LoadReport(0, moved_aside=str(aside), problem=problem)
+
+
+def replace_file(path: Path, payload: bytes) -> None:
+    """Write `payload` as `path` atomically and durably; a planted symlink is never followed (O_EXCL temp)."""
+    directory = path.parent
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+    try:
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
