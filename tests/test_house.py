@@ -13,7 +13,7 @@ from pathlib import Path
 AGENT = Path(__file__).resolve().parent.parent / "agent"
 PURE = ("agent.model.events", "agent.model.tracker", "agent.windows.approval_policy", "agent.windows.schedule", "agent.health.health_store", "agent.health.health_rules",
         "agent.jsonsafe", "agent.loop.cadence", "agent.prepare.prepare_plan", "agent.coordination.coordination_rules", "agent.coordination.peer_addressing",
-        "agent.http.http_wire", "agent.model.outcomes")
+        "agent.http.http_wire", "agent.model.outcomes", "agent.coordination.store_protocol")
 IO_MODULES = ("requests", "urllib3", "http.client", "http.server", "socket", "subprocess", "agent.imds.imds_client", "agent.http.routes",
               "agent.state.state_store", "agent.coordination.coordinator", "agent.coordination.approval_gates", "agent.coordination.peer_client", "agent.loop.daemon", "agent.loop.wiring")
 MAX_MODULE_LINES = 420

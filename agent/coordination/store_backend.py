@@ -9,54 +9,20 @@ the store never loads the SDK.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from agent import logs
 from agent.clock import Clock
-from agent.config.config_schema import choice, opt, optional, text
+from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.coordination.identity_token import Fetch
-from agent.coordination.store_exchange import Claim, Snapshot, Store, StoreExchange
-from agent.coordination.store_protocol import PREPARING, READY, Step, unstorable
-from agent.errors import ConfigValueError
+from agent.coordination.store_exchange import Snapshot, Store, StoreExchange
+from agent.coordination.store_protocol import PREPARING, READY, Step, post_deadline, unstorable
 from agent.health.health_store import HealthState, HealthStore
-from agent.metrics import Metrics
+from agent.metrics import STORE_OPS, Metrics
+from agent.model.events import Event
 
 SOURCE = "coordination"
-GUID = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 CONNECTION_STRING_KEY = "coordination.azure_blob.connection_string_file"
-
-
-@dataclass(frozen=True)
-class AzureBlobConfig:
-    account_url: str | None = opt(optional(text(r"^https://[A-Za-z0-9.-]+(:\d+)?(/\S*)?$",
-                                                 "https://ACCOUNT.blob.core.windows.net")), None,
-                                  "the storage account's blob endpoint, https://ACCOUNT.blob.core.windows.net "
-                                  "(or a private endpoint's name)")
-    container: str = opt(text(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$",
-                              "3-63 lower-case letters, digits and single hyphens"), "maintd",
-                         "the container holding the records (create it; grant the VMs' identities Storage Blob "
-                         "Data Contributor on it)")
-    credential: str = opt(choice("managed_identity"), "managed_identity",
-                          "managed_identity: the VM's identity, token from IMDS")
-    client_id: str | None = opt(optional(text(GUID, "a GUID")), None,
-                                "client id of a user-assigned identity (default: the system-assigned one)")
-    connection_string_file: str | None = opt(optional(text(r"^/", "an absolute path")), None,
-                                             "instead of the identity: a file (0600) holding a connection string "
-                                             "(Azurite, tests)")
-
-    def validate(self) -> None:
-        if self.connection_string_file is None and self.account_url is None:
-            raise ConfigValueError("account_url", "set account_url (https://ACCOUNT.blob.core.windows.net), or "
-                                                  "connection_string_file")
-        if self.connection_string_file is not None and self.client_id is not None:
-            raise ConfigValueError("client_id", "client_id selects a managed identity; a connection string "
-                                                "carries its own credentials")
-
-    @property
-    def describe(self) -> str:
-        """The store as shown in `maintd status`: endpoint (or the connection string's file) and container."""
-        where = self.account_url or f"connection string in {self.connection_string_file}"
-        return f"{where} container {self.container}"
 
 
 def marker_state(pending: Sequence[str]) -> str:
@@ -77,6 +43,9 @@ class StoreBackend:
         self.health = health
         self.secret = secret
         self.takeover_after = takeover_after
+        self.log = logs.get("coordinator")
+        for op in STORE_OPS:
+            metrics.store_requests.labels(op, "ok")
         self.exchange = StoreExchange(self._open, config.describe, clock, on_change=on_change, report=self._report,
                                       takeover_after=takeover_after)
         health.set(SOURCE, "store", HealthState.OK, f"{config.describe}: no request yet (none until an event "
@@ -106,14 +75,19 @@ class StoreBackend:
         """Take in what the store answered since the last tick."""
         self.exchange.apply(self.clock.monotonic())
 
-    def inputs(self, event_id: str, resources: Sequence[str], vm_name: str, pending: Sequence[str],
-               may_approve: bool, immediate: bool) -> tuple[list[str], Step]:
-        """Queue this event's store requests; (who is not recorded ready, the protocol's next step)."""
+    def inputs(self, event_id: str, event: Event, vm_name: str, pending: Sequence[str], mode: str, manual: bool,
+               sent: bool) -> tuple[list[str], Step | None]:
+        """Queue this event's store requests; (who is not recorded ready, the protocol's next step). Nothing
+        for an event no longer Scheduled or already approved by this VM; lists only while this VM may approve."""
+        resources = event.resources
+        if event.status != "Scheduled" or sent:
+            return [], None
         why = unstorable(event_id, resources)
         if why is not None:
             return list(resources), Step("wait", f"not coordinated through the store: {why}")
+        may_approve = mode in ("auto", "immediate") or (mode == "manual" and manual)
         self.exchange.run(event_id, resources, vm_name, marker_state(pending), may_approve, self.clock.monotonic())
-        return self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), not immediate)
+        return self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != "immediate")
 
     def end(self, pending: set[str]) -> Snapshot:
         """Forget the events no longer pending; publish the snapshot the API reads."""
@@ -122,11 +96,21 @@ class StoreBackend:
 
     # --- the approver --------------------------------------------------------------------------
 
-    def claim(self, event_id: str, vm_name: str, step: Step) -> Claim:
-        return self.exchange.claim(event_id, vm_name, step)
-
-    def settle(self, event_id: str, vm_name: str, claim: Claim, approved: bool) -> bool:
-        return self.exchange.settle(event_id, vm_name, claim, approved)
+    def claim_and_post(self, event_id: str, vm_name: str, step: Step, retry_for: float,
+                       post: Callable[[float], bool]) -> None:
+        """The claim (the atomic step), the POST (`post(within)`, retried at most until the claim's deadline),
+        and its outcome recorded on the claim: `approved`, or `released` for another VM to take."""
+        claim = self.exchange.claim(event_id, vm_name, step)
+        if not claim.won:
+            self.log.info("store.claim_lost", event_id=event_id, reason=claim.reason)
+            return
+        self.log.info("store.claimed", event_id=event_id, attempt=claim.attempt, reason=claim.reason)
+        left = post_deadline(self.takeover_after()) - (self.clock.monotonic() - claim.started)
+        if left <= 0:
+            self.log.warning("store.claim_too_old", event_id=event_id, effect="not sent: another VM takes it over",
+                             reason="claiming took longer than half of takeover_after")
+        sent = left > 0 and post(min(retry_for, left))
+        self.exchange.settle(event_id, vm_name, claim, sent)
 
     # --- views ---------------------------------------------------------------------------------
 

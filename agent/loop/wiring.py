@@ -20,6 +20,7 @@ from agent.clock import Clock
 from agent.config.config import Config
 from agent.errors import ConfigError, ImdsError, StateError
 from agent.coordination.coordinator import Coordinator
+from agent.coordination.store_backend import StoreBackend
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate
 from agent.health.health_store import HealthState, HealthStore
@@ -40,7 +41,7 @@ from agent.health.tcp_probe import TcpProbe
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 STOP_DRAIN = "stop"
 """The rotation drain key maintd holds while it stops (removed when it starts again)."""
-RESTART_ONLY = "server.*, state.dir"
+RESTART_ONLY = "server.*, state.dir, coordination.backend, coordination.azure_blob"
 """Keys a reload cannot apply to a running daemon (they take effect after a restart)."""
 
 
@@ -102,8 +103,19 @@ class Parts:
             config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store, clock=clock,
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,
             on_change=callbacks.coordination_changed, gates=config.gates, local_health=self.health_json,
-            warning_as_error=config.health.consider_warning_as_error, health=self.health)
+            warning_as_error=config.health.consider_warning_as_error, health=self.health,
+            backend=self._store_backend(callbacks))
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
+
+    def _store_backend(self, callbacks: Callbacks) -> StoreBackend | None:
+        """The blob store backend, when the config chooses it (the peers otherwise; never both in one run)."""
+        c = self.config.coordination
+        if c.backend != "azure_blob" or c.azure_blob is None:
+            return None
+        return StoreBackend(c.azure_blob, token=lambda resource, client_id: self.imds.identity_token(resource, client_id),
+                            clock=self.clock, metrics=self.metrics, health=self.health, secret=self.secrets.read,
+                            on_change=callbacks.coordination_changed,
+                            takeover_after=lambda: self.config.coordination.takeover_after)
 
     def peer_token(self) -> str | None:
         """The shared token peers must present on /v1 reads (None: reads are open)."""
@@ -129,10 +141,13 @@ class Parts:
         their running values (logged: they need a restart).
         """
         old = self.config
-        if new.server != old.server or new.state.dir != old.state.dir:
+        c, oc = new.coordination, old.coordination
+        if new.server != old.server or new.state.dir != old.state.dir or (c.backend, c.azure_blob) != (
+                oc.backend, oc.azure_blob):
             logs.get("daemon").warning("config.needs_restart", keys=RESTART_ONLY,
                                        hint="these take effect after systemctl restart maintd")
-            new = replace(new, server=old.server, state=replace(new.state, dir=old.state.dir))
+            new = replace(new, server=old.server, state=replace(new.state, dir=old.state.dir),
+                          coordination=replace(c, backend=oc.backend, azure_blob=oc.azure_blob))
         logs.configure(new.log.format, new.log.level)
         self.store.retention = new.state.retention
         self.rotation.configure(new.probe.fail_on, new.health.consider_warning_as_error)
