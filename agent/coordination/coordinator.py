@@ -179,7 +179,7 @@ class Coordinator:
             self.metrics.gate_blocked.labels(gate).set(
                 1 if any(s.held and s.held.gate == gate for s in self._events.values()) else 0)
         if self.store_backend is not None:
-            self.store_backend.end({e for e, t in tracked.items() if t.event.status == "Scheduled"})
+            self.store_backend.end(set(self._events))
 
     def _peer_inputs(self, event_id: str, state: EventCoordination, t: Tracked, vm_name: str, rank: int, mode: str,
                      pending: list[str], now: float) -> tuple[list[str], list[str], None]:
@@ -318,8 +318,7 @@ class Coordinator:
         with self._lock:
             return [peer_fleet(event_id, t.event.resources, vm_name or "", is_ready(t),
                                dict(self._events[event_id].exchange.peers), self.store.result(event_id, APPROVAL_KEY))
-                    for event_id, t in tracked.items()
-                    if event_id in self._events and t.event.status == "Scheduled"]
+                    for event_id, t in tracked.items() if event_id in self._events]
 
     def stop(self) -> None:
         """Cut retries short and stop the worker pools."""

@@ -90,7 +90,7 @@ class StoreBackend:
         return self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != "immediate")
 
     def end(self, pending: set[str]) -> Snapshot:
-        """Forget the events no longer pending; publish the snapshot the API reads."""
+        """Forget the events no longer in the document; publish the snapshot the API reads."""
         self.exchange.forget(pending)
         return self.exchange.publish()
 
@@ -122,7 +122,8 @@ class StoreBackend:
                 "store_last_answer_seconds_ago": age}
 
     def fleet(self) -> list[dict[str, Any]]:
-        """For `maintd fleet`: each pending event's VMs and state, and who approved (or claimed) and when."""
+        """For `maintd fleet`: each event naming this VM still in the document, its VMs and their state as the
+        store last said, and who approved (or claimed) and when."""
         return [{"event_id": v.event_id, "source": "store",
                  "vms": [{"name": n, "state": s} for n, s in v.vms],
                  "approval": None if v.approval is None else {

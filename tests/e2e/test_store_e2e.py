@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
+import socket
+import socketserver
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,13 @@ def test_five_flexible_vms_that_cannot_reach_each_other_send_one_post_after_the_
     agents = {vm: start_agent(emu, vm, {**store_config(azurite, container, tmp_path / f"{vm}-conf"),
                                         **hook(sleeps[vm], done)}) for vm in FLEX}
     eid = emu.add_event(event_type="Reboot", resources=FLEX, notice=300)
+
+    def states() -> dict[str, str]:
+        fleet = json.loads(maintd("fleet", "--url", agents[FLEX[0]].base, "--json").stdout)
+        return {v["name"]: v["state"] for e in fleet["events"] if e["event_id"] == eid for v in e["vms"]}
+
+    midway = wait_until(lambda: (s := states()).get(FLEX[0]) == "ready" and s, 30, "web_3f2a9c1b ready in its view")
+    assert midway[FLEX[2]] in ("preparing", "not seen")
     wait_until(lambda: [a for vm in FLEX for a in emu.approvals(vm)], 60, "the approval")
     approvals = [a for vm in FLEX for a in emu.approvals(vm)]
     slowest = max(float((done / f"{vm}.done").read_text()) for vm in FLEX)
@@ -65,22 +74,76 @@ def test_five_flexible_vms_that_cannot_reach_each_other_send_one_post_after_the_
     assert approvals[0]["time"] >= slowest
     for agent in agents.values():
         assert metric(agent, "maintd_peer_requests_total") == 0
-    fleet = json.loads(maintd("fleet", "--url", agents[FLEX[0]].base, "--json").stdout)
+    fleet = json.loads(maintd("fleet", "--url", agents[posted[0]["by"]].base, "--json").stdout)
     event = next(e for e in fleet["events"] if e["event_id"] == eid)
     assert {v["name"]: v["state"] for v in event["vms"]} == {vm: "ready" for vm in FLEX}
     assert event["approval"]["by"] == posted[0]["by"] and event["approval"]["state"] == "approved"
+    shown = maintd("fleet", "--url", agents[posted[0]["by"]].base).stdout
+    assert f"approval: approved by {posted[0]['by']}" in shown and "web_c4d3b2a1" in shown
+
+
+class ConnectProxy:
+    """An HTTPS proxy on 127.0.0.1 (CONNECT tunnels only) that records where each tunnel went."""
+
+    def __init__(self) -> None:
+        self.targets: list[str] = []
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _handler(self) -> type[socketserver.BaseRequestHandler]:
+        proxy = self
+
+        class Tunnel(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                line = self.rfile.readline().decode("latin-1").split()
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                if len(line) < 2 or line[0] != "CONNECT":
+                    self.wfile.write(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+                    return
+                proxy.targets.append(line[1])
+                host, port = line[1].rsplit(":", 1)
+                upstream = socket.create_connection((host, int(port)), timeout=10)
+                self.wfile.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                self.wfile.flush()
+                pipe = threading.Thread(target=_pump, args=(upstream, self.connection), daemon=True)
+                pipe.start()
+                _pump(self.connection, upstream)
+                pipe.join(10)
+
+        return Tunnel
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
 
 def test_the_managed_identity_path_over_https(start_emulator, start_agent, tmp_path: Path) -> None:
-    """The default credential: each agent gets its token from the emulated IMDS token endpoint and talks to
-    Azurite over HTTPS in OAuth mode (self-signed certificate trusted through REQUESTS_CA_BUNDLE): one POST."""
+    """The default credential: each agent gets its token from the emulated IMDS token endpoint (never through
+    the proxy) and talks to Azurite over HTTPS in OAuth mode (self-signed certificate trusted through
+    REQUESTS_CA_BUNDLE) through HTTPS_PROXY: one POST, tokens cached."""
     server = start(tmp_path, oauth=True)
+    proxy = ConnectProxy()
     try:
         container = server.new_container()
         vms = FLEX[:2]
         emu = start_emulator(vms)
-        env = {"REQUESTS_CA_BUNDLE": str(server.cert), "HTTPS_PROXY": "http://127.0.0.1:9"}
-        env["NO_PROXY"] = "127.0.0.1"
+        env = {"REQUESTS_CA_BUNDLE": str(server.cert), "HTTPS_PROXY": proxy.url, "HTTP_PROXY": proxy.url}
         agents = [start_agent(emu, vm, {"coordination": {"backend": "azure_blob", "azure_blob": {
             "account_url": server.url, "container": container}}}, env=env) for vm in vms]
         eid = emu.add_event(event_type="Reboot", resources=vms, notice=300)
@@ -91,5 +154,7 @@ def test_the_managed_identity_path_over_https(start_emulator, start_agent, tmp_p
         status = agents[0].get("/v1/status").json()["coordination"]
         assert status["backend"] == "azure_blob" and status["store_last_answer"] == "ok"
         assert eid
+        assert proxy.targets and set(proxy.targets) == {f"127.0.0.1:{server.port}"}, proxy.targets
     finally:
+        proxy.stop()
         server.stop()
