@@ -11,7 +11,9 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from agent.clock import FakeClock
+from agent.clock import FakeClock, SystemClock
+from agent.imds.imds_client import ImdsClient
+from agent.metrics import Metrics
 from agent.coordination.blob_store import BlobStore, Settings
 from agent.coordination.identity_token import ManagedIdentityCredential
 from agent.coordination.store_protocol import READY, StoreError, event_folder, marker_blob, marker_record
@@ -59,20 +61,18 @@ def test_the_emulator_answers_a_token_request_as_imds_does(imds: tuple[Emulator,
 
 def test_azurite_in_oauth_mode_takes_the_emulators_token(imds: tuple[Emulator, str], tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """The whole managed-identity path against HTTPS Azurite (self-signed certificate): the credential's token
-    is accepted; a VM with no identity gets `token_failed`, never an approval on a guess."""
+    """The whole managed-identity path against HTTPS Azurite (self-signed certificate): maintd's IMDS client
+    fetches the token, Azurite accepts it; a VM with no identity (IMDS 400) gets `token_failed`, never an
+    approval on a guess."""
     emu, base = imds
     server = start(tmp_path, oauth=True)
     try:
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(server.cert))
         container = server.new_container()
 
-        def fetch(resource: str, client_id: str | None) -> bytes:
-            answer = ask(base, resource=resource, **({"client_id": client_id} if client_id else {}))
-            if answer.status_code != 200:
-                raise OSError(f"IMDS answered {answer.status_code}: {answer.text[:200]}")
-            return answer.content
-
+        imds_client = ImdsClient(base, "2020-07-01", timeout=5, first_timeout=5, compute_api_version="2021-02-01",
+                                 clock=SystemClock(), metrics=Metrics())
+        fetch = imds_client.identity_token
         credential = ManagedIdentityCredential(fetch, None, time.time)
         store = BlobStore.open(Settings(server.url, container, credential=credential), lambda op, outcome: None)
         store.put(marker_blob(EVENT, "web_3f2a9c1b"), marker_record(EVENT, "web_3f2a9c1b", READY))

@@ -294,6 +294,8 @@ class StoreExchange:
 
     def _listed(self, event_id: str, st: EventState, listing: Listing, now: float) -> None:
         st.listing = listing
+        self.log.debug("store.listed", event_id=event_id, ready=len(st.resources) - len(not_ready(listing, st.resources)),
+                       of=len(st.resources), approval=listing.approval.state if listing.approval else None)
         st.checks += 1
         n = len(st.resources)
         takeover = takeover_check_delay(listing, st.me, self.takeover_after(), n, random.random())
