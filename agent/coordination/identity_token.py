@@ -19,6 +19,7 @@ from azure.core.credentials import AccessToken
 from azure.core.exceptions import ClientAuthenticationError
 
 from agent import jsonsafe
+from agent.coordination.store_protocol import Fetch
 from agent.errors import MaintdError
 
 STORAGE_RESOURCE = "https://storage.azure.com/"
@@ -26,8 +27,6 @@ REFRESH_BEFORE = 300.0
 """Seconds before expiry a token is replaced (azure-core's own policy asks again 300 s ahead)."""
 MAX_TOKEN_BYTES = 64 * 1024
 
-Fetch = Callable[[str, str | None], bytes]
-"""(resource, client_id) -> the IMDS answer's body; raises on a failed request."""
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,8 @@ from typing import Any, Callable, Sequence
 from agent import logs
 from agent.clock import Clock
 from agent.coordination.coordination_settings import AzureBlobConfig
-from agent.coordination.identity_token import Fetch
 from agent.coordination.store_exchange import Snapshot, Store, StoreExchange
-from agent.coordination.store_protocol import PREPARING, READY, Step, post_deadline, unstorable
+from agent.coordination.store_protocol import PREPARING, READY, Fetch, Step, post_deadline, unstorable
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import STORE_OPS, Metrics
 from agent.model.events import Event

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from agent.errors import MaintdError
 
@@ -48,6 +48,8 @@ RECHECK_FLOOR, RECHECK_MAX = 10.0, 60.0
 """The longest wait between two background lists of one VM: vms / FLEET_LIST_RATE within these bounds."""
 RETRY_FIRST, RETRY_MAX = 1.0, 30.0
 """Backoff after a failed store request: 1 s doubling to 30 s."""
+Fetch = Callable[[str, "str | None"], bytes]
+"""How the store's credential gets a token answer: (resource, client_id) -> IMDS's body; raises on failure."""
 
 
 class StoreError(MaintdError):
