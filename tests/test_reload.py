@@ -151,3 +151,14 @@ def test_a_refused_file_keeps_the_running_config(agent, write_config, tmp_path):
     assert agent.reload() is False
     assert agent.api.status()["dry_run"] is True
     assert agent.health.snapshot()  # the refusal is reported
+
+
+def test_the_coordination_backend_waits_for_a_restart(agent, logs):
+    """Switching to the blob store on reload would mix two protocols within a pending event: the running
+    backend stays (peers), the reload says a restart applies it; takeover_after still applies at once."""
+    agent.reload_with("coordination: {backend: azure_blob, takeover_after: 30s,\n"
+                      "  azure_blob: {account_url: 'https://acct.blob.core.windows.net'}}\n")
+    assert agent.config.coordination.backend == "peers" and agent.config.coordination.azure_blob is None
+    assert agent.config.coordination.takeover_after == 30
+    assert agent.api.status()["coordination"]["backend"] == "peers"
+    assert any(e["event"] == "config.needs_restart" and "coordination.backend" in e["keys"] for e in logs)
