@@ -76,7 +76,7 @@ class StoreBackend:
 
     def inputs(self, event_id: str, event: Event, vm_name: str, pending: Sequence[str], mode: str, manual: bool,
                sent: bool) -> tuple[list[str], Step | None]:
-        """Queue this event's store requests; (who is not recorded ready, the protocol's next step). Nothing
+        """Queue this event's store requests; (the other VMs not recorded ready, the protocol's next step). Nothing
         for an event no longer Scheduled or already approved by this VM; lists only while this VM may approve."""
         resources = event.resources
         if event.status != "Scheduled" or sent:
@@ -86,7 +86,8 @@ class StoreBackend:
             return list(resources), Step("wait", f"not coordinated through the store: {why}")
         may_approve = mode in ("auto", "immediate") or (mode == "manual" and manual)
         self.exchange.run(event_id, resources, vm_name, marker_state(pending), may_approve, self.clock.monotonic())
-        return self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != "immediate")
+        waiting, step = self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != "immediate")
+        return [n for n in waiting if n.casefold() != vm_name.casefold()], step
 
     def end(self, pending: set[str]) -> Snapshot:
         """Forget the events no longer in the document; publish the snapshot the API reads."""
