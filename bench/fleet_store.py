@@ -8,7 +8,7 @@ POSTs per event, the fleet's store requests per second over the window.
 
 Part 2, simulated fleet: two real agents (A ready at once, B the last VM ready) and a stand-in in
 this process that writes the other N-2 VMs' markers as their agents would (preparing at once, ready
-at a random time over `spread` s). B's hook ends once every simulated VM is ready, so B's own list
+at a random time over `spread` s; their lists are not replayed). B's hook ends once every simulated VM is ready, so B's own list
 finds all N markers and B claims: last ready -> POST at N VMs. A waits through the whole spread,
 so its store requests are the background rate of a waiting VM; A's poll gaps come from the
 emulator's record, its RSS from /proc (the store's SDK loaded).
@@ -147,10 +147,11 @@ class StandinMarkers:
             self.ops += 1
 
     def mark(self, event_id: str, vm: str, state: str) -> None:
-        from agent.coordination.store_protocol import event_folder, marker_blob, marker_record
+        """The marker write (a real VM lists after it too: not replayed here, it would measure this process's
+        XML parsing of 1000-blob listings rather than the agents; the fleet's lists are estimated from A's)."""
+        from agent.coordination.store_protocol import marker_blob, marker_record
 
         self.store.put(marker_blob(event_id, vm), marker_record(event_id, vm, state))
-        self.store.list_folder(event_folder(event_id))
 
     def run(self, event_id: str, ready_in: dict[str, float]) -> float:
         """Preparing at once, ready at each VM's time; the wall time the last one was written."""

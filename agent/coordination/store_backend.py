@@ -2,9 +2,10 @@
 inputs to each event's decision, the claim around the POST, and the views.
 
 The coordinator calls `begin` and `end` around its tick, `inputs` for each Scheduled event naming
-this VM, and `claim`/`settle` on its approver thread. azure-storage-blob is imported by `_open`
-only, on a store worker, the first time an event names this VM: a daemon whose events never need
-the store never loads the SDK.
+this VM, and `claim_and_post` on its approver thread. azure-storage-blob is imported by `_open`
+only, on a store worker after the loop's first tick (building the daemon, `maintd check-config` and
+the peer backend never load it), so the first event does not wait for the import; no request goes
+to the store before an event names this VM.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class StoreBackend:
         self.secret = secret
         self.takeover_after = takeover_after
         self.log = logs.get("coordinator")
+        self._warmed = False
         for op in STORE_OPS:
             metrics.store_requests.labels(op, "ok")
         self.exchange = StoreExchange(self._open, config.describe, clock, on_change=on_change, report=self._report,
@@ -71,7 +73,10 @@ class StoreBackend:
     # --- the loop ------------------------------------------------------------------------------
 
     def begin(self) -> None:
-        """Take in what the store answered since the last tick."""
+        """Take in what the store answered since the last tick (on the first, open the store client on a worker)."""
+        if not self._warmed:
+            self._warmed = True
+            self.exchange.warm()
         self.exchange.apply(self.clock.monotonic())
 
     def inputs(self, event_id: str, event: Event, vm_name: str, pending: Sequence[str], mode: str, manual: bool,

@@ -167,6 +167,17 @@ class StoreExchange:
                     raise StoreError("error", f"cannot open the store: {str(exc)[:300]}") from None
             return self._store
 
+    def warm(self) -> None:
+        """Open the store client on a worker now (the SDK's import, ~0.25 s of CPU), so the first event does not
+        wait for it; no request is sent. A failure here is told by the first real request."""
+        def open_quietly() -> None:
+            try:
+                self.store()
+            except StoreError:
+                pass
+
+        self._lanes.submit("", open_quietly)
+
     def _sync(self, event_id: str, resources: tuple[str, ...], me: str, write: str | None) -> None:
         written = None
         try:
