@@ -65,7 +65,7 @@ def store_section(server: Azurite, container: str, workdir: Path) -> dict[str, A
 def agent_config(server: Azurite, container: str, workdir: Path, command: str, env: dict[str, str]) -> dict[str, Any]:
     return {"imds": {"poll_interval": "1s"}, "log": {"level": "info"},
             "coordination": store_section(server, container, workdir),
-            "handlers": [{"name": "prepare", "type": "exec", "phases": ["scheduled"],
+            "handlers": [{"name": "prepare", "type": "exec", "phases": ["scheduled"], "timeout": "600s",
                           "command": ["/bin/sh", "-c", command], "env": env}]}
 
 
