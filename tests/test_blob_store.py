@@ -131,3 +131,16 @@ def test_a_stopped_store_is_unreachable(tmp_path) -> None:
     with pytest.raises(StoreError) as caught:
         store.list_folder(event_folder(EVENT))
     assert caught.value.outcome == "unreachable"
+
+
+def test_a_large_event_is_listed_whole_a_page_at_a_time(azurite: Azurite) -> None:
+    """600 markers: one listing returns every one, in 250-blob pages, each page counted as a request."""
+    import concurrent.futures
+
+    counts = Counts()
+    store = open_store(azurite, counts=counts)
+    names = [f"web_{i:08x}" for i in range(600)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda n: store.put(marker_blob(EVENT, n), marker_record(EVENT, n, READY)), names))
+    items, _ = store.list_folder(event_folder(EVENT))
+    assert len(items) == 600 and counts.seen[("list", "ok")] == 3
