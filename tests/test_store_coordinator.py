@@ -81,7 +81,7 @@ def test_manual_claims_only_after_the_operators_go(tmp_path, clock) -> None:
     coord, sent, _ = setup(tmp_path, clock, blobs)
     t = tracked(clock)
     ticks(coord, t, Profile(name="m", approval="manual"))
-    assert sent == [] and approval_blob(EVENT) not in blobs.blobs
+    assert sent == [] and approval_blob(EVENT) not in blobs.blobs and "list" not in blobs.ops
     coord.store.record(EVENT, "manual_approval", {"by": "uid 0"})
     ticks(coord, t, Profile(name="m", approval="manual"))
     assert sent == [[EVENT]]
@@ -107,12 +107,15 @@ def test_a_dry_run_claims_nothing(tmp_path, clock) -> None:
 
 
 def test_a_vm_still_preparing_records_preparing_and_nobody_claims(tmp_path, clock) -> None:
-    """This VM's handlers still run: its marker says preparing, so neither it nor the other VM may claim."""
+    """This VM's handlers still run: its marker says preparing (one put, no list: it cannot claim, so it has
+    nothing to look for), and neither it nor the other VM may claim."""
     blobs = MemoryStore()
     other_ready(blobs)
+    blobs.ops.clear()
     coord, sent, _ = setup(tmp_path, clock, blobs)
-    ticks(coord, tracked(clock), Profile(name="default", approval="auto"), pending=lambda t: ["checkpoint"])
+    ticks(coord, tracked(clock), Profile(name="default", approval="auto"), pending=lambda t: ["checkpoint"], n=5)
     assert sent == [] and blobs.blobs[marker_blob(EVENT, ME)][0]["state"] == "preparing"
+    assert blobs.ops == ["put"]
 
 
 def test_a_failed_post_releases_the_claim_for_another_vm(tmp_path, clock) -> None:

@@ -82,14 +82,15 @@ class StoreBackend:
     def inputs(self, event_id: str, event: Event, vm_name: str, pending: Sequence[str], mode: str, manual: bool,
                sent: bool) -> tuple[list[str], Step | None]:
         """Queue this event's store requests; (the other VMs not recorded ready, the protocol's next step). Nothing
-        for an event no longer Scheduled or already approved by this VM; lists only while this VM may approve."""
+        for an event no longer Scheduled or already approved by this VM; lists only while this VM may claim (ready
+        and allowed by its profile; `immediate` at once)."""
         resources = event.resources
         if event.status != "Scheduled" or sent:
             return [], None
         why = unstorable(event_id, resources)
         if why is not None:
             return list(resources), Step("wait", f"not coordinated through the store: {why}")
-        may_approve = mode in ("auto", "immediate") or (mode == "manual" and manual)
+        may_approve = mode == "immediate" or (not pending and (mode == "auto" or (mode == "manual" and manual)))
         self.exchange.run(event_id, resources, vm_name, marker_state(pending), may_approve, self.clock.monotonic())
         waiting, step = self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != "immediate")
         return [n for n in waiting if n.casefold() != vm_name.casefold()], step

@@ -9,9 +9,10 @@ the same way. The API reads `snapshot`, an immutable value the loop replaces on 
 loop never waits on the store: `run` only queues.
 
 Traffic (see DESIGN.md, "Coordinating through a blob store"): a VM writes its marker when it first
-sees an event naming it (`preparing`) and when it becomes ready, listing the event's folder after
-each write; the claim, its confirmation, and background lists backing off from RECHECK_FIRST to
-`recheck_delay`'s cap while the event is pending. Nothing at all for events that do not name it.
+sees an event naming it (`preparing`) and when it becomes ready; once ready (and allowed to
+approve) it lists the event's folder after its write and again in the background, backing off from
+RECHECK_FIRST to `recheck_delay`'s cap, until the event is approved; the claim and its
+confirmation. Nothing at all for events that do not name it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class EventState:
 
     resources: tuple[str, ...] = ()
     me: str = ""
+    wanted: bool = False
     marker: str | None = None
     busy: bool = False
     listing: Listing | None = None
@@ -178,15 +180,17 @@ class StoreExchange:
 
         self._lanes.submit("", open_quietly)
 
-    def _sync(self, event_id: str, resources: tuple[str, ...], me: str, write: str | None) -> None:
+    def _sync(self, event_id: str, resources: tuple[str, ...], me: str, write: str | None, lists: bool) -> None:
         written = None
         try:
             store = self.store()
             if write is not None:
                 store.put(marker_blob(event_id, me), marker_record(event_id, me, write))
                 written = write
-            items, server_time = store.list_folder(event_folder(event_id))
-            listing = parse_listing(event_id, items, server_time, resources)
+            listing = None
+            if lists:
+                items, server_time = store.list_folder(event_folder(event_id))
+                listing = parse_listing(event_id, items, server_time, resources)
             self._hand(Result(event_id, self.clock.monotonic(), marker=written, listing=listing))
         except StoreError as exc:
             self._hand(Result(event_id, self.clock.monotonic(), marker=written, error=exc))
@@ -249,17 +253,22 @@ class StoreExchange:
 
     def run(self, event_id: str, resources: Sequence[str], me: str, marker: str, listing_wanted: bool,
             now: float) -> None:
-        """Queue this tick's request for one event: write the marker if it changed, list when one is due."""
+        """Queue this tick's request for one event: write the marker if it changed; list after it and when due,
+        but only while `listing_wanted` (this VM could claim: a VM still preparing writes its marker only)."""
         st = self._events.setdefault(event_id, EventState())
         st.resources, st.me = tuple(resources), me
+        if listing_wanted and not st.wanted:
+            st.due = float("-inf")  # it may claim now (ready, or an operator's go): look at once
+        st.wanted = listing_wanted
         if st.busy or now < st.retry_at:
             return
         write = marker if marker != st.marker else None
         settled = st.listing is not None and st.listing.approval is not None and st.listing.approval.state == APPROVED
-        if write is None and (not listing_wanted or settled or now < st.due):
+        lists = listing_wanted and not settled and (write is not None or now >= st.due)
+        if write is None and not lists:
             return
         st.busy = True
-        self._lanes.submit(event_id, functools.partial(self._sync, event_id, st.resources, me, write))
+        self._lanes.submit(event_id, functools.partial(self._sync, event_id, st.resources, me, write, lists))
 
     def apply(self, now: float) -> None:
         """Take in every result handed back since the last tick; report failures and recoveries."""
