@@ -113,7 +113,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"{exc}", file=sys.stderr)
         return 1
     print(f"{args.path}: OK ({_summary(cfg)})")
-    print(_addressing(cfg.coordination))
+    print(_addressing(cfg.coordination) if cfg.coordination.backend == "peers" else _store(cfg.coordination))
     return 0
 
 
@@ -130,6 +130,15 @@ def _addressing(c: CoordinationConfig) -> str:
     return "\n".join(lines)
 
 
+def _store(c: CoordinationConfig) -> str:
+    """Where the store backend keeps its records, and how this VM authenticates."""
+    store = c.azure_blob
+    assert store is not None
+    how = (f"connection string in {store.connection_string_file}" if store.connection_string_file else
+           f"managed identity{' ' + store.client_id if store.client_id else ' (system-assigned)'}, token from IMDS")
+    return f"coordination through Azure Blob Storage: {store.describe}; {how}"
+
+
 def _summary(cfg: config_mod.Config) -> str:
     parts = [f"poll every {cfg.imds.poll_interval:g}s", f"identity {cfg.identity.name}"]
     handlers = getattr(cfg, "handlers", ())
@@ -138,7 +147,7 @@ def _summary(cfg: config_mod.Config) -> str:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
-    """status, events, drain, undrain, approve, health: imported only for these, `maintd run` never loads them."""
+    """status, events, fleet, drain, undrain, approve, health: imported only for these, `maintd run` never loads them."""
     from agent.cliclient import COMMANDS
 
     return COMMANDS[args.command](args)
@@ -196,6 +205,9 @@ def parser() -> argparse.ArgumentParser:
 
     ap = client("approve", "approve a Scheduled event (profiles with approval: manual)")
     ap.add_argument("event_id")
+
+    fl = client("fleet", "each pending event naming this VM: every VM it names, its state, who approved")
+    fl.add_argument("--json", action="store_true")
 
     he = client("health", "aggregated health and every report")
     he.add_argument("--json", action="store_true")

@@ -244,7 +244,31 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0 if body.get("AggregatedHealthState") != "Error" else 2
 
 
+def _fleet_lines(event: dict[str, Any]) -> list[str]:
+    """One event of `maintd fleet`: who approved (or holds the claim) and when, then each VM and its state."""
+    a = event.get("approval")
+    approval = (f"{a.get('state')} by {a.get('by')}" + (f" at {a['at']}" if a.get("at") else "")) if a else "none yet"
+    lines = [f"{event.get('event_id')}  (from the {event.get('source')}; approval: {approval})"]
+    if event.get("store_error"):
+        lines.append(f"  store: {event['store_error']}")
+    lines += [f"  {v.get('name', '?'):28} {v.get('state')}" for v in event.get("vms", [])]
+    lines += [f"  problem: {p}" for p in event.get("problems", [])]
+    return lines
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    body = _call(args, "GET", "/v1/fleet")
+    if args.json:
+        return _print_json(body)
+    events = body.get("events", [])
+    if not events:
+        print(f"no pending event names {body.get('vm_name')} (backend {body.get('backend')})")
+    for event in events:
+        print("\n".join(_fleet_lines(event)))
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "status": cmd_status, "events": cmd_events, "drain": cmd_drain, "undrain": cmd_undrain, "approve": cmd_approve,
+    "status": cmd_status, "events": cmd_events, "fleet": cmd_fleet, "drain": cmd_drain, "undrain": cmd_undrain, "approve": cmd_approve,
     "health": cmd_health}
 """The CLI's commands run here, by name."""

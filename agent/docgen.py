@@ -16,6 +16,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from agent.config.config import Config
 from agent.model.config_schema import describe
 from agent.model.gate_specs import FleetGate, PrometheusGate
+from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.handlers.registry import CommonKeys, builtin_types
 from agent.metrics import Metrics
 from agent.windows.approval_policy import ApprovalRule, Profile
@@ -40,6 +41,8 @@ def reference() -> str:
     """The whole configuration reference as markdown."""
     parts = ["#### Top-level sections", "",
              table([r for r in describe(Config) if r[0].split(".")[0] not in LIST_SECTIONS]), ""]
+    parts += ["#### `coordination.azure_blob` (with `coordination.backend: azure_blob`)", "",
+              table(describe(AzureBlobConfig, "coordination.azure_blob.")), ""]
     parts += ["#### `gates` (and `profiles[].gates`, which replaces it while the profile is in force)", "",
               table(describe(FleetGate, "gates.fleet.") + describe(PrometheusGate, "gates.prometheus.")), ""]
     parts += ["#### `handlers[]`: keys every handler has", "", table(describe(CommonKeys)), ""]

@@ -17,7 +17,9 @@ from agent.model.events import KNOWN_TYPES
 from agent.model.outcomes import OUTCOMES
 
 EVENT_TYPES = (*KNOWN_TYPES, "Other")
-IMDS_ENDPOINTS = ("scheduledevents", "compute", "approve")
+IMDS_ENDPOINTS = ("scheduledevents", "compute", "approve", "identity")
+STORE_OPS = ("put", "list", "create", "replace", "read")
+"""Requests to the coordination store (backend azure_blob): see agent.coordination.blob_store."""
 APPROVAL_OUTCOMES = ("sent", "failed", "skipped")
 PEER_OUTCOMES = ("ready", "not_ready", "unreachable", "invalid", "pushed", "push_failed")
 GATE_NAMES = ("fleet", "prometheus")
@@ -82,6 +84,10 @@ class Metrics:
                                      "Requests to peers by outcome: readiness asks (ready, not_ready, unreachable, "
                                      "invalid) and readiness pushes to the leader (pushed, push_failed)",
                                      ["outcome"], registry=r)
+        self.store_requests = Counter("maintd_store_requests_total",
+                                      "Requests to the coordination store (backend azure_blob) by operation and "
+                                      "outcome (ok; conflict and absent are expected answers; the rest failures)",
+                                      ["op", "outcome"], registry=r)
         self.profile_active = Gauge("maintd_profile_active", "1 for the profile in force", ["profile"], registry=r)
         self.gate_blocked = Gauge("maintd_approval_gate_blocked", "1 while an approval gate holds an approval",
                                   ["gate"], registry=r)

@@ -15,6 +15,8 @@ ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("names", nargs="*", metavar="NAME", help=f"some of: {', '.join(ALL)} (default: all)")
+    p.add_argument("--backend", choices=("peers", "azure_blob"), default="peers",
+                   help="fleet only: coordinate through the peers (default) or Azure Blob Storage (Azurite)")
     p.add_argument("--quick", action="store_true",
                    help="reduced counts, written to bench/results/quick/ (a smoke test, not figures to quote)")
     args = p.parse_args(argv)
@@ -24,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.names or ALL:
         print(f"== {name}", flush=True)
         t0 = time.monotonic()
-        importlib.import_module(f"bench.{name}").run(quick=args.quick)
+        module = "fleet_store" if name == "fleet" and args.backend == "azure_blob" else name
+        importlib.import_module(f"bench.{module}").run(quick=args.quick)
         print(f"   ({time.monotonic() - t0:.0f}s)", flush=True)
     print(f"summary: {write_summary(args.quick)}")
     return 0

@@ -545,9 +545,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, metavar="K", help="events per real fleet (default 6) and simulated (default 3)")
     p.add_argument("--addressing", choices=("peers", "peers_file"), default="peers",
                    help="give the agents their peers as coordination.peers (default) or a coordination.peers_file")
+    p.add_argument("--backend", choices=("peers", "azure_blob"), default="peers",
+                   help="coordinate through the peers (default) or Azure Blob Storage (Azurite; bench.fleet_store)")
     p.add_argument("--quick", action="store_true", help="N=5 and 50 simulated, into bench/results/quick/")
     args = p.parse_args(argv)
-    run(args.quick, args.n, args.simulated, args.events, args.addressing)
+    if args.backend == "azure_blob":
+        from bench.fleet_store import run as run_store
+
+        run_store(args.quick, args.n, args.simulated, args.events)
+    else:
+        run(args.quick, args.n, args.simulated, args.events, args.addressing)
     print(f"summary: {write_summary(args.quick)}")
     return 0
 

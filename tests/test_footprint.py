@@ -45,6 +45,7 @@ NOT_FOR_THE_SHIPPED_CONFIG = (
     "agent.emulator",
     "agent.demo",
     "agent.docgen",
+    "azure",  # the azure_blob coordination backend only
 )
 """Modules a daemon built from the shipped config does not load (a prefix covers its submodules)."""
 
@@ -91,3 +92,13 @@ def test_a_recurrence_loads_what_it_needs():
                                 "    recurrence: {frequency: day, time_zone: Europe/Stockholm,"
                                 " schedule: {hours: [1], minutes: [0]}}\n")
     assert {"dateutil.rrule", "agent.windows.recurrence", "zoneinfo"} <= loaded
+
+
+def test_the_store_backend_loads_the_azure_sdk_only_when_an_event_needs_the_store():
+    """backend azure_blob: building the daemon loads the store backend but neither azure-storage-blob nor
+    azure-core (about 17 MB); a store worker loads them after the loop's first tick, never the loop."""
+    loaded = loaded_after_build("coordination:\n"
+                                "  backend: azure_blob\n"
+                                "  azure_blob: {account_url: 'https://acct.blob.core.windows.net', container: maintd}\n")
+    assert "agent.coordination.store_backend" in loaded
+    assert offenders(loaded, ("azure", "agent.coordination.blob_store", "agent.coordination.identity_token")) == []

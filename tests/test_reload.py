@@ -254,6 +254,9 @@ RESTART: dict[str, str] = {
     "probe.mode": "probe: {mode: tcp, listen: '127.0.0.1:18098'}",
     "probe.listen": "probe: {listen: '127.0.0.1:18098'}",
     "coordination.max_concurrency": "coordination: {max_concurrency: 4}",
+    "coordination.backend": "coordination: {backend: azure_blob,\n"
+                            "  azure_blob: {account_url: 'https://acct.blob.core.windows.net'}}",
+    "coordination.azure_blob": "coordination: {azure_blob: {account_url: 'https://acct.blob.core.windows.net'}}",
 }
 
 
@@ -305,3 +308,14 @@ def test_an_identity_change_to_auto_is_learned_off_the_loop_and_reaches_every_pa
     agent.reload_with("identity: {name: vm3}\n")
     assert agent.coordinator.identity is None, "a named VM addresses peers as a fresh start with that name does"
     assert agent.api.status()["vm_name"] == "vm3" and agent.parts.services.settings.vm_name == "vm3"
+
+
+def test_the_coordination_backend_waits_for_a_restart(agent, logs):
+    """Switching to the blob store on reload would mix two protocols within a pending event: the running
+    backend stays (peers), the reload says a restart applies it; takeover_after still applies at once."""
+    agent.reload_with("coordination: {backend: azure_blob, takeover_after: 30s,\n"
+                      "  azure_blob: {account_url: 'https://acct.blob.core.windows.net'}}\n")
+    assert agent.config.coordination.backend == "peers" and agent.config.coordination.azure_blob is None
+    assert agent.config.coordination.takeover_after == 30
+    assert agent.api.status()["coordination"]["backend"] == "peers"
+    assert any(e["event"] == "reload.restart_needed" and "coordination.backend" in e["keys"] for e in logs)

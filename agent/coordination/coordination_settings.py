@@ -1,5 +1,6 @@
-"""The `coordination:` section: how peers are reached and when one takes over (pure settings; the
-config wing reads the file, this wing owns what the keys mean)."""
+"""The `coordination:` section: the backend (peers or a blob store), how peers are reached, the store,
+and when one takes over (pure settings; the config wing reads the file, this wing owns what the keys
+mean)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,51 @@ import dataclasses
 
 from agent.coordination.peer_addressing import template_fields
 from agent.errors import ConfigValueError
-from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, text
+from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, section, text
+
+GUID = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+
+
+@dataclasses.dataclass(frozen=True)
+class AzureBlobConfig:
+    account_url: str | None = opt(optional(text(r"^https://[A-Za-z0-9.-]+(:\d+)?(/\S*)?$",
+                                                 "https://ACCOUNT.blob.core.windows.net")), None,
+                                  "the storage account's blob endpoint, https://ACCOUNT.blob.core.windows.net "
+                                  "(or a private endpoint's name)")
+    container: str = opt(text(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$",
+                              "3-63 lower-case letters, digits and single hyphens"), "maintd",
+                         "the container holding the records (create it; grant the VMs' identities Storage Blob "
+                         "Data Contributor on it)")
+    credential: str = opt(choice("managed_identity"), "managed_identity",
+                          "managed_identity: the VM's identity, token from IMDS")
+    client_id: str | None = opt(optional(text(GUID, "a GUID")), None,
+                                "client id of a user-assigned identity (default: the system-assigned one)")
+    connection_string_file: str | None = opt(optional(text(r"^/", "an absolute path")), None,
+                                             "instead of the identity: a file (0600) holding a connection string "
+                                             "(Azurite, tests)")
+
+    def validate(self) -> None:
+        if self.connection_string_file is None and self.account_url is None:
+            raise ConfigValueError("account_url", "set account_url (https://ACCOUNT.blob.core.windows.net), or "
+                                                  "connection_string_file")
+        if self.connection_string_file is not None and self.client_id is not None:
+            raise ConfigValueError("client_id", "client_id selects a managed identity; a connection string "
+                                                "carries its own credentials")
+
+    @property
+    def describe(self) -> str:
+        """The store as shown in `maintd status`: endpoint (or the connection string's file) and container."""
+        where = self.account_url or f"connection string in {self.connection_string_file}"
+        return f"{where} container {self.container}"
 
 
 @dataclasses.dataclass(frozen=True)
 class CoordinationConfig:
+    backend: str = opt(choice("peers", "azure_blob"), "peers",
+                       "peers: VMs ask each other on port 8088; azure_blob: they coordinate through a blob "
+                       "container (no addressing, no inbound port; see Coordinating through Azure Storage)")
+    azure_blob: AzureBlobConfig | None = opt(optional(section(AzureBlobConfig)), None,
+                                             "the store, with backend: azure_blob")
     peer_url: str = opt(text(r"^https?://\S+$", "a URL template such as http://{computer_name}:8088"),
                         "http://{computer_name}:8088",
                         "how to reach a peer named in Resources: {name}, {computer_name} (derived on a Uniform "
@@ -34,6 +75,9 @@ class CoordinationConfig:
     approval_retry_for: float = opt(duration(1, 3600), 60.0, "how long one approval POST is retried with backoff")
 
     def validate(self) -> None:
+        if self.backend == "azure_blob" and self.azure_blob is None:
+            raise ConfigValueError("azure_blob", "backend azure_blob needs the store: azure_blob: {account_url: "
+                                                 "https://ACCOUNT.blob.core.windows.net, container: maintd}")
         try:
             template_fields(self.peer_url)
         except ValueError as exc:

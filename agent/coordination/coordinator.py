@@ -26,19 +26,24 @@ from agent.clock import Clock
 from agent.coordination.coordination_rules import Held, lower_reachable, not_ready
 from agent.model.gate_specs import NO_GATES, Gates
 from agent.coordination.peer_directory import SHOWN_PEERS
-from agent.errors import ImdsError
+from agent.errors import ImdsError, StateError
 from agent.coordination.approval_gates import GateChecker
 from agent.health.health_store import HealthStore
 from agent.imds.imds_client import is_transient
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
-from agent.coordination.peer_exchange import Exchange, PeerExchange
+from agent.coordination.peer_exchange import Exchange, PeerExchange, peer_fleet
+from agent.coordination.store_backend import StoreBackend
+from agent.coordination.store_protocol import Step
 from agent.windows.approval_policy import ALLOWING, AUTO, AWAITING_PREPARATION, MANUAL, Decision, Profile, decide
 from agent.retry import retrying as retrying_on
 from agent.state.state_store import Store
 from agent.model.tracker import Tracked
 from agent.model.events import SCHEDULED
+from agent.model.timefmt import iso_z
 
 APPROVAL_KEY = "approval"
+CLAIMS = ("claim", "take_over")
+"""Store backend: the steps that let this VM approve (it claims first)."""
 RETRY_FAILED_AFTER = 10.0
 """Seconds before an approval whose retries all failed is tried again (the event may still be Scheduled)."""
 
@@ -63,8 +68,10 @@ class Coordinator:
                  metrics: Metrics, token_reader: Callable[[], str | None] = lambda: None,
                  poll_interval: float = 1.0, on_change: Callable[[], None] = lambda: None,
                  gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
-                 warning_as_error: bool = False, health: HealthStore | None = None) -> None:
+                 warning_as_error: bool = False, health: HealthStore | None = None,
+                 backend: StoreBackend | None = None) -> None:
         self.settings = settings
+        self.store_backend = backend
         self.approve_fn = approve
         self.store = store
         self.clock = clock
@@ -115,7 +122,7 @@ class Coordinator:
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no peer request or approval is under way (tests, benchmarks); `timeout` per kind."""
-        if not self.peers.wait_idle(timeout):
+        if not self.peers.wait_idle(timeout) or (self.store_backend and not self.store_backend.wait_idle(timeout)):
             return False
         with self._lock:
             pending = set(self._futures)
@@ -128,10 +135,11 @@ class Coordinator:
              local_pending: Callable[[Tracked], list[str]]) -> None:
         """Exchange with peers and decide for every Scheduled event naming this VM; send approvals due."""
         now = self.clock.monotonic()
-        self.peers.refresh([state.exchange for state in self._events.values()])
-        s = self.settings
+        if self.store_backend is not None:
+            self.store_backend.begin()
+        else:
+            self.peers.refresh([state.exchange for state in self._events.values()])
         leading: dict[str, int] = {}
-        me = vm_name.casefold()
         for event_id in [e for e in self._events if e not in tracked]:
             del self._events[event_id]
         for event_id, t in tracked.items():
@@ -142,22 +150,21 @@ class Coordinator:
             state.exchange.follow(t.event.resources)
             mode, rule = profile.approval_for(t.event)
             state.mode, state.rule = mode, rule
-            others = [r for r in t.event.resources if r.casefold() != me]
-            lower, higher = others[:rank], others[rank:]
-            pending = local_pending(t) if mode in AWAITING_PREPARATION else []
-            if t.event.status == SCHEDULED and mode in ALLOWING and not self._sent(event_id):
-                self.peers.run(event_id, state.exchange, vm_name, lower, higher, mode == AUTO, not pending, now)
-            peers = state.exchange.peers
-            reachable = lower_reachable(lower, peers, now, s.takeover_after)
-            if not reachable:
-                leading[t.event.type_label] = leading.get(t.event.type_label, 0) + 1
+            pending = local_pending(t) if mode in AWAITING_PREPARATION or self.store_backend is not None else []
+            manual = self.store.result(event_id, "manual_approval") is not None
+            if self.store_backend is not None:
+                reachable, (waiting, step) = [], self.store_backend.inputs(
+                    event_id, t.event, vm_name, pending, mode, manual, self._sent(event_id))
+            else:
+                waiting, reachable, step = self._peer_inputs(event_id, state, t, vm_name, rank, mode, pending, now)
+                if not reachable:
+                    leading[t.event.type_label] = leading.get(t.event.type_label, 0) + 1
             decision = decide(
                 mode=mode, status=t.event.status, already_sent=self._sent(event_id),
-                manual_requested=self.store.result(event_id, "manual_approval") is not None,
-                local_pending=pending,
-                peers_not_ready=not_ready(higher, peers, now, s.unreachable_peers, s.peer_timeout),
-                lower_ranked_reachable=reachable if mode != MANUAL else [],
-                dry_run=dry_run)
+                manual_requested=manual, local_pending=pending, peers_not_ready=waiting,
+                lower_ranked_reachable=reachable if mode != MANUAL else [], dry_run=dry_run)
+            if decision.approve and step is not None and step.action not in CLAIMS:
+                decision = Decision(False, step.reason)
             self._note(event_id, t, state, decision)
             if decision.approve and not state.sending and state.failed_at is None and self._unconfirmed(event_id):
                 state.failed_at = now  # sent by a previous run that died before the answer: give IMDS time
@@ -167,7 +174,7 @@ class Coordinator:
                 state.sending = True
                 gates = profile.gates if profile.gates is not None else self.gates
                 self._track(self._approver.submit(self._send, event_id, vm_name, decision.reason, gates,
-                                                  t.event.resources))
+                                                  t.event.resources, step))
             elif not decision.approve:
                 state.held = None
         for label in EVENT_TYPES:
@@ -175,6 +182,20 @@ class Coordinator:
         for gate in GATE_NAMES:
             self.metrics.gate_blocked.labels(gate).set(
                 1 if any(s.held and s.held.gate == gate for s in self._events.values()) else 0)
+        if self.store_backend is not None:
+            self.store_backend.end(set(self._events))
+
+    def _peer_inputs(self, event_id: str, state: EventCoordination, t: Tracked, vm_name: str, rank: int, mode: str,
+                     pending: list[str], now: float) -> tuple[list[str], list[str], None]:
+        """Peer backend: this tick's requests to peers; (peers not ready, lower-ranked peers still present, no step)."""
+        s = self.settings
+        others = [r for r in t.event.resources if r.casefold() != vm_name.casefold()]
+        lower, higher = others[:rank], others[rank:]
+        if t.event.status == SCHEDULED and mode in ALLOWING and not self._sent(event_id):
+            self.peers.run(event_id, state.exchange, vm_name, lower, higher, mode == AUTO, not pending, now)
+        peers = state.exchange.peers
+        return (not_ready(higher, peers, now, s.unreachable_peers, s.peer_timeout),
+                lower_reachable(lower, peers, now, s.takeover_after), None)
 
     def _sent(self, event_id: str) -> bool:
         rec = self.store.result(event_id, APPROVAL_KEY)
@@ -208,22 +229,26 @@ class Coordinator:
         return held is not None
 
     def _send(self, event_id: str, vm_name: str, reason: str, gates: Gates = NO_GATES,
-              resources: tuple[str, ...] = ()) -> None:
+              resources: tuple[str, ...] = (), step: Step | None = None) -> None:
         state = self._events.get(event_id) or EventCoordination()
         try:
-            if not self._gate(event_id, state, gates, resources, vm_name):
-                self._post(event_id, state, vm_name, reason)
+            if self._gate(event_id, state, gates, resources, vm_name):
+                return
+            if step is None:
+                self._post(event_id, state, vm_name, reason, self.settings.approval_retry_for)
+            elif self.store_backend is not None:
+                self.store_backend.claim_and_post(event_id, vm_name, step, self.settings.approval_retry_for,
+                                                  lambda within: self._post(event_id, state, vm_name, reason, within))
         finally:
             state.sending = False
 
-    def _post(self, event_id: str, state: EventCoordination, vm_name: str, reason: str) -> None:
+    def _post(self, event_id: str, state: EventCoordination, vm_name: str, reason: str, within: float) -> bool:
         try:
             self.store.record(event_id, APPROVAL_KEY, {"status": "sending", "by": vm_name,
-                                                       "at": self.clock.now().isoformat(), "reason": reason})
-        except Exception as exc:  # a full disk must not stop the approval; it is logged by the store's owner
-            self.log.error("state.write_failed", event_id=event_id, key=APPROVAL_KEY, error=str(exc))
-        retrying = retrying_on(self.clock, retry_if=is_transient, within=self.settings.approval_retry_for,
-                               cancel=self.cancel)
+                                                       "at": iso_z(self.clock.now()), "reason": reason})
+        except StateError:  # a full disk must not stop the approval; the loop's report says so once
+            pass
+        retrying = retrying_on(self.clock, retry_if=is_transient, within=within, cancel=self.cancel)
         attempts = 0
 
         def post() -> None:
@@ -238,19 +263,21 @@ class Coordinator:
             self.log.error("approval.failed", event_id=event_id, error=str(exc), code=exc.code, attempts=attempts,
                            body=exc.body[:200] or None)
             self._record(event_id, {"status": "failed", "by": vm_name, "error": str(exc), "attempts": attempts,
-                                    "at": self.clock.now().isoformat()}, "approval.failed")
+                                    "at": iso_z(self.clock.now())}, "approval.failed")
             state.failed_at = self.clock.monotonic()
+            return False
         else:
             self.metrics.approvals.labels("sent").inc()
             self.log.info("approval.sent", event_id=event_id, by=vm_name, reason=reason, attempts=attempts)
             self._record(event_id, {"status": "sent", "by": vm_name, "reason": reason, "attempts": attempts,
-                                    "at": self.clock.now().isoformat()}, "approval.sent")
+                                    "at": iso_z(self.clock.now())}, "approval.sent")
+            return True
 
     def _record(self, event_id: str, value: dict[str, Any], journal: str) -> None:
         try:
             self.store.record(event_id, APPROVAL_KEY, value, journal=journal)
-        except Exception as exc:
-            self.log.error("state.write_failed", event_id=event_id, key=APPROVAL_KEY, error=str(exc))
+        except StateError:  # kept in memory; the loop's report says so once (state.write_failed)
+            pass
 
     # --- views --------------------------------------------------------------------------
 
@@ -279,13 +306,28 @@ class Coordinator:
         }
 
     def status(self, tracked: dict[str, Tracked], vm_name: str | None) -> dict[str, Any]:
-        """How peers are addressed, for `maintd status`: the sources, and each peer of every pending event."""
+        """For `maintd status`: the store and its last answer, or the peers' addresses and answers per event."""
+        if self.store_backend is not None:
+            return {"coordination": self.store_backend.status()}
         with self._lock:
             known = {event_id: dict(state.exchange.peers) for event_id, state in self._events.items()}
-        return self.directory.status(tracked, vm_name, known)
+        shown = self.directory.status(tracked, vm_name, known)
+        return {**shown, "coordination": {"backend": "peers", **shown["coordination"]}}
+
+    def fleet(self, tracked: dict[str, Tracked], vm_name: str | None,
+              is_ready: Callable[[Tracked], bool]) -> list[dict[str, Any]]:
+        """Each pending event naming this VM: its VMs' states, who approved (from the store, or the peers)."""
+        if self.store_backend is not None:
+            return self.store_backend.fleet()
+        with self._lock:
+            return [peer_fleet(event_id, t.event.resources, vm_name or "", is_ready(t),
+                               dict(self._events[event_id].exchange.peers), self.store.result(event_id, APPROVAL_KEY))
+                    for event_id, t in tracked.items() if event_id in self._events]
 
     def stop(self) -> None:
         """Cut retries short and stop the worker pools."""
         self.cancel.set()
         self.peers.stop()
+        if self.store_backend is not None:
+            self.store_backend.stop()
         self._approver.shutdown(wait=False, cancel_futures=True)

@@ -63,6 +63,23 @@ class Exchange:
                                             None)
 
 
+def peer_fleet(event_id: str, resources: Iterable[str], me: str, me_ready: bool, peers: dict[str, PeerState],
+               approval: dict[str, Any] | None) -> dict[str, Any]:
+    """The fleet view of one event on the peer backend: ready, preparing (answered, not ready) or not seen
+    (never answered this VM) for each VM named, and this VM's own approval record."""
+    def state(name: str) -> str:
+        if name.casefold() == me.casefold():
+            return "ready" if me_ready else "preparing"
+        peer = peers.get(name)
+        return "not seen" if peer is None or (peer.last_ok is None and not peer.ready) else \
+            "ready" if peer.ready else "preparing"
+
+    shown = None if approval is None else {"by": approval.get("by"), "state": approval.get("status"),
+                                           "at": approval.get("at")}
+    return {"event_id": event_id, "source": "peers", "vms": [{"name": n, "state": state(n)} for n in resources],
+            "approval": shown}
+
+
 def _known(ex: Exchange, name: str) -> PeerState:
     """The peer's state, created on first use (the caller holds the lock)."""
     peer = ex.peers.get(name)

@@ -25,6 +25,7 @@ from urllib.parse import SplitResult, parse_qsl, urlsplit
 from agent.emulator.admin import Host, admin
 from agent.emulator.answering import FaultyAnswers
 from agent.emulator.faults import error_body
+from agent.emulator.identity import IDENTITY_PATH, IDENTITY_VERSIONS, token_answer
 from agent.emulator.model import API_VERSIONS, NEWEST_VERSIONS, UnknownEventError
 
 SE_PATH = "/metadata/scheduledevents"
@@ -177,6 +178,9 @@ class _Handler(FaultyAnswers):
             return INSTANCE_VERSIONS, ("GET",), self._instance
         if path == VERSIONS_PATH:
             return (), ("GET",), lambda *_: self._json(200, {"apiVersions": list(INSTANCE_VERSIONS)})
+        if path == IDENTITY_PATH:
+            return IDENTITY_VERSIONS, ("GET",), lambda _, params, __: self._json(
+                *token_answer(self.server.vm_id, params))
         return None
 
     def _scheduled_events(self, path: str, params: dict[str, str], body: bytes) -> None:

@@ -30,6 +30,8 @@ from agent.metrics import Metrics
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute"
+IDENTITY_PATH, IDENTITY_API_VERSION = "/metadata/identity/oauth2/token", "2018-02-01"
+"""The managed identity's token endpoint (the store backend's credential)."""
 HEADERS = {"Metadata": "true", "User-Agent": "maintd"}
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
 """Largest Scheduled Events answer read: a 1000-event document is about 320 KB, so ~12 000 events fit."""
@@ -244,6 +246,17 @@ class ImdsClient:
         if len(identity.name) > MAX_NAME or not identity.name.isprintable():
             raise ImdsUnavailable("compute metadata has no usable name", reply.status, _text(reply.body))
         return identity
+
+    def identity_token(self, resource: str, client_id: str | None) -> bytes:
+        """The managed identity's token answer for `resource` (a user-assigned one by `client_id`), as IMDS
+        sent it (`coordination.identity_token` reads it); raises ImdsError unless IMDS answers 2xx."""
+        query = {"api-version": IDENTITY_API_VERSION, "resource": resource, **({"client_id": client_id} if client_id else {})}
+        request = request_bytes("GET", self._poll.host_header, f"{IDENTITY_PATH}?{urlencode(query)}", HEADERS)
+        return self._once("identity", request, max(self.timeout, 10.0), read=self._body)
+
+    def _body(self, reply: Reply) -> bytes:
+        self._raise_for(reply)
+        return reply.body
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -115,6 +115,13 @@ class LocalApi:
             **self.coordinator.status(lv.tracked, lv.vm_name),
         }
 
+    def fleet(self) -> dict[str, Any]:
+        """Each pending event naming this VM: the VMs it names, their state, who approved (`maintd fleet`)."""
+        lv = self.view()
+        mine = {eid: t for eid, t in lv.tracked.items() if t.names_self}
+        return {"vm_name": lv.vm_name, "backend": lv.config.coordination.backend,
+                "events": self.coordinator.fleet(mine, lv.vm_name, self.runner.is_ready)}
+
     def _ready(self, tracked: Tracked | None) -> bool:
         """Whether this VM has finished preparing for the event (every scheduled handler settled)."""
         return tracked is not None and tracked.event.status == SCHEDULED and self.runner.is_ready(tracked)

@@ -22,6 +22,7 @@ from agent.clock import Clock, Waitable
 from agent.config.config import Config, ServerConfig
 from agent.errors import ConfigError, ImdsError, StateError
 from agent.coordination.coordinator import Coordinator
+from agent.coordination.store_backend import StoreBackend
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate
 from agent.health.health_store import HealthState, HealthStore
@@ -45,9 +46,9 @@ STOP_DRAIN = "stop"
 """The rotation drain key maintd holds while it stops (removed when it starts again)."""
 RESTART_KEYS: tuple[str, ...] = (
     "state.dir", *(f"server.{f.name}" for f in fields(ServerConfig)), "probe.path", "probe.mode", "probe.listen",
-    "coordination.max_concurrency")
+    "coordination.max_concurrency", "coordination.backend", "coordination.azure_blob")
 """Keys a reload cannot apply to a running daemon (the listening sockets, the route table, the state dir,
-the peer pools' size): they keep their running values until a restart. Every other key is applied by
+the peer pools' size, the coordination backend — two protocols must never meet within one event): they keep their running values until a restart. Every other key is applied by
 `Parts.reconfigure` (tests/test_reload.py holds every key of `Config` to one or the other)."""
 
 
@@ -130,11 +131,22 @@ class Parts:
             config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store, clock=clock,
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,
             on_change=callbacks.coordination_changed, gates=config.gates, local_health=self.health_json,
-            warning_as_error=config.health.consider_warning_as_error, health=self.health)
+            warning_as_error=config.health.consider_warning_as_error, health=self.health,
+            backend=self._store_backend(callbacks))
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
         self._stopping = threading.Event()  # cuts an identity lookup's retries short at stop
         self._lookup: concurrent.futures.Future[Identity | None] | None = None
         self.restart_needed: tuple[str, ...] = ()
+
+    def _store_backend(self, callbacks: Callbacks) -> StoreBackend | None:
+        """The blob store backend, when the config chooses it (the peers otherwise; never both in one run)."""
+        c = self.config.coordination
+        if c.backend != "azure_blob" or c.azure_blob is None:
+            return None
+        return StoreBackend(c.azure_blob, token=lambda resource, client_id: self.imds.identity_token(resource, client_id),
+                            clock=self.clock, metrics=self.metrics, health=self.health, secret=self.secrets.read,
+                            on_change=callbacks.coordination_changed,
+                            takeover_after=lambda: self.config.coordination.takeover_after)
 
     def peer_token(self) -> str | None:
         """The shared token peers must present on /v1 reads (None: reads are open)."""

@@ -1,0 +1,148 @@
+"""The blob store backend as the coordinator uses it: its config section, the store and its token, the
+inputs to each event's decision, the claim around the POST, and the views.
+
+The coordinator calls `begin` and `end` around its tick, `inputs` for each Scheduled event naming
+this VM, and `claim_and_post` on its approver thread. azure-storage-blob is imported by `_open`
+only, on a store worker after the loop's first tick (building the daemon, `maintd check-config` and
+the peer backend never load it), so the first event does not wait for the import; no request goes
+to the store before an event names this VM.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from agent import logs
+from agent.clock import Clock
+from agent.coordination.coordination_settings import AzureBlobConfig
+from agent.coordination.store_exchange import Snapshot, Store, StoreExchange
+from agent.coordination.store_protocol import PREPARING, READY, Fetch, Step, post_deadline, unstorable
+from agent.health.health_store import HealthState, HealthStore
+from agent.metrics import STORE_OPS, Metrics
+from agent.model.events import SCHEDULED, Event
+from agent.model.timefmt import iso_z_or_none
+from agent.windows.approval_policy import AUTO, IMMEDIATE, MANUAL
+
+SOURCE = "coordination"
+CONNECTION_STRING_KEY = "coordination.azure_blob.connection_string_file"
+
+
+def marker_state(pending: Sequence[str]) -> str:
+    """What this VM records for an event: ready once no local handler holds it."""
+    return PREPARING if pending else READY
+
+
+class StoreBackend:
+    """The coordinator's side of the store: thread use as in `store_exchange` (loop, workers, approver)."""
+
+    def __init__(self, config: AzureBlobConfig, *, token: Fetch, clock: Clock, metrics: Metrics,
+                 health: HealthStore, secret: Callable[[str, str | None], str | None],
+                 on_change: Callable[[], None], takeover_after: Callable[[], float]) -> None:
+        self.config = config
+        self.token = token
+        self.clock = clock
+        self.metrics = metrics
+        self.health = health
+        self.secret = secret
+        self.takeover_after = takeover_after
+        self.log = logs.get("coordinator")
+        self._warmed = False
+        for op in STORE_OPS:
+            metrics.store_requests.labels(op, "ok")
+        self.exchange = StoreExchange(self._open, config.describe, clock, on_change=on_change, report=self._report,
+                                      takeover_after=takeover_after)
+        health.set(SOURCE, "store", HealthState.OK, f"{config.describe}: no request yet (none until an event "
+                                                     "names this VM)")
+
+    def _open(self) -> Store:
+        from agent.coordination.blob_store import BlobStore, Settings
+        from agent.coordination.identity_token import ManagedIdentityCredential
+
+        c = self.config
+        count = self._count
+        if c.connection_string_file is not None:
+            conn = self.secret(CONNECTION_STRING_KEY, c.connection_string_file)
+            return BlobStore.open(Settings(c.account_url or "", c.container, connection_string=conn), count)
+        credential = ManagedIdentityCredential(self.token, c.client_id, lambda: self.clock.now().timestamp())
+        return BlobStore.open(Settings(c.account_url or "", c.container, credential=credential), count)
+
+    def _count(self, op: str, outcome: str) -> None:
+        self.metrics.store_requests.labels(op, outcome).inc()
+
+    def _report(self, prop: str, ok: bool, description: str) -> None:
+        self.health.set(SOURCE, prop, HealthState.OK if ok else HealthState.WARNING, description)
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Take in what the store answered since the last tick (on the first, open the store client on a worker)."""
+        if not self._warmed:
+            self._warmed = True
+            self.exchange.warm()
+        self.exchange.apply(self.clock.monotonic())
+
+    def inputs(self, event_id: str, event: Event, vm_name: str, pending: Sequence[str], mode: str, manual: bool,
+               sent: bool) -> tuple[list[str], Step | None]:
+        """Queue this event's store requests; (the other VMs not recorded ready, the protocol's next step). Nothing
+        for an event no longer Scheduled or already approved by this VM; lists only while this VM may claim (ready
+        and allowed by its profile; `immediate` at once)."""
+        resources = event.resources
+        if event.status != SCHEDULED or sent:
+            return [], None
+        why = unstorable(event_id, resources)
+        if why is not None:
+            return list(resources), Step("wait", f"not coordinated through the store: {why}")
+        may_approve = mode == IMMEDIATE or (not pending and (mode == AUTO or (mode == MANUAL and manual)))
+        self.exchange.run(event_id, resources, vm_name, marker_state(pending), may_approve, self.clock.monotonic())
+        waiting, step = self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != IMMEDIATE)
+        return [n for n in waiting if n.casefold() != vm_name.casefold()], step
+
+    def end(self, pending: set[str]) -> Snapshot:
+        """Forget the events no longer in the document; publish the snapshot the API reads."""
+        self.exchange.forget(pending)
+        return self.exchange.publish()
+
+    # --- the approver --------------------------------------------------------------------------
+
+    def claim_and_post(self, event_id: str, vm_name: str, step: Step, retry_for: float,
+                       post: Callable[[float], bool]) -> None:
+        """The claim (the atomic step), the POST (`post(within)`, retried at most until the claim's deadline),
+        and its outcome recorded on the claim: `approved`, or `released` for another VM to take."""
+        claim = self.exchange.claim(event_id, vm_name, step)
+        if not claim.won:
+            self.log.info("store.claim_lost", event_id=event_id, reason=claim.reason)
+            return
+        self.log.info("store.claimed", event_id=event_id, attempt=claim.attempt, reason=claim.reason)
+        left = post_deadline(self.takeover_after()) - (self.clock.monotonic() - claim.started)
+        if left <= 0:
+            self.log.warning("store.claim_too_old", event_id=event_id, effect="not sent: another VM takes it over",
+                             reason="claiming took longer than half of takeover_after")
+        sent = left > 0 and post(min(retry_for, left))
+        self.exchange.settle(event_id, vm_name, claim, sent)
+
+    # --- views ---------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """For `maintd status`: the store, its last answer and how long ago."""
+        snap = self.exchange.snapshot
+        age = None if snap.last_answer_at is None else round(self.clock.monotonic() - snap.last_answer_at, 1)
+        return {"backend": "azure_blob", "store": snap.store, "store_last_answer": snap.last_outcome,
+                "store_last_answer_seconds_ago": age}
+
+    def fleet(self) -> list[dict[str, Any]]:
+        """For `maintd fleet`: each event naming this VM still in the document, its VMs and their state as the
+        store last said, and who approved (or claimed) and when."""
+        return [{"event_id": v.event_id, "source": "store",
+                 "vms": [{"name": n, "state": s} for n, s in v.vms],
+                 "approval": None if v.approval is None else {
+                     "by": v.approval.by, "state": v.approval.state, "attempt": v.approval.attempt,
+                     "at": iso_z_or_none(v.approval.at)},
+                 "store_error": v.error, "problems": list(v.problems)}
+                for v in self.exchange.snapshot.events]
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self.exchange.wait_idle(timeout)
+
+    def stop(self) -> None:
+        self.exchange.stop()
+

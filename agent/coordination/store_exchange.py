@@ -1,0 +1,369 @@
+"""This VM's requests to the blob store for each event it coordinates: its marker, the event's listing, the claim.
+
+One owner per piece of state: the loop owns every `EventState` (only `run`, `apply` and `verdict`
+touch them, all on the loop's thread). Requests run on worker lanes, one lane per event so an
+event's requests go in order, and hand back an immutable `Result` through a queue; `on_change`
+wakes the loop, which applies the results on its tick. The claim, the confirmation and the
+release run on the approver thread (right before and after the POST) and hand their results back
+the same way. The API reads `snapshot`, an immutable value the loop replaces on each tick. The
+loop never waits on the store: `run` only queues.
+
+Traffic (see DESIGN.md, "Coordinating through a blob store"): a VM writes its marker when it first
+sees an event naming it (`preparing`) and when it becomes ready; once ready (and allowed to
+approve) it lists the event's folder after its write and again in the background, backing off from
+RECHECK_FIRST to `recheck_delay`'s cap, until the event is approved; the claim and its
+confirmation. Nothing at all for events that do not name it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import queue
+import random
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable, Mapping, Protocol, Sequence
+
+from agent import logs
+from agent.clock import Clock
+from agent.coordination.store_protocol import (
+    APPROVED,
+    CLAIMED,
+    RELEASED,
+    Approval,
+    Item,
+    Listing,
+    Step,
+    StoreError,
+    approval_blob,
+    approval_record,
+    event_folder,
+    marker_blob,
+    marker_record,
+    next_step,
+    not_ready,
+    parse_approval,
+    parse_listing,
+    recheck_delay,
+    retry_delay,
+    takeover_check_delay,
+    vm_state,
+)
+from agent.lanes import Lanes
+
+STORE, RECORDS = "store", "store_records"
+"""The health reports (source `coordination`): the store's last answer, and records the protocol did not write."""
+Report = Callable[[str, bool, str], None]
+"""(property, ok, description): a Warning when not ok."""
+OTHER = "(another VM)"
+"""Who holds a claim this VM just lost, until the next listing says."""
+
+
+class Store(Protocol):
+    """What the exchange needs of `blob_store.BlobStore` (a fake in tests)."""
+
+    def put(self, name: str, metadata: Mapping[str, str]) -> None: ...
+    def list_folder(self, prefix: str) -> tuple[list[Item], datetime]: ...
+    def create(self, name: str, metadata: Mapping[str, str]) -> str | None: ...
+    def replace(self, name: str, metadata: Mapping[str, str], etag: str) -> str | None: ...
+    def read(self, name: str) -> tuple[dict[str, str], str] | None: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class EventState:
+    """What this VM knows of one event in the store (the loop's own)."""
+
+    resources: tuple[str, ...] = ()
+    me: str = ""
+    wanted: bool = False
+    marker: str | None = None
+    busy: bool = False
+    listing: Listing | None = None
+    due: float = float("-inf")
+    retry_at: float = float("-inf")
+    checks: int = 0
+    failures: int = 0
+    error: StoreError | None = None
+    problems: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one request (or the approver's claim) came to, handed from a worker to the loop."""
+
+    event_id: str
+    at: float
+    sync: bool = True
+    marker: str | None = None
+    listing: Listing | None = None
+    approval: Approval | None = None
+    error: StoreError | None = None
+    relist: bool = False
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The approver's claim: whether this VM holds it, the record's ETag, and when the request started."""
+
+    won: bool
+    etag: str
+    reason: str
+    started: float
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class EventView:
+    event_id: str
+    vms: tuple[tuple[str, str], ...]
+    approval: Approval | None
+    error: str | None
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The store as the loop last saw it, for `maintd status`, `maintd fleet` and /v1/fleet."""
+
+    store: str
+    last_outcome: str = "no request yet"
+    last_answer_at: float | None = None
+    events: tuple[EventView, ...] = ()
+
+
+class StoreExchange:
+    """Sends each event's store requests and keeps what they said; see the module docstring for who owns what."""
+
+    def __init__(self, open_store: Callable[[], Store], describe: str, clock: Clock, *,
+                 on_change: Callable[[], None], report: Report, takeover_after: Callable[[], float],
+                 max_workers: int = 4) -> None:
+        self.open_store = open_store
+        self.takeover_after = takeover_after
+        self.clock = clock
+        self.on_change = on_change
+        self.report = report
+        self.log = logs.get("coordinator")
+        self.snapshot = Snapshot(describe)
+        self._store: Store | None = None
+        self._open_lock = threading.Lock()
+        self._results: queue.SimpleQueue[Result] = queue.SimpleQueue()
+        self._events: dict[str, EventState] = {}
+        self._lanes = Lanes(max_workers, "store")
+        self._last: tuple[str, float | None] = ("no request yet", None)
+        self._healthy: bool | None = None
+
+    # --- worker side -----------------------------------------------------------------------
+
+    def store(self) -> Store:
+        """The store client, opened on first use (on a worker: the token and the SDK's import cost land there)."""
+        with self._open_lock:
+            if self._store is None:
+                try:
+                    self._store = self.open_store()
+                except StoreError:
+                    raise
+                except Exception as exc:  # an SDK that cannot even build its client is a store failure like any other
+                    raise StoreError("error", f"cannot open the store: {str(exc)[:300]}") from None
+            return self._store
+
+    def warm(self) -> None:
+        """Open the store client on a worker now (the SDK's import, ~0.25 s of CPU), so the first event does not
+        wait for it; no request is sent. A failure here is told by the first real request."""
+        def open_quietly() -> None:
+            try:
+                self.store()
+            except StoreError:
+                pass
+
+        self._lanes.submit("", open_quietly)
+
+    def _sync(self, event_id: str, resources: tuple[str, ...], me: str, write: str | None, lists: bool) -> None:
+        written = None
+        try:
+            store = self.store()
+            if write is not None:
+                store.put(marker_blob(event_id, me), marker_record(event_id, me, write))
+                written = write
+            listing = None
+            if lists:
+                items, server_time = store.list_folder(event_folder(event_id))
+                listing = parse_listing(event_id, items, server_time, resources)
+            self._hand(Result(event_id, self.clock.monotonic(), marker=written, listing=listing))
+        except StoreError as exc:
+            self._hand(Result(event_id, self.clock.monotonic(), marker=written, error=exc))
+
+    def _hand(self, result: Result) -> None:
+        self._results.put(result)
+        self.on_change()
+
+    def claim(self, event_id: str, me: str, step: Step) -> Claim:
+        """On the approver thread: the atomic step (create if absent, or If-Match the record seen)."""
+        started = self.clock.monotonic()
+        record = approval_record(event_id, me, CLAIMED, step.attempt)
+        name = approval_blob(event_id)
+        try:
+            store = self.store()
+            etag = store.create(name, record) if step.action == "claim" else store.replace(name, record, step.etag)
+            if etag is None:
+                etag = self._own_after_conflict(store, event_id, me, step.attempt)
+        except StoreError as exc:
+            self._hand(Result(event_id, self.clock.monotonic(), sync=False, error=exc))
+            return Claim(False, "", str(exc), started)
+        if etag is None:  # someone else won: block a second try until a fresh listing says who
+            lost = Approval(OTHER, CLAIMED, step.attempt, "", 0.0)
+            self._hand(Result(event_id, self.clock.monotonic(), sync=False, approval=lost, relist=True))
+            return Claim(False, "", "another VM claimed it first", started)
+        mine = Approval(me, CLAIMED, step.attempt, etag, 0.0)
+        self._hand(Result(event_id, self.clock.monotonic(), sync=False, approval=mine))
+        return Claim(True, etag, step.reason, started, step.attempt)
+
+    @staticmethod
+    def _own_after_conflict(store: Store, event_id: str, me: str, attempt: int) -> str | None:
+        """After a 409/412: the record's ETag if it is this VM's claim of this attempt (the SDK retried our own
+        success), else None."""
+        found = store.read(approval_blob(event_id))
+        if found is None:
+            return None
+        record = parse_approval(event_id, found[0], found[1], 0.0, frozenset({me.casefold()}))
+        return found[1] if isinstance(record, Approval) and record.state == CLAIMED and record.attempt == attempt \
+            else None
+
+    def settle(self, event_id: str, me: str, claim: Claim, approved: bool) -> bool:
+        """On the approver thread, after the POST: record `approved` (or `released` after a failed POST)
+        with If-Match on this VM's claim; False when the claim was taken over meanwhile or the store failed."""
+        state = APPROVED if approved else RELEASED
+        try:
+            etag = self.store().replace(approval_blob(event_id), approval_record(event_id, me, state, claim.attempt),
+                                        claim.etag)
+        except StoreError as exc:
+            self._hand(Result(event_id, self.clock.monotonic(), sync=False, error=exc))
+            return False
+        if etag is None:
+            self.log.warning("store.claim_taken_over", event_id=event_id, state=state,
+                             reason="another VM took the claim over before this VM recorded the outcome")
+            return False
+        self._hand(Result(event_id, self.clock.monotonic(), sync=False,
+                          approval=Approval(me, state, claim.attempt, etag, 0.0, self.clock.now())))
+        return True
+
+    # --- loop side ---------------------------------------------------------------------------
+
+    def run(self, event_id: str, resources: Sequence[str], me: str, marker: str, listing_wanted: bool,
+            now: float) -> None:
+        """Queue this tick's request for one event: write the marker if it changed; list after it and when due,
+        but only while `listing_wanted` (this VM could claim: a VM still preparing writes its marker only)."""
+        st = self._events.setdefault(event_id, EventState())
+        st.resources, st.me = tuple(resources), me
+        if listing_wanted and not st.wanted:
+            st.due = float("-inf")  # it may claim now (ready, or an operator's go): look at once
+        st.wanted = listing_wanted
+        if st.busy or now < st.retry_at:
+            return
+        write = marker if marker != st.marker else None
+        settled = st.listing is not None and st.listing.approval is not None and st.listing.approval.state == APPROVED
+        lists = listing_wanted and not settled and (write is not None or now >= st.due)
+        if write is None and not lists:
+            return
+        st.busy = True
+        self._lanes.submit(event_id, functools.partial(self._sync, event_id, st.resources, me, write, lists))
+
+    def apply(self, now: float) -> None:
+        """Take in every result handed back since the last tick; report failures and recoveries."""
+        while True:
+            try:
+                r = self._results.get_nowait()
+            except queue.Empty:
+                break
+            st = self._events.get(r.event_id)
+            if st is None:
+                continue
+            if r.sync:
+                st.busy = False
+            st.marker = r.marker or st.marker
+            if r.error is not None:
+                self._failed(r.event_id, st, r.error, now)
+                continue
+            self._answered(st, r)
+            if r.listing is not None:
+                self._listed(r.event_id, st, r.listing, now)
+            if r.approval is not None and st.listing is not None:
+                st.listing = dataclasses.replace(st.listing, approval=r.approval)
+            if r.relist:
+                st.due = float("-inf")
+
+    def _answered(self, st: EventState, r: Result) -> None:
+        if self._healthy is False:
+            self.log.info("store.recovered", previous=self._last[0])
+        if self._healthy is not True:
+            self.report(STORE, True, "the store answers")
+        st.error, st.failures, self._healthy = None, 0, True
+        self._last = ("ok", r.at)
+
+    def _failed(self, event_id: str, st: EventState, error: StoreError, now: float) -> None:
+        st.failures += 1
+        st.retry_at = now + retry_delay(st.failures)
+        if st.error is None or str(st.error) != str(error):
+            self.log.warning("store.request_failed", event_id=event_id, outcome=error.outcome, error=str(error),
+                             retry_in=st.retry_at - now, effect="this VM approves nothing it has not read from the store")
+        self.report(STORE, False, f"{error.outcome}: {error}")
+        st.error, self._healthy = error, False
+        self._last = (f"{error.outcome}: {error}", self._last[1])
+
+    def _listed(self, event_id: str, st: EventState, listing: Listing, now: float) -> None:
+        st.listing = listing
+        self.log.debug("store.listed", event_id=event_id, ready=len(st.resources) - len(not_ready(listing, st.resources)),
+                       of=len(st.resources), approval=listing.approval.state if listing.approval else None)
+        st.checks += 1
+        n = len(st.resources)
+        takeover = takeover_check_delay(listing, st.me, self.takeover_after(), n, random.random())
+        st.due = now + min(recheck_delay(st.checks, n), takeover if takeover is not None else float("inf"))
+        own = listing.markers.get(st.me.casefold())
+        if st.marker is not None and (own is None or own.state != st.marker):
+            self.log.warning("store.marker_missing", event_id=event_id, expected=st.marker,
+                             found=own.state if own else None, effect="written again")
+            st.marker = None  # the store lost it (emptied, deleted by hand): the next tick writes it again
+        for problem in sorted(set(listing.problems) - st.problems):
+            self.log.warning("store.invalid_record", event_id=event_id, problem=problem,
+                             effect="not counted as ready or approved")
+        st.problems = frozenset(listing.problems)
+
+    def verdict(self, event_id: str, resources: Sequence[str], me: str, takeover_after: float,
+                need_all_ready: bool = True) -> tuple[list[str], Step]:
+        """Who is not recorded ready, and the protocol's next step, from what the store last said.
+
+        A failing store, or no listing yet, means wait: this VM never approves on a guess.
+        """
+        st = self._events.get(event_id)
+        if st is None or st.listing is None or st.error is not None:
+            why = f"store: {st.error}" if st is not None and st.error is not None else "no answer from the store yet"
+            return list(resources), Step("wait", why)
+        return not_ready(st.listing, resources), next_step(st.listing, resources, me, takeover_after, need_all_ready)
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop the events no longer pending (the loop's prune)."""
+        for event_id in [e for e in self._events if e not in keep]:
+            del self._events[event_id]
+
+    def publish(self) -> Snapshot:
+        """Replace the immutable snapshot the API reads."""
+        views = tuple(EventView(event_id, tuple((n, vm_state(st.listing, n)) for n in st.resources),
+                                st.listing.approval if st.listing else None,
+                                str(st.error) if st.error else None, tuple(sorted(st.problems)))
+                      for event_id, st in self._events.items())
+        odd = next((f"event {v.event_id}: {v.problems[0]}" for v in views if v.problems), None)
+        self.report(RECORDS, odd is None, odd or "every store record read is one the protocol wrote")
+        self.snapshot = Snapshot(self.snapshot.store, self._last[0], self._last[1], views)
+        return self.snapshot
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no store request is under way (tests, benchmarks)."""
+        return self._lanes.wait_idle(timeout)
+
+    def stop(self) -> None:
+        self._lanes.shutdown()
+        with self._open_lock:
+            if self._store is not None:
+                self._store.close()

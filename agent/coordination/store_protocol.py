@@ -1,0 +1,309 @@
+"""Coordination through a blob store, pure: the blob layout, the records, their parsing, the decisions.
+
+Layout, in the configured container (one folder per event, written only by the VMs it names):
+
+    events/{event-id}/vm/{vm-name}    a VM's marker, written by that VM only (unconditional put):
+                                      {maintd: 1, kind: vm, event, vm, state: preparing | ready}
+    events/{event-id}/approval        the approval record; created with If-None-Match: * (the claim),
+                                      rewritten only with If-Match: <its ETag>:
+                                      {maintd: 1, kind: approval, event, by, state, attempt}
+                                      state: claimed | approved | released
+
+Every record is blob metadata over an empty body, so one List Blobs (prefix = the event's folder,
+include = metadata) returns all of an event: each marker, the approval record with its ETag and
+Last-Modified, and the store's own clock (the answer's Date header). Ages are the store's Date
+minus a blob's Last-Modified: no VM ever compares its clock with another's.
+
+Anything the protocol did not write — another VM's name in a marker, an unknown or missing field,
+an unknown state, a blob name outside the layout — is a problem, reported and never counted: a VM
+with an unreadable marker is not ready, and an unreadable approval record is a claim by nobody,
+which can be taken over once it is `takeover_after` old (it is never an approval).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable, Mapping, Sequence
+
+from agent.errors import MaintdError
+
+VERSION = "1"
+PREPARING, READY = "preparing", "ready"
+CLAIMED, APPROVED, RELEASED, UNREADABLE = "claimed", "approved", "released", "unreadable"
+MARKER_FIELDS = frozenset({"maintd", "kind", "event", "vm", "state"})
+APPROVAL_FIELDS = frozenset({"maintd", "kind", "event", "by", "state", "attempt"})
+MAX_ATTEMPT = 1_000_000
+EVENT_ID = re.compile(r"^[A-Za-z0-9-]{1,128}$")
+"""Event ids maintd stores: IMDS gives GUIDs; anything else is refused rather than escaped."""
+VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+"""VM names maintd stores: Azure's VM names (letters, digits, `_`, `-`, `.`), as in Resources."""
+
+RECHECK_FIRST = 2.0
+"""Seconds before a VM first lists an event again after its own write (then doubling)."""
+FLEET_LIST_RATE = 5.0
+"""Lists per second a whole fleet stays under once every VM's recheck has backed off (below RECHECK_MAX)."""
+RECHECK_FLOOR, RECHECK_MAX = 10.0, 60.0
+"""The longest wait between two background lists of one VM: vms / FLEET_LIST_RATE within these bounds."""
+RETRY_FIRST, RETRY_MAX = 1.0, 30.0
+"""Backoff after a failed store request: 1 s doubling to 30 s."""
+Fetch = Callable[[str, "str | None"], bytes]
+"""How the store's credential gets a token answer: (resource, client_id) -> IMDS's body; raises on failure."""
+
+
+class StoreError(MaintdError):
+    """One store request failed: `outcome` is the metric's label, the message says why."""
+
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+# --- layout --------------------------------------------------------------------------------------
+
+def event_folder(event_id: str) -> str:
+    """The prefix every blob of one event starts with."""
+    return f"events/{event_id.lower()}/"
+
+
+def marker_blob(event_id: str, vm: str) -> str:
+    """Where a VM records itself for an event (its name lower-cased: Resources compare case-insensitively)."""
+    return f"{event_folder(event_id)}vm/{vm.casefold()}"
+
+
+def approval_blob(event_id: str) -> str:
+    """The event's approval record."""
+    return f"{event_folder(event_id)}approval"
+
+
+def unstorable(event_id: str, names: Sequence[str]) -> str | None:
+    """Why an event cannot be coordinated through the store (None when it can): odd ids or names."""
+    if not EVENT_ID.match(event_id):
+        return f"event id {event_id[:40]!r} is not a GUID-like id"
+    odd = [n for n in names if not VM_NAME.match(n)]
+    return f"Resources holds names the store does not take: {', '.join(n[:40] for n in odd[:3])}" if odd else None
+
+
+def marker_record(event_id: str, vm: str, state: str) -> dict[str, str]:
+    """A VM's marker as blob metadata."""
+    return {"maintd": VERSION, "kind": "vm", "event": event_id.lower(), "vm": vm, "state": state}
+
+
+def approval_record(event_id: str, by: str, state: str, attempt: int) -> dict[str, str]:
+    """The approval record as blob metadata."""
+    return {"maintd": VERSION, "kind": "approval", "event": event_id.lower(), "by": by, "state": state,
+            "attempt": str(attempt)}
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Item:
+    """One listed blob, as the I/O edge hands it over."""
+
+    name: str
+    metadata: Mapping[str, str]
+    etag: str
+    last_modified: datetime
+
+
+@dataclass(frozen=True)
+class Marker:
+    vm: str
+    state: str
+    age: float
+
+
+@dataclass(frozen=True)
+class Approval:
+    """The approval record: `unreadable` when the protocol did not write it (never an approval)."""
+
+    by: str
+    state: str
+    attempt: int
+    etag: str
+    age: float
+    at: datetime | None = None
+    """When it was last written, on the store's clock (Last-Modified)."""
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One event as the store holds it: markers by lower-cased VM name, the approval, what was odd."""
+
+    event_id: str
+    markers: Mapping[str, Marker]
+    approval: Approval | None
+    problems: tuple[str, ...]
+
+
+def _fields(metadata: Mapping[str, str], expected: frozenset[str]) -> dict[str, str] | str:
+    fields = {k.casefold(): v for k, v in metadata.items()}
+    if len(fields) != len(metadata):
+        return "a field appears twice"
+    if set(fields) != expected:
+        extra, missing = sorted(set(fields) - expected), sorted(expected - set(fields))
+        return "; ".join(x for x in (f"unknown field {', '.join(extra)}" if extra else "",
+                                     f"missing {', '.join(missing)}" if missing else "") if x)
+    if fields["maintd"] != VERSION:
+        return f"protocol version {fields['maintd'][:8]!r}, not {VERSION}"
+    return fields
+
+
+def parse_marker(event_id: str, path_name: str, metadata: Mapping[str, str], age: float) -> Marker | str:
+    """The marker at events/{event}/vm/{path_name}, or why it does not count."""
+    fields = _fields(metadata, MARKER_FIELDS)
+    if isinstance(fields, str):
+        return fields
+    if fields["kind"] != "vm" or fields["event"].casefold() != event_id.casefold():
+        return f"kind {fields['kind'][:16]!r} for event {fields['event'][:40]!r}: not this event's marker"
+    if fields["vm"].casefold() != path_name or not VM_NAME.match(fields["vm"]):
+        return f"names VM {fields['vm'][:64]!r}"
+    if fields["state"] not in (PREPARING, READY):
+        return f"unknown state {fields['state'][:16]!r}"
+    return Marker(fields["vm"], fields["state"], age)
+
+
+def parse_approval(event_id: str, metadata: Mapping[str, str], etag: str, age: float,
+                   names: frozenset[str], at: datetime | None = None) -> Approval | str:
+    """The approval record, or why it is unreadable (`names`: the lower-cased Resources)."""
+    fields = _fields(metadata, APPROVAL_FIELDS)
+    if isinstance(fields, str):
+        return fields
+    if fields["kind"] != "approval" or fields["event"].casefold() != event_id.casefold():
+        return f"kind {fields['kind'][:16]!r} for event {fields['event'][:40]!r}: not this event's record"
+    if fields["by"].casefold() not in names:
+        return f"by {fields['by'][:64]!r}, a VM the event does not name"
+    if fields["state"] not in (CLAIMED, APPROVED, RELEASED):
+        return f"unknown state {fields['state'][:16]!r}"
+    attempt = fields["attempt"]
+    if not attempt.isdigit() or not 1 <= int(attempt) <= MAX_ATTEMPT:
+        return f"attempt {attempt[:16]!r} is not a count"
+    return Approval(fields["by"], fields["state"], int(attempt), etag, age, at)
+
+
+def age_of(item: Item, server_time: datetime) -> float:
+    """Seconds since the blob was last written, on the store's own clock (never negative)."""
+    return max(0.0, (server_time - item.last_modified).total_seconds())
+
+
+def parse_listing(event_id: str, items: Sequence[Item], server_time: datetime, resources: Sequence[str]) -> Listing:
+    """What one list of an event's folder says; each odd blob is a problem, never a ready VM or an approval."""
+    names = frozenset(n.casefold() for n in resources)
+    folder = event_folder(event_id)
+    markers: dict[str, Marker] = {}
+    approval: Approval | None = None
+    problems: list[str] = []
+    for item in items:
+        rest = item.name[len(folder):] if item.name.startswith(folder) else None
+        age = age_of(item, server_time)
+        if rest == "approval":
+            parsed_approval = parse_approval(event_id, item.metadata, item.etag, age, names, item.last_modified)
+            if isinstance(parsed_approval, str):
+                problems.append(f"approval record: {parsed_approval}")
+                parsed_approval = Approval("", UNREADABLE, 0, item.etag, age, item.last_modified)
+            approval = parsed_approval
+        elif rest is not None and rest.startswith("vm/") and rest[3:] in names:
+            marker = parse_marker(event_id, rest[3:], item.metadata, age)
+            if isinstance(marker, str):
+                problems.append(f"marker {rest[3:]}: {marker}")
+            else:
+                markers[rest[3:]] = marker
+        else:
+            problems.append(f"blob {item.name[:120]!r} is not part of the protocol for this event")
+    return Listing(event_id, markers, approval, tuple(problems))
+
+
+# --- decisions ----------------------------------------------------------------------------------
+
+def not_ready(listing: Listing | None, resources: Sequence[str]) -> list[str]:
+    """The VMs named in Resources without a readable `ready` marker, in Resources order."""
+    markers = listing.markers if listing is not None else {}
+    return [n for n in resources if (m := markers.get(n.casefold())) is None or m.state != READY]
+
+
+def vm_state(listing: Listing | None, name: str) -> str:
+    """preparing, ready or `not seen` (no readable marker), for the fleet view."""
+    marker = listing.markers.get(name.casefold()) if listing is not None else None
+    return marker.state if marker is not None else "not seen"
+
+
+@dataclass(frozen=True)
+class Step:
+    """What this VM does next for an event: wait, claim (create), take_over (If-Match etag), or done."""
+
+    action: str
+    reason: str
+    etag: str = ""
+    attempt: int = 1
+
+
+def next_step(listing: Listing, resources: Sequence[str], me: str, takeover_after: float,
+              need_all_ready: bool = True) -> Step:
+    """The protocol's decision from one listing; the caller has already decided this VM may approve.
+
+    Never a claim while a VM named in Resources is not recorded ready (unless `need_all_ready` is
+    off: `immediate` by policy). A claim that did not turn into an approval within `takeover_after`
+    (on the store's clock), a released claim, an unreadable record and this VM's own earlier claim
+    (a restart) are taken over with If-Match, so only one of any number of racers wins.
+    """
+    approval = listing.approval
+    if approval is not None and approval.state == APPROVED:
+        return Step("done", f"approved by {approval.by}")
+    waiting = not_ready(listing, resources) if need_all_ready else []
+    if waiting:
+        more = f" (+{len(waiting) - 5} more)" if len(waiting) > 5 else ""
+        return Step("wait", f"waiting for {', '.join(waiting[:5])}{more}")
+    if approval is None:
+        return Step("claim", "every VM named is ready" if need_all_ready else "immediate by policy")
+    reason = takeover_reason(approval, me, takeover_after)
+    if reason is None:
+        return Step("wait", f"claimed by {approval.by or 'an unreadable record'} {approval.age:.0f}s ago; "
+                            f"taken over after {takeover_after:.0f}s")
+    return Step("take_over", reason, approval.etag, approval.attempt + 1)
+
+
+def takeover_reason(approval: Approval, me: str, takeover_after: float) -> str | None:
+    """Why a record that is not an approval may be overwritten now (None: not yet)."""
+    if approval.state == RELEASED:
+        return f"{approval.by} released its claim"
+    if approval.state == CLAIMED and approval.by.casefold() == me.casefold():
+        return "renewing this VM's own earlier claim"
+    if approval.age >= takeover_after:
+        who = approval.by or "an unreadable record"
+        return f"{who} claimed {approval.age:.0f}s ago (store time) without approving"
+    return None
+
+
+def post_deadline(takeover_after: float) -> float:
+    """Seconds after its claim within which the claimer may still POST: half of `takeover_after`.
+
+    Measured on the claimer's own monotonic clock from before its claim request, which is no later
+    than the store's Last-Modified of that claim; another VM takes over only once the store says the
+    claim is `takeover_after` old, so the two can never both be posting.
+    """
+    return takeover_after / 2
+
+
+def recheck_delay(checks: int, vms: int) -> float:
+    """Wait before this VM lists an event again on its own, after `checks` lists that settled nothing."""
+    cap = min(RECHECK_MAX, max(RECHECK_FLOOR, vms / FLEET_LIST_RATE))
+    return min(cap, RECHECK_FIRST * 2 ** max(0, min(checks, 16) - 1))
+
+
+def takeover_check_delay(listing: Listing, me: str, takeover_after: float, vms: int, jitter: float) -> float | None:
+    """When to list again to take over the claim this listing shows (None: no claim to take over).
+
+    Right after the claim becomes `takeover_after` old, spread over vms / FLEET_LIST_RATE seconds
+    (at most RECHECK_FLOOR) by `jitter` in [0, 1), so a fleet does not relist all at once.
+    """
+    approval = listing.approval
+    if approval is None or approval.state in (APPROVED, RELEASED) or approval.by.casefold() == me.casefold():
+        return None
+    return max(0.0, takeover_after - approval.age) + jitter * min(RECHECK_FLOOR, vms / FLEET_LIST_RATE)
+
+
+def retry_delay(failures: int) -> float:
+    """Wait after `failures` failed store requests in a row before the next one."""
+    return min(RETRY_MAX, RETRY_FIRST * 2 ** max(0, min(failures, 16) - 1))
