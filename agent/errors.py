@@ -69,7 +69,8 @@ class ConfigError(MaintdError):
 class ImdsError(MaintdError):
     """One IMDS request failed. `status` is the HTTP status, or None for a transport failure."""
 
-    def __init__(self, message: str, status: int | None = None, body: str = "", retry_after: float | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, body: str = "",
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.body = body
@@ -96,7 +97,8 @@ class StateError(MaintdError):
 class HttpError(MaintdError):
     """A request that gets an error answer: status, message, extra headers; `close` ends the connection."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, *, close: bool = False) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, *,
+                 close: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message

@@ -101,7 +101,8 @@ class SecretFiles:
         self.report = report
         self.log = logs.get("secrets")
         self._lock = threading.Lock()
-        self._seen: dict[str, tuple[str, Signature, str | None, str | None]] = {}  # key: path, signature, value, problem
+        # key: path, signature, value, problem
+        self._seen: dict[str, tuple[str, Signature, str | None, str | None]] = {}
         self._nobody = secrets.token_urlsafe(32)
 
     def read(self, key: str, path: str | None) -> str | None:

@@ -3,15 +3,16 @@
 Each simulated peer has its own base URL, `http://127.0.0.1:PORT/{src}/p/{vm}`, where `src` names
 the real agent that was given that URL (so requests are counted per asking agent). A peer answers
 `GET {base}/v1/events/{id}` as maintd does (`vm_name`, `ready`, `names_self`, and `rank`, its place in
-the event's Resources, without which a maintd leader does not count its `ready`) and accepts `POST {base}/v1/events/{id}/peer-ready`.
-When a simulated peer turns ready it pushes `POST {leader}/v1/events/{id}/peer-ready {"vm": name}`
-to the acting leader, as a real follower would: the first of the event's `leaders` that accepts
-the connection.
+the event's Resources, without which a maintd leader does not count its `ready`) and accepts
+`POST {base}/v1/events/{id}/peer-ready`. When a simulated peer turns ready it pushes
+`POST {leader}/v1/events/{id}/peer-ready {"vm": name}` to the acting leader, as a real follower
+would: the first of the event's `leaders` that accepts the connection.
 
 Control, for the benchmark only: `POST /admin/event {"event_id", "ready_in": {vm: seconds},
-"leaders": [base URL, ...], "resources": [vm, ...]}` schedules the peers' readiness; `GET /admin/stats?event_id=ID` returns
-the counts. Prints `{"event": "standin.ready", "port": PORT}` on stdout once it listens; runs until
-SIGTERM. Stdlib asyncio with keep-alive HTTP/1.1: one thread serves thousands of requests a second.
+"leaders": [base URL, ...], "resources": [vm, ...]}` schedules the peers' readiness;
+`GET /admin/stats?event_id=ID` returns the counts. Prints `{"event": "standin.ready", "port": PORT}`
+on stdout once it listens; runs until SIGTERM. Stdlib asyncio with keep-alive HTTP/1.1: one thread
+serves thousands of requests a second.
 """
 
 from __future__ import annotations
@@ -109,8 +110,8 @@ class Standin:
         if event is None:
             return {"event_id": event_id, "known": False, **totals}
         counts = sorted(event.per_peer.values())
-        return {"event_id": event_id, "known": True, **totals, "scheduled": event.scheduled, "ready": len(event.ready_wall),
-                "last_ready_wall": max(event.ready_wall.values(), default=None),
+        return {"event_id": event_id, "known": True, **totals, "scheduled": event.scheduled,
+                "ready": len(event.ready_wall), "last_ready_wall": max(event.ready_wall.values(), default=None),
                 "asks": dict(event.asks), "asks_after_ready": dict(event.asks_after_ready),
                 "hints_received": dict(event.hints_received), "pushes": dict(event.pushes),
                 "asks_per_peer_max": counts[-1] if counts else 0,

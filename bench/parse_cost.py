@@ -120,9 +120,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     rows = [case.row() for case in cases]
     for r in rows:
         ch, st = r["changed"], r["steady"]
-        print(f"  {r['events']:5} events x {r['resources']:4} names: changed p50 {ch['p50_ms']} / p99 {ch['p99_ms']} ms "
-              f"(CPU {ch['cpu_p50_ms']} / {ch['cpu_p99_ms']}), steady p50 {st['p50_ms']} ms, new p50 "
-              f"{r['new']['p50_ms']} ms, json.loads alone p50 {r['json']['p50_ms']} ms, alloc {ch['peak_alloc_kb']} KB",
+        print(f"  {r['events']:5} events x {r['resources']:4} names: "
+              f"changed p50 {ch['p50_ms']} / p99 {ch['p99_ms']} ms (CPU {ch['cpu_p50_ms']} / {ch['cpu_p99_ms']}), "
+              f"steady p50 {st['p50_ms']} ms, new p50 {r['new']['p50_ms']} ms, "
+              f"json.loads alone p50 {r['json']['p50_ms']} ms, alloc {ch['peak_alloc_kb']} KB",
               flush=True)
     by = {(r["events"], r["resources"]): r for r in rows}
     k = by[(1000, 1)]

@@ -27,10 +27,12 @@ PROFILES = {
     "nightly": parse_profiles([
         {"name": "business", "approval": "never", "recurrence": {"frequency": "week", "schedule": {
             "week_days": ["monday", "tuesday", "wednesday", "thursday", "friday"], "hours": [8], "minutes": [0]}}},
-        {"name": "nightly", "approval": "auto", "recurrence": {"frequency": "day", "schedule": {"hours": [22], "minutes": [0]}}},
+        {"name": "nightly", "approval": "auto", "recurrence": {"frequency": "day", "schedule": {
+            "hours": [22], "minutes": [0]}}},
         {"name": "default", "approval": "never"}]),
     "freeze": parse_profiles([
-        {"name": "freeze", "approval": "never", "fixed_date": {"start": "2026-01-01T00:00:00Z", "end": "2026-02-01T00:00:00Z"}},
+        {"name": "freeze", "approval": "never", "fixed_date": {
+            "start": "2026-01-01T00:00:00Z", "end": "2026-02-01T00:00:00Z"}},
         {"name": "default", "approval": "auto"}]),
     "busy": parse_profiles([
         {"name": "a", "approval": "never", "recurrence": HOURLY},
@@ -47,7 +49,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     for _ in range(rounds):  # the sets in turn, so the machine's noise falls on all of them alike
         for name, profiles in PROFILES.items():
             samples[name].append(timed(lambda: make_plan(EVENT, profiles, PREPARE, NOW))[1])
-    rows = {name: {"n": len(cpu), "cpu_p50_ms": round(percentile(cpu, 50), 3), "cpu_p99_ms": round(percentile(cpu, 99), 3)}
+    rows = {name: {"n": len(cpu), "cpu_p50_ms": round(percentile(cpu, 50), 3),
+                   "cpu_p99_ms": round(percentile(cpu, 99), 3)}
             for name, cpu in samples.items()}
     for name, r in rows.items():
         print(f"  {name:8} CPU p50 {r['cpu_p50_ms']} ms, p99 {r['cpu_p99_ms']} ms", flush=True)

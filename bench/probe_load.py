@@ -69,7 +69,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             agent.stop()
             emu.stop()
     times = [r["monotonic"] for r in polls]
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     s, due = summary(result["latencies"]), summary(result["from_due"])
     achieved = len(result["latencies"]) / seconds
     largest = max(gaps) if gaps else float("nan")

@@ -72,7 +72,7 @@ class FakeImds:
 
     def __init__(self) -> None:
         self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = "http://127.0.0.1:%d" % self._listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self.calls: list[Call] = []
         self.connections = 0
         self._routes: list[_Route] = []

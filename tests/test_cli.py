@@ -75,7 +75,8 @@ def test_root_cli_acts_over_the_unix_socket_and_is_journaled_by_uid(write_config
     sock = str(tmp_path / "maintd.sock")
     srv, backend = _running_server(unix_socket=sock, require_token_on_loopback=True)
     try:
-        cfg = write_config(f"server: {{listen: '{srv.url[7:]}', unix_socket: '{sock}', require_token_on_loopback: true}}\n")
+        cfg = write_config(f"server: {{listen: '{srv.url[7:]}', unix_socket: '{sock}', "
+                           "require_token_on_loopback: true}\n")
         done = maintd("drain", "--reason", "kernel", "--config", str(cfg))
         assert done.returncode == 0, done.stderr
         assert backend.drained == ["kernel"] and backend.by == ["uid 0 (unix socket)"]

@@ -145,14 +145,14 @@ def test_an_unreadable_config_file_is_refused_with_the_fix(write_config):
 
 def _billion_laughs(levels: int = 9) -> str:
     text = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
-    for prev, name in zip("abcdefghij", "bcdefghijk"[:levels - 1]):
+    for prev, name in zip("abcdefghij", "bcdefghijk"[:levels - 1], strict=False):
         text += f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]\n"
     return text
 
 
 def _merge_bomb(levels: int = 10) -> str:
     text = "a: &a {" + ", ".join(f"x{i}: {i}" for i in range(10)) + "}\n"
-    for prev, name in zip("abcdefghijk", "bcdefghijkl"[:levels]):
+    for prev, name in zip("abcdefghijk", "bcdefghijkl"[:levels], strict=False):
         text += f"{name}: &{name} {{<<: [" + ",".join([f"*{prev}"] * 10) + f"], k{name}: 1}}\n"
     return text + "<<: *" + "bcdefghijkl"[levels - 1] + "\n"
 

@@ -41,7 +41,8 @@ def peers():
 
 
 def make_coordinator(tmp_path, clock, **settings):
-    """A coordinator on a fresh store, with the approvals it sends (named so pytest 7 never takes it for a nose `setup`)."""
+    """A coordinator on a fresh store, with the approvals it sends (named so pytest 7 never takes it
+    for a nose `setup`)."""
     sent: list[list[str]] = []
     cfg = CoordinationConfig(peer_url="http://{name}.peers.invalid:8088", takeover_after=60.0, **settings)
     store = Store(tmp_path, clock)

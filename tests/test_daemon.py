@@ -39,7 +39,8 @@ def imds():
 
 @pytest.fixture
 def daemon(tmp_path, clock, imds):
-    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}', max_backoff: 10s, stale_after: 60s}}\n")
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\n"
+                f"imds: {{endpoint: '{imds.url}', max_backoff: 10s, stale_after: 60s}}\n")
     d = Daemon(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     d.start()
     yield d
@@ -55,7 +56,7 @@ def run_for(d, clock, seconds):
 
 
 def poll_times(calls_at):
-    return [b - a for a, b in zip(calls_at, calls_at[1:])]
+    return [b - a for a, b in zip(calls_at, calls_at[1:], strict=False)]
 
 
 def test_polls_stay_on_their_deadlines_even_when_imds_is_slow(daemon, clock, imds):
@@ -211,7 +212,8 @@ def test_the_watchdog_is_pinged_while_imds_takes_its_time_with_the_first_answer(
 
     imds.add_callback("GET", SE, slow)
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n")
-    d = Daemon(cfg, SystemClock(), boot_id="b", notifier=Notifier({"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "200000"}))
+    d = Daemon(cfg, SystemClock(), boot_id="b",
+               notifier=Notifier({"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "200000"}))
     d.start()
     try:
         d.tick()

@@ -71,8 +71,9 @@ def test_any_journal_bytes_give_only_entries(current, rotated):
         assert all(isinstance(e, dict) for e in read_journal(d))
 
 
-config_bytes = st.one_of(st.binary(max_size=300), _mutations(b"imds:\n  poll_interval: 2s\nhandlers:\n  - name: d\n"
-                                                             b"    type: drain\nprofiles: [{name: a, approval: auto}]\n"))
+config_bytes = st.one_of(st.binary(max_size=300),
+                         _mutations(b"imds:\n  poll_interval: 2s\nhandlers:\n  - name: d\n"
+                                    b"    type: drain\nprofiles: [{name: a, approval: auto}]\n"))
 
 
 @settings(max_examples=400, deadline=None)

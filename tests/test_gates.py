@@ -82,7 +82,8 @@ def test_firing_matches_names_and_regexes_in_full():
 
 def test_gates_config_top_level_and_per_profile():
     cfg = loads("gates:\n  fleet: {max_percent_unhealthy: 10}\n"
-                "profiles:\n  - {name: default, approval: auto, gates: {prometheus: {url: 'http://p:9090', alerts: [X]}}}\n")
+                "profiles:\n  - {name: default, approval: auto, "
+                "gates: {prometheus: {url: 'http://p:9090', alerts: [X]}}}\n")
     assert cfg.gates.fleet.max_percent_unhealthy == 10
     assert cfg.profiles[0].gates.prometheus.alerts == ("X",)
 
@@ -91,7 +92,8 @@ def test_gates_config_top_level_and_per_profile():
     ("gates:\n  fleet: {max_percent_unhealthy: 101}\n", "gates.fleet.max_percent_unhealthy"),
     ("gates:\n  prometheus: {url: 'http://p:9090'}\n", "gates.prometheus.alerts"),
     ("gates:\n  prometheus: {url: 'http://p:9090', alerts: ['(']}\n", "gates.prometheus.alerts[0]"),
-    ("gates:\n  fleet: {max_percent_unhealthy: 5, unreachable_counts_as: maybe}\n", "gates.fleet.unreachable_counts_as"),
+    ("gates:\n  fleet: {max_percent_unhealthy: 5, unreachable_counts_as: maybe}\n",
+     "gates.fleet.unreachable_counts_as"),
 ])
 def test_bad_gates_are_refused_naming_the_key(text, key):
     with pytest.raises(ConfigError) as err:
@@ -172,7 +174,8 @@ def test_a_profile_without_gates_overrides_nothing_and_one_with_gates_replaces_t
                         metrics=Metrics())
     responses.add(responses.GET, f"{PROM}/api/v1/alerts", json={"data": {"alerts": [
         {"labels": {"alertname": "Freeze"}, "state": "firing"}]}})
-    strict = Profile(name="window", approval="auto", gates=Gates(prometheus=PrometheusGate(url=PROM, alerts=("Freeze",))))
+    strict = Profile(name="window", approval="auto",
+                     gates=Gates(prometheus=PrometheusGate(url=PROM, alerts=("Freeze",))))
     step(coord, tracked(clock, ["vm1"]), "vm1", profile=strict)
     assert sent == []
     step(coord, tracked(clock, ["vm1"]), "vm1", profile=Profile(name="default", approval="auto"))
@@ -198,7 +201,8 @@ def test_an_odd_prometheus_answer_holds_is_counted_and_does_not_raise(alerts, qu
 
 @responses.activate
 def test_a_peer_health_state_that_is_a_list_makes_it_unhealthy_not_a_crash():
-    responses.add(responses.GET, f"{peer('vm2')}/v1/health", json={"HealthEvents": [{"SourceId": "app", "HealthState": ["Ok"]}]})
+    responses.add(responses.GET, f"{peer('vm2')}/v1/health",
+                  json={"HealthEvents": [{"SourceId": "app", "HealthState": ["Ok"]}]})
     held = checker().check(Gates(fleet=FleetGate(max_percent_unhealthy=0)), "E1", ["vm1", "vm2"], "vm1", False)
     assert held and "vm2 (unhealthy)" in held.reason
 

@@ -275,7 +275,8 @@ def test_a_hook_is_cut_when_its_event_leaves_the_document(tmp_path):
     """The event is gone (ctx.cancel without a stop): SIGTERM at once, the run is canceled and says so."""
     out = tmp_path / "got"
     hook = script(tmp_path, "import os, signal, sys, time\n"
-                            f"signal.signal(signal.SIGTERM, lambda *_: (open({str(out)!r}, 'w').write('TERM'), sys.exit(3)))\n"
+                            "signal.signal(signal.SIGTERM, "
+                            f"lambda *_: (open({str(out)!r}, 'w').write('TERM'), sys.exit(3)))\n"
                             "time.sleep(60)\n")
     h = exec_handler(f'{{name: ckpt, type: exec, phases: [scheduled], command: ["{PY}", "{hook}"]}}')
     cancel = threading.Event()

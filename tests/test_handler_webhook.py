@@ -162,8 +162,8 @@ def test_generic_posts_exactly_the_payload_hooks_get_on_stdin(make, clock):
 @responses.activate
 def test_a_json_template_stays_valid_json_whatever_the_event_says(make, clock):
     """Quotes, backslashes and newlines in a Description are escaped inside a JSON template."""
-    responses.add(responses.POST, HOOK_URL, status=200, match=[matchers.header_matcher({"Content-Type": "application/json",
-                                                                        "X-Team": "sre"})])
+    responses.add(responses.POST, HOOK_URL, status=200,
+                  match=[matchers.header_matcher({"Content-Type": "application/json", "X-Team": "sre"})])
     h = make(f'{{name: t, type: webhook, phases: [scheduled], url: "{HOOK_URL}", headers: {{X-Team: sre}}, '
              'template: \'{{"id": "{event_id}", "vm": "{vm}", "why": "{description}", "msg": "{text}"}}\'}')
     tricky = 'he said "reboot" \\ now\nand {event_id}'
@@ -197,7 +197,8 @@ def test_a_text_template_is_sent_as_text(make, clock):
 def test_templates_are_checked_when_the_config_loads(template, says):
     """Only the fixed fields, no attribute or index access, no format that could fail later."""
     with pytest.raises(ConfigError) as err:
-        loads(f"handlers:\n  - {{name: t, type: webhook, phases: [scheduled], url: 'http://x', template: {template}}}\n")
+        loads("handlers:\n  - {name: t, type: webhook, phases: [scheduled], url: 'http://x', "
+              f"template: {template}}}\n")
     assert err.value.key == "handlers[0].template" and says in err.value.message
 
 

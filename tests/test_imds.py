@@ -427,8 +427,8 @@ def test_retry_after_is_read_strictly():
 
 
 STATUS_LINES = st.sampled_from([b"HTTP/1.1 %d X" % s for s in (103, 200, 304, 400, 404, 410, 429, 500, 503, 999)]
-                               + [b"HTTP/1.1 \xb2\xb2\xb2 X", b"HTTP/1.1 \xd9\xa3 X", b"HTTP/1.1 2OO OK", b"HTTP/9 200 OK",
-                                  b"HTTP/1.1 -200 X", b"HTTP/1.1 200"]) | st.binary(max_size=40)
+                               + [b"HTTP/1.1 \xb2\xb2\xb2 X", b"HTTP/1.1 \xd9\xa3 X", b"HTTP/1.1 2OO OK",
+                                  b"HTTP/9 200 OK", b"HTTP/1.1 -200 X", b"HTTP/1.1 200"]) | st.binary(max_size=40)
 NAMES = st.sampled_from([b"Retry-After", b"retry-after", b"ETag", b"Content-Type", b"Content-Length",
                         b"Transfer-Encoding", b"Connection"])
 VALUES = st.sampled_from([b"\xb2", b"\xb9\xb3", b"\xd9\xa3", b"1" * 400, b"Thu, 01 Jan 2026 00:00:30 GMT",
@@ -436,10 +436,11 @@ VALUES = st.sampled_from([b"\xb2", b"\xb9\xb3", b"\xd9\xa3", b"1" * 400, b"Thu, 
                           b"\xff\xfe"])
 HEADER_NAMES = st.one_of(NAMES, NAMES, NAMES, st.binary(min_size=1, max_size=20))
 HEADER_VALUES = st.one_of(VALUES, VALUES, VALUES, st.binary(max_size=60))
-RAW_ANSWERS = st.builds(lambda status, headers, body: status + b"\r\n" + b"".join(n + b": " + v + b"\r\n" for n, v in headers)
-                        + b"\r\n" + body,
+RAW_ANSWERS = st.builds(lambda status, headers, body: status + b"\r\n"
+                        + b"".join(n + b": " + v + b"\r\n" for n, v in headers) + b"\r\n" + body,
                         STATUS_LINES, st.lists(st.tuples(HEADER_NAMES, HEADER_VALUES), max_size=6),
-                        st.sampled_from([b"", json.dumps(DOC).encode(), b'{"name": "vm1"}', b"{}"]) | st.binary(max_size=80))
+                        st.sampled_from([b"", json.dumps(DOC).encode(), b'{"name": "vm1"}', b"{}"])
+                        | st.binary(max_size=80))
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

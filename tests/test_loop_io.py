@@ -66,7 +66,8 @@ def test_a_whole_event_is_handled_without_one_file_call_on_the_loop(tmp_path, cl
     d = Daemon(loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n"
                     "profiles:\n  - {name: slot, approval: auto, fixed_date: {start: 2026-01-05T10:20:00Z, "
                     "end: 2026-01-05T11:00:00Z}}\n  - {name: default, approval: never}\nprepare: {lead_time: 1m}\n"
-                    "handlers:\n  - {name: checkpoint, type: exec, phases: [scheduled, completed], command: [/bin/true]}\n"),
+                    "handlers:\n  - {name: checkpoint, type: exec, phases: [scheduled, completed], "
+                    "command: [/bin/true]}\n"),
               clock, boot_id="boot-1", notifier=Notifier({}))
     d.start()
     seen = on_main()

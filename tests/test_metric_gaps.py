@@ -48,7 +48,8 @@ def test_scrapes_between_every_gauge_call_of_a_tick_miss_no_lasting_series(tmp_p
     for gauge in [g for g in vars(d.metrics).values() if isinstance(g, Gauge)]:
         for name in ("clear", "remove", "labels"):
             real = getattr(gauge, name)
-            monkeypatch.setattr(gauge, name, lambda *a, _real=real, **kw: (_real(*a, **kw), scrapes.append(series(d)))[0])
+            monkeypatch.setattr(gauge, name,
+                                lambda *a, _real=real, **kw: (_real(*a, **kw), scrapes.append(series(d)))[0])
     documents = [[event("E1", "Reboot", 60), event("E2", "Freeze", 90, ("vm2",))],
                  [event("E1", "Reboot", 60), event("E2", "Freeze", 90, ("vm2",)), event("E3", "Redeploy", 120)],
                  [event("E1", "Reboot", 45), event("E3", "Redeploy", 120), event("E4", "Reboot", 30)],

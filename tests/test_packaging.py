@@ -142,7 +142,8 @@ def debian_bounds() -> dict[str, str]:
     import tomllib
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     debian_name = {"PyYAML": "yaml", "python-dateutil": "dateutil"}
-    return {debian_name.get(name, name): version for d in project["dependencies"] + project["optional-dependencies"]["test"]
+    return {debian_name.get(name, name): version
+            for d in project["dependencies"] + project["optional-dependencies"]["test"]
             for name, version in [re.fullmatch(r"([\w-]+)>=([\d.]+)", d).groups()]}
 
 

@@ -178,7 +178,8 @@ def test_an_endless_prometheus_answer_is_refused_at_its_cap(hostile):
 def test_a_hostile_webhook_endpoint_fails_the_run_within_request_timeout(hostile, behaviour, tmp_path):
     """A webhook whose endpoint trickles or never ends fails after request_timeout, not after the endpoint's whim."""
     server = hostile(behaviour)
-    cfg = loads(f"handlers:\n  - {{name: hook, type: webhook, url: '{server.url}/h', retries: 0, request_timeout: 1s, phases: [scheduled]}}\n")
+    cfg = loads(f"handlers:\n  - {{name: hook, type: webhook, url: '{server.url}/h', retries: 0, request_timeout: 1s, "
+                "phases: [scheduled]}\n")
     clock = FakeClock()
     handler = instantiate(cfg.handlers, SimpleNamespace(clock=clock, store=Store(tmp_path, clock)))[0]
     result, took = timed(lambda: handler.run(context(clock, timeout=30.0)))

@@ -126,7 +126,8 @@ def test_a_manual_profile_waits_for_an_operator():
 def test_a_rule_decides_whether_a_window_allows_this_event():
     """A window whose rules say never for Redeploy is no window for a Redeploy."""
     profiles = parse_profiles([
-        {"name": "day", "approval": "never", "recurrence": {"frequency": "day", "schedule": {"hours": [6], "minutes": [0]}}},
+        {"name": "day", "approval": "never",
+         "recurrence": {"frequency": "day", "schedule": {"hours": [6], "minutes": [0]}}},
         {"name": "nightly", "approval": "auto", "rules": [{"approval": "never", "event_types": ["Redeploy"]}],
          "recurrence": {"frequency": "day", "schedule": {"hours": [22], "minutes": [0]}}},
         {"name": "default", "approval": "never"}])

@@ -53,7 +53,8 @@ def make(tmp_path, clock, imds):
     def make(extra: str, *events, hook: str = "true"):
         imds.upsert("GET", SE, json={"DocumentIncarnation": 1, "Events": list(events)})
         text = (f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path / 'state'}}}\nimds: {{endpoint: '{imds.url}'}}\n"
-                f"handlers:\n  - {{name: checkpoint, type: exec, phases: [scheduled], command: [/bin/sh, -c, '{hook}']}}\n"
+                "handlers:\n  - {name: checkpoint, type: exec, phases: [scheduled], "
+                f"command: [/bin/sh, -c, '{hook}']}}\n"
                 + extra)
         path = tmp_path / "maintd.yaml"
         path.write_text(text)
@@ -94,7 +95,8 @@ def plan_of(d, eid):
 def prepare_series(d):
     """The exposed maintd_event_prepare_timestamp_seconds series (labels and value)."""
     name = "maintd_event_prepare_timestamp_seconds"
-    lines = [line[len(name):].split() for line in d.metrics.render().decode().splitlines() if line.startswith(name + "{")]
+    lines = [line[len(name):].split() for line in d.metrics.render().decode().splitlines()
+             if line.startswith(name + "{")]
     return [(labels, float(value)) for labels, value in lines]
 
 
@@ -107,7 +109,8 @@ def test_a_three_day_reboot_prepares_before_the_night_window_and_is_approved_ins
     run_until(d, clock, MONDAY_10 + timedelta(seconds=3))
     assert ran(d) is None, "held: business hours forbid approval, the night window is hours away"
     view = plan_of(d, "E1")
-    assert (view["prepare_at"], view["prepare_reason"], view["preparation"]) == ("2026-01-05T21:30:00Z", "window", "held")
+    assert (view["prepare_at"], view["prepare_reason"], view["preparation"]) == \
+        ("2026-01-05T21:30:00Z", "window", "held")
     assert prepare_series(d) == [('{event_type="Reboot"}', at("2026-01-05T21:30:00").timestamp())]
     assert d.rotation.verdict().in_rotation, "the VM stays in rotation while it waits"
 

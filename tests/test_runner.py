@@ -267,8 +267,10 @@ def test_budget_is_capped_by_not_before_and_too_late_is_skipped(tmp_path, clock)
     """A 120 s timeout with 60 s left runs with 55 s; with 3 s left the handler is skipped: deadline."""
     Recorder.behaviour = {"a": "budget"}
     runner, store, services = make(tmp_path, clock, spec("a", timeout=120.0))
-    runner.submit(appeared(Event("E1", "Preempt", "Scheduled", ("vm1",), not_before=clock.now() + timedelta(seconds=60))))
-    runner.submit(appeared(Event("E2", "Preempt", "Scheduled", ("vm1",), not_before=clock.now() + timedelta(seconds=3))))
+    runner.submit(appeared(Event("E1", "Preempt", "Scheduled", ("vm1",),
+                                 not_before=clock.now() + timedelta(seconds=60))))
+    runner.submit(appeared(Event("E2", "Preempt", "Scheduled", ("vm1",),
+                                 not_before=clock.now() + timedelta(seconds=3))))
     runner.wait_idle(5)
     assert store.result("E1", str(RunKey("a", "scheduled")))["detail"] == "55"
     rec = store.result("E2", str(RunKey("a", "scheduled")))

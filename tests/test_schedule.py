@@ -176,7 +176,8 @@ def test_times_without_offset_are_wall_clock_in_the_time_zone():
     assert isinstance(value["start_time"], datetime)
     r = parse_recurrence(value)
     assert r.occurrences_after(utc(2026, 1, 1), 5) == [utc(2026, 1, 5, 8), utc(2026, 1, 6, 8), utc(2026, 1, 7, 8)]
-    r = parse_recurrence(yaml.safe_load("frequency: day\nstart_time: 2026-01-05T09:00:00Z\ntime_zone: Europe/Stockholm"))
+    r = parse_recurrence(yaml.safe_load("frequency: day\nstart_time: 2026-01-05T09:00:00Z\n"
+                                        "time_zone: Europe/Stockholm"))
     assert r.next_after(utc(2026, 6, 1)) == utc(2026, 6, 1, 8)  # 10:00 local, the start's wall-clock hour
 
 
@@ -203,7 +204,8 @@ def test_end_time_must_follow_start_time_and_leave_an_occurrence():
 
 @pytest.mark.parametrize("frequency", FREQUENCIES)
 def test_interval_bounds(frequency):
-    """Intervals up to the Scheduler's limit (minute/hour 1000, day 548, week 78, month 18) pass; one more is refused."""
+    """Intervals up to the Scheduler's limit (minute/hour 1000, day 548, week 78, month 18) pass;
+    one more is refused."""
     extra = {"schedule": {"week_days": ["monday"]}} if frequency == "week" else {}
     rec(frequency, interval=MAX_INTERVAL[frequency], **extra)
     err = refused({"frequency": frequency, "interval": MAX_INTERVAL[frequency] + 1, **extra})
@@ -229,7 +231,8 @@ def test_day_lists_only_with_their_frequency(key, value, allowed):
 @pytest.mark.parametrize("occurrence", [0, 6, -6, "last"])
 def test_occurrence_out_of_range(occurrence):
     """An occurrence outside ±1..5 is refused at its own key."""
-    err = refused({"frequency": "month", "schedule": {"monthly_occurrences": [{"day": "friday", "occurrence": occurrence}]}})
+    err = refused({"frequency": "month",
+                   "schedule": {"monthly_occurrences": [{"day": "friday", "occurrence": occurrence}]}})
     assert err.key == "schedule.monthly_occurrences[0].occurrence"
 
 
@@ -330,7 +333,8 @@ FREEZE = FixedDate(utc(2026, 12, 20), utc(2027, 1, 4))
 
 
 def test_fixed_date_beats_recurrence_beats_default():
-    """Whatever the list order: a fixed date containing now wins, then a recurrence that has occurred, then the default."""
+    """Whatever the list order: a fixed date containing now wins, then a recurrence that has
+    occurred, then the default."""
     future = rec("day", start_time="2030-01-01T00:00:00")
     schedules = [None, future, NIGHTS, FREEZE]
     assert select(schedules, utc(2026, 12, 24)) == Selection(3, FREEZE.start, FREEZE.end)
@@ -354,7 +358,8 @@ def test_since_is_when_the_profile_took_over_not_its_latest_occurrence():
 
 
 def test_next_change_includes_an_upcoming_fixed_date_and_since_a_past_one():
-    """Before a freeze its start is the next change; after it the recurrence resumes, and its own occurrences are no change."""
+    """Before a freeze its start is the next change; after it the recurrence resumes, and its own
+    occurrences are no change."""
     weekly = rec("week", {"week_days": ["monday"], "hours": [7], "minutes": [0]}, time_zone="UTC")
     schedules = [FREEZE, weekly, None]
     assert select(schedules, utc(2026, 12, 19, 12)).next_change == FREEZE.start
@@ -423,8 +428,9 @@ def recurrence_configs(draw: st.DrawFn, frequencies: tuple[str, ...] = FREQUENCI
     if frequency == "month" and draw(st.booleans()):
         schedule["month_days"] = draw(st.lists(st.integers(-31, 31).filter(bool), min_size=1, max_size=3, unique=True))
     if frequency == "month" and draw(st.booleans()):
+        some_days = st.lists(st.sampled_from(DAYS), min_size=1, max_size=2, unique=True)
         schedule["monthly_occurrences"] = [{"day": d, "occurrence": draw(st.sampled_from([None, 1, 2, 5, -1, -2]))}
-                                           for d in draw(st.lists(st.sampled_from(DAYS), min_size=1, max_size=2, unique=True))]
+                                           for d in draw(some_days)]
     config = {"frequency": frequency, "interval": draw(st.integers(1, limit)), "schedule": schedule,
               "time_zone": draw(st.sampled_from(ZONES)),
               "start_time": draw(st.datetimes(datetime(2024, 1, 1), datetime(2027, 1, 1))).isoformat()}

@@ -32,9 +32,17 @@ class FakeBackend:
     def status(self): return {"vm_name": "vm1"}
     def events(self): return [{"EventId": "E1"}]
     def health(self): return {"AggregatedHealthState": "Ok", "HealthEvents": [
-        {"SourceId": "app", "Property": "db", "HealthState": "Ok", "Description": "db_password=hunter2", "IsExpired": False}]}
-    def drain(self, reason, by): self.drained.append(reason); self.by.append(by); return {"drained": True}
-    def undrain(self, by): self.by.append(by); return {"undrained": True}
+        {"SourceId": "app", "Property": "db", "HealthState": "Ok", "Description": "db_password=hunter2",
+         "IsExpired": False}]}
+
+    def drain(self, reason, by):
+        self.drained.append(reason)
+        self.by.append(by)
+        return {"drained": True}
+
+    def undrain(self, by):
+        self.by.append(by)
+        return {"undrained": True}
 
     def event(self, event_id):
         if event_id != "E1":

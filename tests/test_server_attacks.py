@@ -62,7 +62,8 @@ def test_pipelined_floods_from_a_remote_host_leave_v1_answering_and_the_log_smal
 
 
 def test_a_failure_handing_a_request_to_a_worker_never_costs_a_worker_slot(servers):
-    """Handing /v1 requests to the pool fails 100 times (more than the 64 queue slots): later requests still answer 200."""
+    """Handing /v1 requests to the pool fails 100 times (more than the 64 queue slots): later
+    requests still answer 200."""
     srv, _, port = servers()
     pool = srv.loop._workers._pool
     real, failures = pool.submit, iter(range(100))
@@ -79,7 +80,8 @@ def test_a_failure_handing_a_request_to_a_worker_never_costs_a_worker_slot(serve
 
 
 def test_a_bug_every_request_hits_is_logged_once_with_a_count_after(servers, logs):
-    """A handler that raises on every request: each gets a 500, and the log has one http.internal_error, not one each."""
+    """A handler that raises on every request: each gets a 500, and the log has one
+    http.internal_error, not one each."""
     _, backend, port = servers()
     backend.status = lambda: 1 / 0
     local = session()
@@ -88,7 +90,8 @@ def test_a_bug_every_request_hits_is_logged_once_with_a_count_after(servers, log
 
 
 def test_throttle_logs_a_key_once_then_a_count_of_what_it_left_out():
-    """logs.Throttle: the first line of a key passes, repeats within `every` are counted, the next line says how many."""
+    """logs.Throttle: the first line of a key passes, repeats within `every` are counted, the next
+    line says how many."""
     now = [0.0]
     throttle = agent_logs.Throttle(60.0, clock=lambda: now[0])
     assert [throttle("boom") for _ in range(4)] == [0, None, None, None]
@@ -226,7 +229,8 @@ def test_smuggling_payloads_get_one_refusal_and_the_connection_is_closed(servers
 
 
 def test_slowloris_from_40_addresses_is_cut_at_the_deadline_while_the_probe_answers(servers):
-    """40 addresses x 8 connections trickle heads that never end: probes answer throughout, each gets its 408 in time."""
+    """40 addresses x 8 connections trickle heads that never end: probes answer throughout, each gets
+    its 408 in time."""
     srv, _, port = servers(read_timeout=2.0, per_client=8)
     slow: list[socket.socket] = []
     for n in range(320):  # no faster than the server accepts: a full listen backlog would reset some of them

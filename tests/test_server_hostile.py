@@ -80,7 +80,8 @@ def closed_by_server(s: socket.socket, within: float) -> bytes | None:
 
 
 def test_probe_is_answered_within_100ms_while_1000_slow_connections_trickle(servers):
-    """1000 connections from 127.0.0.2 trickling a request byte by byte: the probe from 127.0.0.1 answers fast throughout."""
+    """1000 connections from 127.0.0.2 trickling a request byte by byte: the probe from 127.0.0.1
+    answers fast throughout."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
     srv, _, port = servers(read_timeout=30, per_client=2000)
@@ -207,7 +208,8 @@ def test_an_ambiguous_content_length_is_a_400(servers, lengths):
 def test_chunked_bodies_are_411_and_huge_request_lines_414(servers):
     """Transfer-Encoding is refused (411); a request line over 8 KiB is 414."""
     _, _, port = servers()
-    assert raw(port, b"POST /v1/drain HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n").startswith(b"HTTP/1.1 411")
+    assert raw(port, b"POST /v1/drain HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"0\r\n\r\n").startswith(b"HTTP/1.1 411")
     assert raw(port, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 414")
 
 
@@ -223,7 +225,8 @@ def test_pipelined_keep_alive_requests_are_answered_in_order(servers):
     _, _, port = servers()
     with connect(port, "127.0.0.1") as s:
         s.settimeout(2)
-        s.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\nHEAD /probe HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        s.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n"
+                  b"HEAD /probe HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         data = b""
         while chunk := s.recv(65536):
             data += chunk

@@ -253,7 +253,7 @@ def test_a_state_dir_others_can_write_is_refused_with_the_fix(tmp_path):
 
 def test_read_journal_skips_damaged_lines_and_files(tmp_path):
     """`maintd events --history` on a damaged journal: good lines are shown, bad bytes and files skipped."""
-    good = [json.dumps({"t": "2026-01-01T00:00:0%dZ" % i, "kind": "event.appeared", "event_id": f"E{i}"})
+    good = [json.dumps({"t": f"2026-01-01T00:00:0{i}Z", "kind": "event.appeared", "event_id": f"E{i}"})
             for i in range(3)]
     (tmp_path / "journal.jsonl.1").mkdir()
     (tmp_path / "journal.jsonl.2").write_bytes(good[0].encode() + b"\n\xff\xfe garbage\n" + b"[" * 50_000 + b"\n")

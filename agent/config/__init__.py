@@ -2,5 +2,6 @@
 `Config`, which assembles each wing's own settings types. No wing imports this one; the loop and
 the face do.
 
-May import: `agent.model`, `agent.windows`, `agent.coordination`, `agent.prepare`, `agent.health`, `agent.handlers` (each for its settings types) and the base.
+May import: `agent.model`, `agent.windows`, `agent.coordination`, `agent.prepare`, `agent.health`,
+`agent.handlers` (each for its settings types) and the base.
 """

@@ -64,8 +64,10 @@ class ImdsConfig:
     first_timeout: float = opt(duration(0.05, 600), 120.0,
                                "timeout of the very first poll (IMDS may take up to 2 minutes after enabling)")
     max_backoff: float = opt(duration(0.001, 3600), 10.0, "longest wait between polls while IMDS fails")
-    warn_after_failures: int = opt(integer(1, 1000), 3, "failed polls in a row before the imds health report turns Warning")
-    stale_after: float = opt(duration(1, 86400), 60.0, "no successful poll for this long turns the imds health report Error")
+    warn_after_failures: int = opt(integer(1, 1000), 3,
+                                   "failed polls in a row before the imds health report turns Warning")
+    stale_after: float = opt(duration(1, 86400), 60.0,
+                             "no successful poll for this long turns the imds health report Error")
     compute_api_version: str = opt(text(r"^\d{4}-\d{2}-\d{2}$", "a date such as 2021-02-01"), "2021-02-01",
                                    "api-version of the compute metadata call that finds this VM's name")
 
@@ -108,9 +110,11 @@ class ServerConfig:
                               "a request (head and body) must arrive whole within this long, however it trickles; "
                               "an idle keep-alive connection is closed after it")
     max_connections_per_client: int = opt(integer(1, 65536), 32,
-                                          "open connections one client address (this host's too) may hold; more are closed")
+                                          "open connections one client address (this host's too) may hold; "
+                                          "more are closed")
     max_connections: int = opt(integer(16, 1_000_000), 4096,
-                               "open connections in all; a new one then replaces an idle one of the client holding the most")
+                               "open connections in all; a new one then replaces an idle one of the client "
+                               "holding the most")
     require_token_on_loopback: bool = opt(boolean, True,
                                           "mutating endpoints over TCP need the server.token_file token from 127.0.0.1 "
                                           "and ::1 too, since any local user can reach loopback (root's CLI uses the "
@@ -139,11 +143,14 @@ class ProbeConfig:
     lb_timeout: float = opt(duration(11, 3600), 31.0,
                             "the load balancer's probe timeout: how long it may take to notice a failing probe")
     lb_interval: float = opt(duration(5, 3600), 15.0, "the load balancer's probe interval")
-    drain_grace: float = opt(duration(0, 3600), 10.0, "extra time for in-flight connections after the LB stopped sending new ones")
+    drain_grace: float = opt(duration(0, 3600), 10.0,
+                             "extra time for in-flight connections after the LB stopped sending new ones")
     drain_on_stop: str = opt(choice("shutdown", "always", "never"), "shutdown",
                              "drain before exiting: when the system shuts down, on every stop, or never")
-    fail_on: tuple[str, ...] = opt(list_of(text(), unique=True), ("*", "!imds", "!maintenance", "!config", "!state", "!maintd"),
-                                   "SourceIds whose Error takes the VM out of rotation: patterns, * for all, !x excludes x")
+    fail_on: tuple[str, ...] = opt(list_of(text(), unique=True),
+                                   ("*", "!imds", "!maintenance", "!config", "!state", "!maintd"),
+                                   "SourceIds whose Error takes the VM out of rotation: patterns, * for all, "
+                                   "!x excludes x")
 
     def validate(self) -> None:
         if self.mode == "tcp" and not self.listen:
@@ -155,7 +162,8 @@ class ProbeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class HealthConfig:
-    consider_warning_as_error: bool = opt(boolean, False, "count Warning as Error when aggregating health (probe, fleet gate)")
+    consider_warning_as_error: bool = opt(boolean, False,
+                                          "count Warning as Error when aggregating health (probe, fleet gate)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +179,8 @@ class Config:
     handlers: tuple[HandlerSpec, ...] = opt(parse_handlers, (), "what runs in each phase (see Handlers)")
     profiles: tuple[Profile, ...] = opt(parse_profiles, (DEFAULT_PROFILE,), "approval profiles (see Profiles)")
     health_rules: tuple[RuleSpec, ...] = opt(parse_rules, (), "health rules on local metrics (see Health rules)")
-    gates: Gates = opt(section(Gates), NO_GATES, "approval gates: fleet health and Prometheus alerts (see Approval gates)")
+    gates: Gates = opt(section(Gates), NO_GATES,
+                       "approval gates: fleet health and Prometheus alerts (see Approval gates)")
     prepare: PrepareConfig = opt(section(PrepareConfig), PrepareConfig(), "")
     dry_run: bool = opt(boolean, False, "run the whole pipeline but send no approval; hooks run only if they opt in")
     source: str = dataclasses.field(default="<defaults>", compare=False)

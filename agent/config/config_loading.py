@@ -218,7 +218,8 @@ def check_permissions(path: Path, st: os.stat_result | None = None) -> None:
     """Refuse a config file others could write to: hooks in it run as maintd's user."""
     st = st or path.stat()
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ConfigError(str(path), None, None, "", f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
+        raise ConfigError(str(path), None, None, "",
+                          f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
                           f"hooks in it run as maintd's user. Fix: chmod go-w {path}")
     if st.st_uid not in (0, os.geteuid()):
         raise ConfigError(str(path), None, None, "", f"is owned by uid {st.st_uid}, neither root nor maintd's user; "
@@ -239,7 +240,8 @@ def _read(p: Path, check_perms: bool) -> bytes:
         raise refuse("no such file; create it (see config/maintd.yaml) or pass --config") from None
     except PermissionError:
         raise refuse(f"cannot be read by maintd's user (uid {os.geteuid()}): permission denied; fix: "
-                     f"chown root {p} and run maintd as root, or make it readable (not writable) by maintd's user") from None
+                     f"chown root {p} and run maintd as root, or make it readable (not writable) by "
+                     "maintd's user") from None
     except OSError as exc:
         raise refuse(f"cannot be read: {exc.strerror or exc}") from None
     try:

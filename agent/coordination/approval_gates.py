@@ -88,7 +88,7 @@ class GateChecker:
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=self.max_concurrency,
                                                    thread_name_prefix="gate") as pool:
-            return dict(zip(resources, pool.map(read, resources)))
+            return dict(zip(resources, pool.map(read, resources), strict=True))
 
     def _prometheus(self, gate: PrometheusGate) -> Held | None:
         try:

@@ -1,4 +1,5 @@
-"""The rules of coordinated approval, pure: gate verdicts (the specs are `agent.model.gate_specs`), takeover, peer timeout, asking cadence.
+"""The rules of coordinated approval, pure: gate verdicts (the specs are `agent.model.gate_specs`),
+takeover, peer timeout, asking cadence.
 
 No I/O here: `coordinator` (peers) and `gates` (gate answers) do the HTTP through `peers` and call
 these functions with what they learned. Changing a coordination rule means changing this module.
@@ -199,7 +200,8 @@ def lower_reachable(lower: Sequence[str], peers: Mapping[str, PeerState], now: f
 
 def not_ready(names: Sequence[str], peers: Mapping[str, PeerState], now: float, unreachable_peers: str,
               peer_timeout: float) -> list[str]:
-    """Peers that block approval: not ready, unless `ignore` and unreachable for `peer_timeout` (the peer-timeout rule)."""
+    """Peers that block approval: not ready, unless `ignore` and unreachable for `peer_timeout`
+    (the peer-timeout rule)."""
     waiting = []
     for name in names:
         peer = peers.get(name)

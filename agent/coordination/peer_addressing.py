@@ -13,9 +13,10 @@
 - anything else (Flexible scale sets, other subnets): `coordination.peers_file` or `peers`.
 
 Lookup order: `peers` (config), then the peers file, then the template; the maps may be keyed by
-the `Resources` name or by the computer name (what an inventory knows), compared case-insensitively. Template values are checked before they go into a URL: one in the host part
-must be a host name (`web_3` is not, `127.0.0.1:1/steal?x=` is not), one in the path is quoted, so
-the bearer token only ever goes to an address the operator configured.
+the `Resources` name or by the computer name (what an inventory knows), compared case-insensitively.
+Template values are checked before they go into a URL: one in the host part must be a host name
+(`web_3` is not, `127.0.0.1:1/steal?x=` is not), one in the path is quoted, so the bearer token
+only ever goes to an address the operator configured.
 """
 
 from __future__ import annotations

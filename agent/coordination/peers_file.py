@@ -5,9 +5,9 @@ on a thread of its own every `CHECK_EVERY` seconds, never on the loop: each look
 the file is read again only when its size, mtime or inode changed; the loop takes the last look
 as one immutable `PeersMap`. It is opened without following a link and without blocking (`O_NOFOLLOW |
 O_NONBLOCK`), and read only when the open file is a regular one of at most `MAX_BYTES`: a FIFO
-there would otherwise hang the watcher in `open`. A missing, unreadable or invalid file never empties the fleet: the last good map
-stays in use and `problem` says what is wrong (the coordinator logs it and reports it in health
-and `maintd status`).
+there would otherwise hang the watcher in `open`. A missing, unreadable or invalid file never
+empties the fleet: the last good map stays in use and `problem` says what is wrong (the
+coordinator logs it and reports it in health and `maintd status`).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ uppercase GUIDs, NotBefore in RFC 1123 and `""` once Started, fields and event t
 api-version, the cancel path (Scheduled → gone), the hardware-failure path (created Started), the
 VMSS Terminate batch rule and the 24 h reset.
 
-Shares nothing with the client side (`agent.model.events`, `agent.imds.imds_client`, `agent.model.tracker`): a mistake in
-one is never mirrored by the other.
+Shares nothing with the client side (`agent.model.events`, `agent.imds.imds_client`,
+`agent.model.tracker`): a mistake in one is never mirrored by the other.
 """
 
 from __future__ import annotations

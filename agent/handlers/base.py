@@ -3,8 +3,8 @@
 A handler's methods `scheduled`, `started`, `completed` each take a `Context` and return a
 `Result` (None means ok); raising is a failed result, never a crash. Handlers that wait use
 `ctx.sleep`, which a stop of maintd or the event leaving the document cuts short. A handler sees
-the settings it needs (`Settings`, an immutable snapshot), never the whole config. Third-party handlers subclass `Handler` and register
-under the `maintd.handlers` entry-point group:
+the settings it needs (`Settings`, an immutable snapshot), never the whole config. Third-party
+handlers subclass `Handler` and register under the `maintd.handlers` entry-point group:
 
     [project.entry-points."maintd.handlers"]
     pagerduty = "mypkg.pd:PagerDutyHandler"

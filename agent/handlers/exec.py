@@ -12,8 +12,9 @@ before the budget ends (at most half of the budget), SIGKILL when it ends. That 
 inside the runner's budget, which in the scheduled phase ends before NotBefore. A stop of maintd
 kills the hook the same way. When the event leaves the document (canceled or over) the hook is
 cut too: SIGTERM at once, SIGKILL `cancel_grace` later; `cancel_grace: wait` lets it run to its
-end instead. NUL bytes, which no environment value can hold, are dropped from the values. Output (stdout and stderr merged) is read on a thread and bounded:
-only the last `OUTPUT_KEEP` bytes are kept, the rest is counted.
+end instead. NUL bytes, which no environment value can hold, are dropped from the values. Output
+(stdout and stderr merged) is read on a thread and bounded: only the last `OUTPUT_KEEP` bytes are
+kept, the rest is counted.
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ too): connection errors, timeouts, 429 and 5xx are retried with exponential back
 budget. Each try is a `boundedhttp` exchange: its whole answer must come within the try's timeout,
 and only the first 64 KiB of the body are read (an endless or trickling endpoint cannot hold a
 handler past its budget or grow the daemon's memory). Unlike IMDS calls, webhooks honour the proxy
-environment (HTTPS_PROXY, NO_PROXY). Redirects are never followed: `requests` would carry the body and the custom (often secret) headers to
-whatever host a 307 names, so a 3xx is a failed POST that names the status.
+environment (HTTPS_PROXY, NO_PROXY). Redirects are never followed: `requests` would carry the body
+and the custom (often secret) headers to whatever host a 307 names, so a 3xx is a failed POST that
+names the status.
 """
 
 from __future__ import annotations

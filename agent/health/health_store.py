@@ -143,7 +143,8 @@ def _ttl_field(value: Any) -> float | None:
     else:
         raise ValueError(f"{key}: expected milliseconds or an ISO 8601 duration such as PT30S, got {value!r}")
     if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"{key}: must be positive and finite (leave it out for a report that never expires), got {value!r}")
+        raise ValueError(f"{key}: must be positive and finite (leave it out for a report that never expires), "
+                         f"got {value!r}")
     return float(seconds)
 
 
@@ -241,7 +242,8 @@ class HealthStore:
         """Seconds until a report's TimeToLive runs out (a change nobody announces); None: none will."""
         with self._lock:
             mono = self.clock.monotonic()
-            return min((e.expires_at - mono for e in self._entries.values() if e.expires_at is not None and e.expires_at > mono),
+            return min((e.expires_at - mono for e in self._entries.values()
+                        if e.expires_at is not None and e.expires_at > mono),
                        default=None)
 
     def report(self, r: HealthReport) -> None:
@@ -274,7 +276,8 @@ class HealthStore:
             previous = self._entries.get(key)
             if previous is not None and ttl is None:
                 p = previous.report
-                if (p.state, p.description, p.ttl, p.remove_when_expired) == (state, description, None, remove_when_expired):
+                if (p.state, p.description, p.ttl, p.remove_when_expired) == \
+                        (state, description, None, remove_when_expired):
                     return
             self._sequence = max(self._sequence, previous.sequence_number if previous else 0) + 1
             r = HealthReport(source_id, property, state, description, ttl, remove_when_expired, self._sequence)

@@ -166,7 +166,8 @@ def choice(*allowed: str) -> Parser:
 
     def parse(value: Any) -> str:
         if not isinstance(value, str) or value not in allowed:
-            raise ConfigValueError("", f"{value!r} is not allowed; use one of: {', '.join(allowed)}{did_you_mean(value, allowed)}")
+            raise ConfigValueError("", f"{value!r} is not allowed; use one of: {', '.join(allowed)}"
+                                   f"{did_you_mean(value, allowed)}")
         return value
 
     return parse

@@ -215,7 +215,7 @@ def parse_event(item: Any) -> Event:
 
 
 def _parse_fields(key: tuple[Any, ...]) -> Event:
-    item = {f: v for f, v in zip(FIELDS, key) if v is not _ABSENT}  # zip stops before the bool marker
+    item = {f: v for f, v in zip(FIELDS, key, strict=False) if v is not _ABSENT}  # zip stops before the bool marker
     resources = item.get("Resources", ())
     if not isinstance(resources, tuple):
         raise ValueError("Resources is not a list")

@@ -23,7 +23,8 @@ def _regex(value: Any) -> str:
 
 @dataclass(frozen=True)
 class FleetGate:
-    max_percent_unhealthy: int = opt(integer(0, 100), doc="share (%) of the event's VMs that may be unhealthy; rounds up")
+    max_percent_unhealthy: int = opt(integer(0, 100),
+                                     doc="share (%) of the event's VMs that may be unhealthy; rounds up")
     unreachable_counts_as: str = opt(choice("error", "ignore"), "error",
                                      "error: an unreachable peer counts as unhealthy; ignore: it is left out")
 

@@ -103,13 +103,15 @@ class Runner:
         """After a restart: settle interrupted runs, then queue the phase each present event is in, and
         the `completed` phase of a gone event whose completed run was interrupted (the undrain, say)."""
         for eid, t in tracked.items():
-            phase = PHASE_SCHEDULED if t.event.status == SCHEDULED else PHASE_STARTED if t.event.status == STARTED else None
+            phase = PHASE_SCHEDULED if t.event.status == SCHEDULED else \
+                PHASE_STARTED if t.event.status == STARTED else None
             self._settle(eid, phase)
             if phase:
                 self._enqueue(phase, t.event, t.names_self, None)
         for eid, rec in self.store.event_records().items():
             if eid not in tracked and rec.get("vanished_at") and self._settle(eid, PHASE_COMPLETED):
-                self._enqueue(PHASE_COMPLETED, parse_event(rec["event"]), bool(rec.get("names_self")), rec.get("outcome"))
+                self._enqueue(PHASE_COMPLETED, parse_event(rec["event"]), bool(rec.get("names_self")),
+                              rec.get("outcome"))
 
     def _settle(self, event_id: str, phase: str | None) -> bool:
         """Settle the event's `running` records: those of `phase` (the one it is in) may run again, the
@@ -131,7 +133,8 @@ class Runner:
         if again and handler is not None:
             self._record(event_id, key, {**rec, "outcome": INTERRUPTED, "attempt": attempt, "detail": why},
                          journal="handler.interrupted")
-            self.log.warning("handler.interrupted", **fields, max_attempts=handler.spec.max_attempts, action="runs again")
+            self.log.warning("handler.interrupted", **fields, max_attempts=handler.spec.max_attempts,
+                             action="runs again")
             return True
         self._record(event_id, key, {**rec, "outcome": FAILED, "detail": why}, journal="handler.interrupted")
         self.log.error("handler.interrupted", **fields, detail=why, action="recorded failed, not run again")
@@ -155,7 +158,8 @@ class Runner:
             return
         cut.set()
         if running is not None:
-            self.log.warning("handler.canceling", event_id=event_id, handler=running, reason=f"event {outcome or 'gone'}")
+            self.log.warning("handler.canceling", event_id=event_id, handler=running,
+                             reason=f"event {outcome or 'gone'}")
 
     def _run_phase_logged(self, phase: str, event: Event, names_self: bool, outcome: str | None,
                           cut: threading.Event) -> None:
@@ -183,7 +187,8 @@ class Runner:
             if rec is not None and rec.get("outcome") != INTERRUPTED:
                 continue
             if self.dry_run and not handler.spec.dry_run:
-                self.log.info("handler.dry_run_skipped", event_id=event.event_id, handler=handler.spec.name, phase=phase)
+                self.log.info("handler.dry_run_skipped", event_id=event.event_id, handler=handler.spec.name,
+                              phase=phase)
                 continue
             if cut.is_set():
                 self._finish(handler, phase, event, key, Result(SKIPPED, "canceled: the event left the document "
@@ -201,8 +206,10 @@ class Runner:
         fields = {"event_id": event.event_id, "event_type": event.event_type, "handler": spec.name, "phase": phase}
         if allowed <= 0:
             self.metrics.deadline_short.inc()
-            self.log.warning("deadline.short", **fields, action="skipped", seconds_left=round(allowed + DEADLINE_MARGIN, 1))
-            self._finish(handler, phase, event, key, Result(SKIPPED, "deadline: too close to NotBefore to start"), 0.0, now)
+            self.log.warning("deadline.short", **fields, action="skipped",
+                             seconds_left=round(allowed + DEADLINE_MARGIN, 1))
+            self._finish(handler, phase, event, key, Result(SKIPPED, "deadline: too close to NotBefore to start"),
+                         0.0, now)
             return
         if allowed < base:
             self.metrics.deadline_short.inc()
@@ -225,7 +232,8 @@ class Runner:
                 with self._lock:
                     self._running.pop(event.event_id, None)
         if result is None:
-            self.log.warning("handler.abandoned", **fields, reason="maintd is stopping; the run will be settled at restart")
+            self.log.warning("handler.abandoned", **fields,
+                             reason="maintd is stopping; the run will be settled at restart")
             return
         self._finish(handler, phase, event, key, result, self.clock.monotonic() - t0, now)
 

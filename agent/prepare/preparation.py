@@ -1,4 +1,5 @@
-"""Holds each event's scheduled-phase work until the time its plan (`agent.prepare.prepare_plan`) says, then hands it on.
+"""Holds each event's scheduled-phase work until the time its plan (`agent.prepare.prepare_plan`)
+says, then hands it on.
 
 The daemon gives every transition to `submit`: a Scheduled event naming this VM that appears
 before its preparation time is held; everything else (started and completed phases, events for
@@ -196,7 +197,8 @@ class Preparation:
         except (KeyError, TypeError, ValueError):
             return plan
         return dataclasses.replace(plan, prepare_at=planned, prepare_reason=str(rec.get("reason", "")),
-                                   prepare_detail=str(rec.get("detail", "")), lead_time=rec.get("lead_time", plan.lead_time))
+                                   prepare_detail=str(rec.get("detail", "")),
+                                   lead_time=rec.get("lead_time", plan.lead_time))
 
     def _start(self, tr: Transition, plan: Plan, reason: str, *, held: bool) -> bool:
         """Hand the work to the runner; a held one only by the thread that takes it out (loop or API)."""
@@ -212,7 +214,8 @@ class Preparation:
     def _record_start(self, event_id: str, plan: Plan, reason: str) -> None:
         now = self.clock.now()
         record = {"status": "started", "at": iso_z(now), "planned_at": iso_z(plan.prepare_at),
-                  "reason": plan.prepare_reason, "detail": plan.prepare_detail, "lead_time": plan.lead_time, "by": reason}
+                  "reason": plan.prepare_reason, "detail": plan.prepare_detail, "lead_time": plan.lead_time,
+                  "by": reason}
         self.log.info("preparation.started", event_id=event_id, reason=plan.prepare_reason, by=reason,
                       late_seconds=round(max(0.0, (now - plan.prepare_at).total_seconds()), 1))
         self.store.record(event_id, PREPARATION_KEY, record, journal="preparation.started", wait=False)

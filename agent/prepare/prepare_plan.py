@@ -44,7 +44,8 @@ MAX_STEPS = 1000
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
-    """When the scheduled-phase handlers start (see agent.prepare.prepare_plan): the lead time covers the whole preparation."""
+    """When the scheduled-phase handlers start (see agent.prepare.prepare_plan): the lead time covers
+    the whole preparation."""
 
     lead_time: LeadTime = opt(parse_lead_time, NOW,
                               "prepare this long before NotBefore (or before a window that allows approval "
@@ -69,7 +70,8 @@ class Window:
     mode: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"profile": self.profile, "approval": self.mode, "start": iso_z_or_none(self.start), "end": iso_z_or_none(self.end)}
+        return {"profile": self.profile, "approval": self.mode, "start": iso_z_or_none(self.start),
+                "end": iso_z_or_none(self.end)}
 
 
 @dataclass(frozen=True)
@@ -195,8 +197,8 @@ def make_plan(event: Event, profiles: tuple[Profile, ...], prepare: PrepareConfi
         approve = (None, "no_window", "no window before NotBefore: this VM does not approve; "
                    "Azure starts the event at NotBefore")
     approve_at, approve_reason, approve_detail = approve
-    return Plan(prepare_at, reason, detail, approve_at, approve_reason, approve_detail, not_before=not_before, lead_time=lead,
-                window=window)
+    return Plan(prepare_at, reason, detail, approve_at, approve_reason, approve_detail, not_before=not_before,
+                lead_time=lead, window=window)
 
 
 def with_coordination(plan: dict[str, Any], coordination: dict[str, Any]) -> dict[str, Any]:
@@ -204,7 +206,8 @@ def with_coordination(plan: dict[str, Any], coordination: dict[str, Any]) -> dic
     held = coordination.get("approval_held")
     decision = str(coordination.get("approval_decision") or "")
     if isinstance(held, dict):
-        return {**plan, "approve_reason": "gate", "approve_detail": f"held by gate {held.get('gate')}: {held.get('reason')}"}
+        return {**plan, "approve_reason": "gate",
+                "approve_detail": f"held by gate {held.get('gate')}: {held.get('reason')}"}
     if decision.startswith("waiting for peers"):
         return {**plan, "approve_reason": "peers", "approve_detail": decision}
     return plan

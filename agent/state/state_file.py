@@ -110,7 +110,8 @@ def check_shape(data: Any) -> None:
     for eid, results in data.get("results", {}).items():
         _need(isinstance(results, dict) and all(isinstance(v, dict) for v in results.values()),
               f"results.{eid}", "is not an object of objects")
-    _need(all(isinstance(v, dict) for v in data.get("flags", {}).values()), "flags", "holds a value that is not an object")
+    _need(all(isinstance(v, dict) for v in data.get("flags", {}).values()),
+          "flags", "holds a value that is not an object")
 
 
 def _need(ok: bool, where: str, problem: str) -> None:

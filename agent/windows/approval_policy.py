@@ -159,7 +159,8 @@ def parse_profiles(value: Any) -> tuple[Profile, ...]:
     if value is None:
         return (DEFAULT_PROFILE,)
     if not isinstance(value, list) or not value:
-        raise ConfigValueError("", "profiles is a non-empty list; leave it out for one default profile (approval: auto)")
+        raise ConfigValueError("", "profiles is a non-empty list; leave it out for one default profile "
+                               "(approval: auto)")
     profiles = named_list(value, lambda item: parse_section(Profile, item), "profile")
     validate_profiles([p.schedule for p in profiles])
     return profiles

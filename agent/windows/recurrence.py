@@ -25,7 +25,8 @@ from agent.model.timefmt import iso_z
 
 _UTC = UTC
 _FREQ = {"minute": rr.MINUTELY, "hour": rr.HOURLY, "day": rr.DAILY, "week": rr.WEEKLY, "month": rr.MONTHLY}
-_UNIT = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1), "day": timedelta(days=1), "week": timedelta(weeks=1)}
+_UNIT = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1), "day": timedelta(days=1),
+         "week": timedelta(weeks=1)}
 _RR_DAYS = (rr.MO, rr.TU, rr.WE, rr.TH, rr.FR, rr.SA, rr.SU)
 # How far before an instant a restarted rule begins: more than any jump of a UTC offset on record
 # (Samoa skipped a whole day in 2011), so an occurrence DST moved past that instant is not missed.

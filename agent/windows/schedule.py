@@ -85,7 +85,8 @@ def _day(value: Any) -> str:
     name = value.strip().lower() if isinstance(value, str) else value
     if name in DAYS:
         return str(name)
-    raise ConfigValueError("", f"{value!r} is not a day of the week; use monday ... sunday{did_you_mean(str(name), DAYS)}")
+    raise ConfigValueError("", f"{value!r} is not a day of the week; use monday ... sunday"
+                               f"{did_you_mean(str(name), DAYS)}")
 
 
 def _month_day(value: Any) -> int:
@@ -113,7 +114,8 @@ def _zone(name: str) -> ZoneInfo:
         return ZoneInfo(name)
     except (ValueError, OSError, ZoneInfoNotFoundError):
         hint = did_you_mean(name, available_timezones())
-        raise ConfigValueError("time_zone", f"{name!r} is not an IANA time zone such as Europe/Stockholm or UTC{hint}") from None
+        raise ConfigValueError("time_zone",
+                               f"{name!r} is not an IANA time zone such as Europe/Stockholm or UTC{hint}") from None
 
 
 def _localize(value: datetime, tz: ZoneInfo) -> datetime:
@@ -159,7 +161,8 @@ class Recurrence:
     """An Azure Scheduler recurrence (see the module docstring); occurrences are returned in UTC."""
 
     frequency: str = opt(choice(*FREQUENCIES), REQUIRED, "minute, hour, day, week or month")
-    interval: int = opt(integer(1), 1, "every that many frequency units (at most minute/hour 1000, day 548, week 78, month 18)")
+    interval: int = opt(integer(1), 1,
+                        "every that many frequency units (at most minute/hour 1000, day 548, week 78, month 18)")
     start_time: datetime | None = opt(optional(_datetime), None,
                                       "no occurrence before it; its phase, hour, minute and day are the defaults; "
                                       "default 2000-01-01T00:00 in time_zone")

@@ -86,7 +86,8 @@ class Prometheus:
 
     def shows(self, exprs: list[str], labels: dict[str, str] | None) -> bool:
         """Whether one of `exprs` returns a series with `labels` and a number (not NaN)."""
-        return any(all(s["metric"].get(k) == v for k, v in (labels or {}).items()) and not math.isnan(float(s["value"][1]))
+        return any(all(s["metric"].get(k) == v for k, v in (labels or {}).items())
+                   and not math.isnan(float(s["value"][1]))
                    for expr in exprs for s in self.query(expr))
 
     def up(self) -> bool:
@@ -113,7 +114,8 @@ def test_every_panel_and_alert_query_parses_and_shows_the_situation_it_is_for(st
         hook = {"name": "prepare", "type": "exec", "phases": ["scheduled"], "command": [sys.executable, "-c", "pass"]}
         agent = start_agent(emu, "vm-1", {
             "handlers": [hook], "prepare": {"lead_time_by_type": {"Freeze": "30m"}},
-            "profiles": [{"name": "default", "approval": "auto", "rules": [{"event_types": ["Freeze"], "approval": "never"}]}],
+            "profiles": [{"name": "default", "approval": "auto",
+                          "rules": [{"event_types": ["Freeze"], "approval": "never"}]}],
             "gates": {"prometheus": {"url": prom.url, "alerts": ["MaintenanceBlocker"]}}}, port=port)
         wait_until(prom.up, 30, "Prometheus to scrape maintd")
         queries = panel_queries(f"127.0.0.1:{port}")

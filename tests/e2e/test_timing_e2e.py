@@ -33,8 +33,9 @@ def runs(path):
 
 def test_a_three_day_reboot_is_prepared_before_the_window_and_approved_inside_it(start_emulator, start_agent, tmp_path):
     """Three emulated days of notice pass in 70 s. Outside the window approval is `never`; the
-    window (a fixed date 30–50 s from now, room for a slow start on a busy machine) allows `auto`. maintd holds the checkpoint until the
-    window's start minus the 4 s lead time, then approves inside the window, not at first sight."""
+    window (a fixed date 30–50 s from now, room for a slow start on a busy machine) allows `auto`.
+    maintd holds the checkpoint until the window's start minus the 4 s lead time, then approves
+    inside the window, not at first sight."""
     t0 = time.time()
     start, end = t0 + 30, t0 + 50
     emu = start_emulator(["vm-1"], "--time-scale", str(THREE_DAYS / 70),

@@ -12,7 +12,8 @@ from tests.e2e.harness import wait_until
 pytestmark = pytest.mark.e2e
 
 RECORD_THEN_WAIT = ("import json, os, time\n"
-                    "open(os.environ['OUT'], 'a').write(os.environ['HOOK'] + ':' + os.environ['MAINTD_ATTEMPT'] + '\\n')\n"
+                    "open(os.environ['OUT'], 'a')"
+                    ".write(os.environ['HOOK'] + ':' + os.environ['MAINTD_ATTEMPT'] + '\\n')\n"
                     "while not os.path.exists(os.environ['GO']): time.sleep(0.05)\n")
 
 

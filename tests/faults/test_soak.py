@@ -2,9 +2,10 @@
 
 The agent first warms up until its working set is steady: finished events stay in the state file
 for `state.retention` (60 s, the least allowed) and are pruned within a quarter of it, and the
-longest notice is 20 s, so after 100 s as many events leave as arrive. Then `MAINTD_SOAK_POLLS` polls are measured against the footprint
-at that point. CI runs 6000; `MAINTD_SOAK_POLLS=100000 ./dev.sh test tests/faults/test_soak.py -s`
-runs the full soak (about ten minutes).
+longest notice is 20 s, so after 100 s as many events leave as arrive. Then `MAINTD_SOAK_POLLS`
+polls are measured against the footprint at that point. CI runs 6000;
+`MAINTD_SOAK_POLLS=100000 ./dev.sh test tests/faults/test_soak.py -s` runs the full soak (about
+ten minutes).
 """
 
 from __future__ import annotations
