@@ -7,13 +7,14 @@ import dataclasses
 import gc
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agent import __version__
 from agent.config import config as config_mod
-from agent.errors import ConfigError
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers_file import PeersFile
+from agent.errors import ConfigError
 
 EX_CONFIG = 78
 
@@ -31,8 +32,8 @@ def load_for_run(path: str, dry_run: bool = False) -> config_mod.Config:
 def cmd_run(args: argparse.Namespace) -> int:
     from agent import logs
     from agent.clock import SystemClock
-    from agent.loop.daemon import Daemon
     from agent.errors import StateError
+    from agent.loop.daemon import Daemon
     from agent.state.state_file import check_dir
     from agent.systemd import listen_fds
 

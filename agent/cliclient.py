@@ -14,10 +14,12 @@ import json
 import os
 import socket
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from agent.config import config as config_mod
 from agent.errors import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class _Target:

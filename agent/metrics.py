@@ -8,7 +8,7 @@ at start so dashboards and alerts see zeros rather than gaps.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 

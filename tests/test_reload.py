@@ -5,18 +5,19 @@ status`); an identity change reaches every part; a refused file keeps the runnin
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import yaml
 
 from agent.config.config import Config
-from agent.loop import wiring
-from agent.model.identity import Identity
-from agent.loop.daemon import Daemon
 from agent.health.health_store import HealthState
 from agent.imds.imds_client import PollResult
+from agent.loop import wiring
+from agent.loop.daemon import Daemon
 from agent.model.events import Document
+from agent.model.identity import Identity
 from agent.systemd import Notifier
 from tests.imds_server import wait_for
 
@@ -24,7 +25,7 @@ from tests.imds_server import wait_for
 class CountingImds:
     """Stands in for the IMDS client: an empty document, and the (fake) time of every poll."""
 
-    made: list["CountingImds"] = []
+    made: list[CountingImds] = []
     next_timeout = 1.0
 
     def __init__(self, config: Any, clock: Any, *_: Any) -> None:

@@ -5,19 +5,20 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import requests
 
 from agent.clock import FakeClock, SystemClock
-from agent.imds.imds_client import ImdsClient
-from agent.metrics import Metrics
 from agent.coordination.blob_store import BlobStore, Settings
 from agent.coordination.identity_token import ManagedIdentityCredential
 from agent.coordination.store_protocol import READY, StoreError, event_folder, marker_blob, marker_record
 from agent.emulator import Emulator
+from agent.imds.imds_client import ImdsClient
+from agent.metrics import Metrics
 from tests.azurite import start
 
 TOKEN_PATH = "/metadata/identity/oauth2/token"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -32,7 +32,7 @@ from agent.coordination.store_protocol import (
 
 EVENT = "5F1E2B0C-9A4D-4C61-8E2F-1A2B3C4D5E6F"
 VMS = ("web_3f2a9c1b", "Web_7c0d11e4", "web_90ab12cd")
-NOW = datetime(2026, 11, 25, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 25, 12, 0, 0, tzinfo=UTC)
 
 
 def marker(vm: str, state: str = READY, age: float = 1.0, name: str | None = None, **extra: str) -> Item:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import email.utils
 import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -77,7 +78,7 @@ def outcome_of(exc: BaseException) -> StoreError:
 
 def _server_time(headers: Mapping[str, str], fallback: datetime) -> datetime:
     when = email.utils.parsedate_to_datetime(headers["Date"]) if headers.get("Date") else None
-    return when.astimezone(timezone.utc) if when is not None and when.tzinfo else fallback
+    return when.astimezone(UTC) if when is not None and when.tzinfo else fallback
 
 
 class BlobStore:
@@ -88,7 +89,7 @@ class BlobStore:
         self.count = count
 
     @classmethod
-    def open(cls, settings: Settings, count: Count) -> "BlobStore":
+    def open(cls, settings: Settings, count: Count) -> BlobStore:
         """A store over the SDK's client: connection string (Azurite, tests) or a token credential."""
         options: dict[str, Any] = {"connection_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
                                    "retry_policy": LinearRetry(backoff=RETRY_BACKOFF, random_jitter_range=0,
@@ -139,7 +140,7 @@ class BlobStore:
             return items
 
         items = self._call("list", listing)
-        return items, _server_time(headers, datetime.now(timezone.utc))
+        return items, _server_time(headers, datetime.now(UTC))
 
     def create(self, name: str, metadata: Mapping[str, str]) -> str | None:
         """Create a blob only if none exists (If-None-Match: *): its ETag, or None when one already existed."""

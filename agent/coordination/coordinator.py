@@ -16,30 +16,31 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from agent import logs
-from agent.coordination.peer_addressing import Address
-from agent.model.identity import Identity
 from agent.clock import Clock
-from agent.coordination.coordination_rules import Held, lower_reachable, not_ready
-from agent.model.gate_specs import NO_GATES, Gates
-from agent.coordination.peer_directory import SHOWN_PEERS
-from agent.errors import ImdsError, StateError
 from agent.coordination.approval_gates import GateChecker
-from agent.health.health_store import HealthStore
-from agent.imds.imds_client import is_transient
-from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
+from agent.coordination.coordination_rules import Held, lower_reachable, not_ready
+from agent.coordination.peer_addressing import Address
+from agent.coordination.peer_directory import SHOWN_PEERS
 from agent.coordination.peer_exchange import Exchange, PeerExchange, peer_fleet
 from agent.coordination.store_backend import StoreBackend
 from agent.coordination.store_protocol import Step
-from agent.windows.approval_policy import ALLOWING, AUTO, AWAITING_PREPARATION, MANUAL, Decision, Profile, decide
+from agent.errors import ImdsError, StateError
+from agent.health.health_store import HealthStore
+from agent.imds.imds_client import is_transient
+from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
+from agent.model.events import SCHEDULED
+from agent.model.gate_specs import NO_GATES, Gates
+from agent.model.identity import Identity
+from agent.model.timefmt import iso_z
+from agent.model.tracker import Tracked
 from agent.retry import retrying as retrying_on
 from agent.state.state_store import Store
-from agent.model.tracker import Tracked
-from agent.model.events import SCHEDULED
-from agent.model.timefmt import iso_z
+from agent.windows.approval_policy import ALLOWING, AUTO, AWAITING_PREPARATION, MANUAL, Decision, Profile, decide
 
 APPROVAL_KEY = "approval"
 CLAIMS = ("claim", "take_over")
@@ -111,12 +112,12 @@ class Coordinator:
         state = self._events.get(event_id)
         return state is not None and self.peers.hint(state.exchange, name, self.clock.monotonic())
 
-    def _track(self, future: "concurrent.futures.Future[None]") -> None:
+    def _track(self, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
             self._futures.add(future)
         future.add_done_callback(self._untrack)
 
-    def _untrack(self, future: "concurrent.futures.Future[None]") -> None:
+    def _untrack(self, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
             self._futures.discard(future)
 

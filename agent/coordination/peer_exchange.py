@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from agent import logs
-from agent.coordination.peer_addressing import Address
 from agent.clock import Clock
 from agent.coordination.coordination_rules import (
     PeerState,
@@ -31,11 +31,12 @@ from agent.coordination.coordination_rules import (
     readiness_due,
     watch_chain,
 )
+from agent.coordination.peer_addressing import Address
+from agent.coordination.peer_client import INVALID, UNREACHABLE, Answer, PeerClient
 from agent.coordination.peer_directory import PeerDirectory
 from agent.health.health_store import HealthStore
 from agent.lanes import Lanes
 from agent.metrics import Metrics
-from agent.coordination.peer_client import INVALID, UNREACHABLE, Answer, PeerClient
 
 
 @dataclass

@@ -10,7 +10,8 @@ to the store before an event names this VM.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from agent import logs
 from agent.clock import Clock

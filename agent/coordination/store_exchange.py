@@ -22,9 +22,10 @@ import functools
 import queue
 import random
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Protocol
 
 from agent import logs
 from agent.clock import Clock

@@ -19,7 +19,8 @@ import struct
 import sys
 import threading
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from agent.emulator.admin import Host, admin
@@ -105,7 +106,7 @@ class _Handler(FaultyAnswers):
     protocol_version = "HTTP/1.1"
     server_version = "maintd-imds-emulator"
     disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms delayed-ACK stalls
-    server: "VmServer"
+    server: VmServer
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
         """Quiet: every request is recorded instead."""

@@ -17,6 +17,7 @@ The probe, /healthz and /metrics answer everyone. Errors are JSON: {"error": ...
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import grp
 import hmac
@@ -25,16 +26,16 @@ import pwd
 import re
 import resource
 import socket
-import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote, urlsplit
 
 from agent import jsonsafe, logs
 from agent.http.http_connection import is_loopback
 from agent.http.http_loop import EventLoopServer
-from agent.http.listeners import listen_tcp, listen_unix
 from agent.http.http_wire import HttpError, Request, error_body, json_body, response
+from agent.http.listeners import listen_tcp, listen_unix
 from agent.metrics import Metrics
 
 __all__ = ["ApiError", "ApiServer", "Backend", "is_loopback", "parse_listen", "token_ok"]
@@ -146,7 +147,7 @@ class Route:
 
     name: str
     methods: tuple[str, ...]
-    handler: Callable[["Call"], tuple[int, Any]]
+    handler: Callable[[Call], tuple[int, Any]]
     cheap: bool = False
     content_type: str = "application/json"
     """Of a handler's bytes; anything else it returns is sent as JSON."""

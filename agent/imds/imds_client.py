@@ -14,19 +14,20 @@ from __future__ import annotations
 import email.utils
 import json
 import threading
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Callable, TypeVar
+from datetime import UTC, datetime
+from typing import TypeVar
 from urllib.parse import urlencode, urlsplit
 
 from agent import jsonsafe, logs
-from agent.model.identity import Identity, identity_from_compute
 from agent.clock import Clock
 from agent.errors import ImdsError, ImdsRequestRejected, ImdsUnavailable
-from agent.model.events import MAX_NAME, Document, parse_document
 from agent.imds.imds_connection import Connection, Reply, TooLarge, request_bytes, safe_header_value
 from agent.metrics import Metrics
+from agent.model.events import MAX_NAME, Document, parse_document
+from agent.model.identity import Identity, identity_from_compute
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute"
@@ -68,7 +69,7 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     try:
         when = email.utils.parsedate_to_datetime(value)
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         seconds = (when - now).total_seconds()
     except (TypeError, ValueError, IndexError, OverflowError):
         return None

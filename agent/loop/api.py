@@ -8,26 +8,26 @@ loop to act on. It never sees the loop itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 from agent import __version__, logs
 from agent.clock import Clock
 from agent.config.config import Config
 from agent.coordination.coordinator import Coordinator
 from agent.health.health_store import HealthStore, parse_report
-from agent.metrics import Metrics
-from agent.windows.approval_policy import DEFAULT_PROFILE, Profile
-from agent.prepare.preparation import Preparation
 from agent.health.rotation import MANUAL, Rotation
-from agent.prepare.handler_runner import Runner
 from agent.http.routes import ApiError, token_ok
-from agent.state.state_store import Store
-from agent.model.tracker import Tracked
+from agent.metrics import Metrics
 from agent.model.events import SCHEDULED
 from agent.model.timefmt import iso_z, iso_z_or_none
-
+from agent.model.tracker import Tracked
+from agent.prepare.handler_runner import Runner
+from agent.prepare.preparation import Preparation
+from agent.state.state_store import Store
+from agent.windows.approval_policy import DEFAULT_PROFILE, Profile
 
 
 @dataclass(frozen=True)

@@ -10,36 +10,37 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from functools import reduce
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from agent.config import config as config_mod
 from agent import logs
-from agent.loop.api import LocalApi, LoopView
 from agent.clock import Clock, Waitable
+from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
-from agent.errors import ConfigError, ImdsError, StateError
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.store_backend import StoreBackend
+from agent.errors import ConfigError, ImdsError, StateError
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate
 from agent.health.health_store import HealthState, HealthStore
-from agent.imds.imds_client import ImdsClient, is_transient
-from agent.metrics import Metrics
-from agent.model.identity import Identity
-from agent.windows.approval_policy import Profile
-from agent.prepare.preparation import Preparation
-from agent.retry import retrying as retrying_on
 from agent.health.rotation import Rotation
 from agent.health.sampling import RuleEngine
-from agent.prepare.handler_runner import Runner, handler_settings
-from agent.secretfile import SecretFiles
+from agent.health.tcp_probe import TcpProbe
 from agent.http.routes import ApiServer
+from agent.imds.imds_client import ImdsClient, is_transient
+from agent.loop.api import LocalApi, LoopView
+from agent.metrics import Metrics
+from agent.model.identity import Identity
+from agent.prepare.handler_runner import Runner, handler_settings
+from agent.prepare.preparation import Preparation
+from agent.retry import retrying as retrying_on
+from agent.secretfile import SecretFiles
 from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
-from agent.health.tcp_probe import TcpProbe
+from agent.windows.approval_policy import Profile
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 STOP_DRAIN = "stop"
@@ -233,7 +234,7 @@ class Parts:
             self._lookup = concurrent.futures.Future()
             threading.Thread(target=self._look_up, args=(self._lookup, attempts), name="identity", daemon=True).start()
 
-    def _look_up(self, lookup: "concurrent.futures.Future[Identity | None]", attempts: int) -> None:
+    def _look_up(self, lookup: concurrent.futures.Future[Identity | None], attempts: int) -> None:
         try:
             lookup.set_result(self.ask_identity(attempts, self._stopping))
         finally:
