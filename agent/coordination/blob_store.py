@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -64,8 +64,9 @@ def outcome_of(exc: BaseException) -> StoreError:
         return exc
     if isinstance(exc, ClientAuthenticationError) and getattr(exc, "status_code", None) is None:
         return StoreError("token_failed", f"no token for the store: {str(exc)[:300]}")
-    if isinstance(exc, HttpResponseError) and getattr(exc, "status_code", None) is not None:
-        status, code = exc.status_code, getattr(exc, "error_code", None) or ""
+    status = getattr(exc, "status_code", None) if isinstance(exc, HttpResponseError) else None
+    if isinstance(exc, HttpResponseError) and isinstance(status, int):
+        code = getattr(exc, "error_code", None) or ""
         label = ("denied" if status in (401, 403) else "not_found" if status == 404 else
                  "throttled" if status in (429, 503) else "server_error" if status >= 500 else "refused")
         hint = {"denied": " (does this VM's identity have Storage Blob Data Contributor on the container?)",
@@ -92,7 +93,8 @@ class BlobStore:
     def open(cls, settings: Settings, count: Count) -> BlobStore:
         """A store over the SDK's client: connection string (Azurite, tests) or a token credential."""
         options: dict[str, Any] = {"connection_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
-                                   "retry_policy": LinearRetry(backoff=RETRY_BACKOFF, random_jitter_range=0,
+                                   # the SDK types backoff as int seconds; it sleeps any number of them
+                                   "retry_policy": LinearRetry(backoff=cast(int, RETRY_BACKOFF), random_jitter_range=0,
                                                                retry_total=RETRIES)}
         if settings.connection_string is not None:
             client = ContainerClient.from_connection_string(settings.connection_string, settings.container, **options)

@@ -154,8 +154,8 @@ class Coordinator:
             pending = local_pending(t) if mode in AWAITING_PREPARATION or self.store_backend is not None else []
             manual = self.store.result(event_id, "manual_approval") is not None
             if self.store_backend is not None:
-                reachable, (waiting, step) = [], self.store_backend.inputs(
-                    event_id, t.event, vm_name, pending, mode, manual, self._sent(event_id))
+                reachable: list[str] = []  # no peers to hear from: the store decides who may claim
+                waiting, step = self.store_backend.inputs(event_id, t.event, vm_name, pending, mode, manual, self._sent(event_id))
             else:
                 waiting, reachable, step = self._peer_inputs(event_id, state, t, vm_name, rank, mode, pending, now)
                 if not reachable:

@@ -74,6 +74,8 @@ class Conn:
     def __init__(self, sock: socket.socket, client: str, creds: tuple[int, int] | None, buffered: Buffered,
                  now: float) -> None:
         self.sock, self.client = sock, client
+        self.uid: int | None
+        self.gid: int | None
         self.uid, self.gid = creds if creds else (None, None)
         self.buffered = buffered
         self.buf = bytearray()

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Protocol, cast
 
 from agent import logs
 from agent.http.http_connection import BUSY, LINGER, READ, WRITE, Conn, Deadlines, Drops, Table, try_send
@@ -163,7 +163,7 @@ class EventLoopServer:
                     try:
                         key.data(key.fileobj, mask)
                     except Exception as exc:  # a bug costs one connection, never the server
-                        self._failed(key.fileobj, exc)
+                        self._failed(cast(socket.socket, key.fileobj), exc)
                     if self._stop:
                         break
                 self._serve_ready()

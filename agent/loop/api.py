@@ -139,7 +139,8 @@ class LocalApi:
             names_self, first_seen, present = tracked.names_self, iso_z_or_none(tracked.first_seen), True
         else:
             assert record is not None
-            event, names_self, first_seen, present = record["event"], record.get("names_self"), record.get("first_seen"), False
+            event, first_seen, present = record["event"], record.get("first_seen"), False
+            names_self = bool(record.get("names_self"))
             rank = None
         return {
             **event,

@@ -12,12 +12,22 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from agent.errors import ConfigValueError
 
 Parser = Callable[[Any], Any]
 T = TypeVar("T")
+
+
+class Named(Protocol):
+    """A thing listed by name in the config (a handler, a profile, a rule)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=Named)
 
 REQUIRED: Any = dataclasses.MISSING
 
@@ -258,9 +268,9 @@ def parse_section(cls: type[T], value: Any) -> T:
     return obj
 
 
-def named_list(items: list[Any], parse_item: Callable[[Any], T], what: str) -> tuple[T, ...]:
+def named_list(items: list[Any], parse_item: Callable[[Any], N], what: str) -> tuple[N, ...]:
     """Parse each item of a list of named things (handlers, profiles, rules); names must be unique."""
-    out: list[T] = []
+    out: list[N] = []
     for i, item in enumerate(items):
         try:
             obj = parse_item(item)

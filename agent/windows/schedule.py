@@ -281,9 +281,9 @@ def select(schedules: Sequence[FixedDate | Recurrence | None], now: datetime) ->
     for i, window in fixed:
         if window.contains(now):
             earlier = [other for j, other in fixed if j < i]
-            since = max([window.start] + [o.end for o in earlier if window.start < o.end <= now])
+            opened = max([window.start] + [o.end for o in earlier if window.start < o.end <= now])
             change = min([window.end] + [o.start for o in earlier if now < o.start < window.end])
-            return Selection(i, since, change)
+            return Selection(i, opened, change)
 
     recurrences = {i: s for i, s in enumerate(schedules) if isinstance(s, Recurrence)}
     latest = {i: at for i, r in recurrences.items() if (at := r.last_at_or_before(now)) is not None}
