@@ -1,4 +1,5 @@
-"""This VM's requests to its peers for each event it coordinates: ask for readiness, push its own, watch the leader chain.
+"""This VM's requests to its peers for each event it coordinates: ask for readiness, push its own,
+watch the leader chain.
 
 The acting leader asks each peer it has not heard ready from, with backoff; a follower that becomes
 ready pushes that to the acting leader (retried until taken), which checks it with one ask; a

@@ -139,7 +139,8 @@ class LocalApi:
             names_self, first_seen, present = tracked.names_self, iso_z_or_none(tracked.first_seen), True
         else:
             assert record is not None
-            event, names_self, first_seen, present = record["event"], record.get("names_self"), record.get("first_seen"), False
+            event, names_self, first_seen, present = (record["event"], record.get("names_self"),
+                                                      record.get("first_seen"), False)
             rank = None
         return {
             **event,
@@ -149,7 +150,8 @@ class LocalApi:
             "rank": rank,
             "first_seen": first_seen,
             "ready": self._ready(tracked),
-            "not_ready": self.runner.not_ready(tracked) if tracked is not None and tracked.event.status == SCHEDULED else [],
+            "not_ready": (self.runner.not_ready(tracked)
+                          if tracked is not None and tracked.event.status == SCHEDULED else []),
             "results": self.store.results(event_id),
             "history": (record or {}).get("history", []),
             "outcome": (record or {}).get("outcome"),
