@@ -148,7 +148,8 @@ def _summary(cfg: config_mod.Config) -> str:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
-    """status, events, fleet, drain, undrain, approve, health: imported only for these, `maintd run` never loads them."""
+    """status, events, fleet, drain, undrain, approve, health: imported only for these, `maintd run` never
+    loads them."""
     from agent.cliclient import COMMANDS
 
     return COMMANDS[args.command](args)

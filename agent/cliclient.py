@@ -188,7 +188,7 @@ def _events_table(events: list[dict[str, Any]]) -> str:
                      "yes" if e.get("ready") else "no", *_plan_cells(e), _approval_cell(e),
                      ",".join(e.get("Resources", []))[:40]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     why = [f"{e['EventId']} not ready: {reason}" for e in events for reason in e.get("not_ready") or []]
     return "\n".join(table + ([""] + why if why else []))
 
@@ -198,7 +198,8 @@ def cmd_events(args: argparse.Namespace) -> int:
         from agent.state.journal import read_journal
 
         try:
-            directory = config_mod.with_state_env(config_mod.load(config_mod.path_from(args.config), check_perms=False)).state.dir
+            cfg = config_mod.load(config_mod.path_from(args.config), check_perms=False)
+            directory = config_mod.with_state_env(cfg).state.dir
         except ConfigError as exc:
             print(f"maintd: {exc}", file=sys.stderr)
             return 1
@@ -242,7 +243,8 @@ def cmd_health(args: argparse.Namespace) -> int:
         return _print_json(body)
     print(f"aggregated: {body.get('AggregatedHealthState')}")
     for ev in body.get("HealthEvents", []):
-        print(f"  {ev.get('HealthState', '?'):8} {ev.get('SourceId')}/{ev.get('Property')}: {ev.get('Description', '')}")
+        print(f"  {ev.get('HealthState', '?'):8} {ev.get('SourceId')}/{ev.get('Property')}: "
+              f"{ev.get('Description', '')}")
     return 0 if body.get("AggregatedHealthState") != "Error" else 2
 
 
@@ -271,6 +273,6 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "status": cmd_status, "events": cmd_events, "fleet": cmd_fleet, "drain": cmd_drain, "undrain": cmd_undrain, "approve": cmd_approve,
-    "health": cmd_health}
+    "status": cmd_status, "events": cmd_events, "fleet": cmd_fleet, "drain": cmd_drain, "undrain": cmd_undrain,
+    "approve": cmd_approve, "health": cmd_health}
 """The CLI's commands run here, by name."""

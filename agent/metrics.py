@@ -36,7 +36,8 @@ class Metrics:
         self.build_info = Gauge("maintd_build_info", "maintd version, always 1", ["version"], registry=r)
         self.build_info.labels(__version__).set(1)
         self.imds_requests = Counter("maintd_imds_requests_total",
-                                     "IMDS requests by endpoint and HTTP status (error = timeout or connection failure)",
+                                     "IMDS requests by endpoint and HTTP status "
+                                     "(error = timeout or connection failure)",
                                      ["endpoint", "code"], registry=r)
         self.imds_duration = Histogram("maintd_imds_request_duration_seconds", "IMDS request duration", ["endpoint"],
                                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
@@ -55,11 +56,13 @@ class Metrics:
         self.event_prepare = Gauge("maintd_event_prepare_timestamp_seconds",
                                    "Earliest planned preparation time (Unix time) of the events naming this VM whose "
                                    "preparation waits for its lead time or window, by type", ["event_type"], registry=r)
-        self.event_notice = Histogram("maintd_event_notice_seconds", "NotBefore minus the time maintd first saw the event",
-                                      ["event_type"], buckets=(0, 30, 60, 120, 300, 600, 900, 1800, 3600, 86400, 604800),
+        self.event_notice = Histogram("maintd_event_notice_seconds",
+                                      "NotBefore minus the time maintd first saw the event", ["event_type"],
+                                      buckets=(0, 30, 60, 120, 300, 600, 900, 1800, 3600, 86400, 604800),
                                       registry=r)
         self.events_malformed = Counter("maintd_events_malformed_total",
-                                        "Events skipped because a required field was missing or malformed (once per document that carries them)",
+                                        "Events skipped because a required field was missing or malformed "
+                                        "(once per document that carries them)",
                                         registry=r)
         self.documents_malformed = Counter("maintd_documents_malformed_total",
                                            "Documents refused as a whole (not JSON, no Events list)", registry=r)

@@ -171,7 +171,7 @@ def distinct_ports(names: list[str]) -> dict[str, int]:
     try:
         for s in socks:
             s.bind(("127.0.0.1", 0))
-        return {name: s.getsockname()[1] for name, s in zip(names, socks)}
+        return {name: s.getsockname()[1] for name, s in zip(names, socks, strict=True)}
     finally:
         for s in socks:
             s.close()
@@ -248,8 +248,8 @@ def real_fleet(n: int, events: int, kind: str, rng: random.Random) -> dict[str, 
                           f"{keep_logs(agents, [sender, *early], eid)}", flush=True)
                     wait_until(lambda: not not_done(hooks, eid, names), 60, "every hook to end")
                 ready = hook_ends(hooks, eid, names)
-                received = sum(a["in"] - b["in"] for a, b in zip(after, before))
-                sent = sum(a["out"] - b["out"] for a, b in zip(after, before))
+                received = sum(a["in"] - b["in"] for a, b in zip(after, before, strict=True))
+                sent = sum(a["out"] - b["out"] for a, b in zip(after, before, strict=True))
                 cpu = {vm: (cpu1[vm] - cpu0[vm]) / (m1 - m0) * 100 for vm in names}
                 per_event.append({"event_id": eid, "sender": sender, "not_ready_at_post": early,
                                   "window_s": round(m2 - m0, 2),
@@ -382,13 +382,14 @@ def simulated_event(fleet: SimulatedFleet, rng: random.Random, spread: float) ->
     # The follower's: to simulated peers, and to the leader (what it received, less the simulated pushes).
     follower_out = asked.get("F", 0) + received[leader] - stats["pushes"].get("ok", 0)
     polls = [r["time"] for r in f.emu.requests(leader) if "scheduledevents" in r["path"] and t0 <= r["time"] <= t_post]
-    gaps = [b - a for a, b in zip(polls, polls[1:])]
+    gaps = [b - a for a, b in zip(polls, polls[1:], strict=False)]
     n = len(f.names)
     return {"event_id": eid, "sender": sender, "window_s": window,
             "leader_requests_per_s": leader_out / window, "follower_requests_per_s": follower_out / window,
             "pushes_per_s": sum(stats["pushes"].values()) / window,
             "fleet_estimate_per_s": (leader_out + (n - 1) * follower_out) / window,
-            "asks_after_ready": sum(stats["asks_after_ready"].values()), "asks_per_peer_max": stats["asks_per_peer_max"],
+            "asks_after_ready": sum(stats["asks_after_ready"].values()),
+            "asks_per_peer_max": stats["asks_per_peer_max"],
             "ready_to_post_s": t_post - ready, "leader_poll_gap_max_s": max(gaps, default=float("nan")),
             "leader_polls": len(polls),
             "cpu_leader_pct": (cpu1[leader] - cpu0[leader]) / (m1 - m0) * 100,
@@ -423,7 +424,8 @@ def takeover(fleet: SimulatedFleet, rng: random.Random, leader_ready: bool, take
     state = "ready" if leader_ready else "preparing"
     print(f"   takeover, leader killed while {state}: "
           + (f"{seconds:.2f} s to the follower's POST" if seconds is not None
-             else f"no POST within takeover_after + {TAKEOVER_GIVE_UP:g} s") + f" (takeover_after {takeover_after:g} s)", flush=True)
+             else f"no POST within takeover_after + {TAKEOVER_GIVE_UP:g} s")
+          + f" (takeover_after {takeover_after:g} s)", flush=True)
     return {"event_id": eid, "leader": state, "takeover_after_s": takeover_after, "kill_to_post_s": seconds}
 
 
@@ -490,7 +492,8 @@ def checks_real(r: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
 
 
 def checks_simulated(r: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
-    n, rate, s, leader, posts = r["n"], r["peer_requests_per_s"], r["ready_to_post_ms"], r["leader"], r["posts_per_event"]
+    n, rate, s = r["n"], r["peer_requests_per_s"], r["ready_to_post_ms"]
+    leader, posts = r["leader"], r["posts_per_event"]
     checks = [
         (f"N={n} simulated: fleet peer requests/s (leader + (N-1) x rank-1 follower; per VM)",
          f"{rate['fleet_estimate']:.0f} ({rate['fleet_estimate_per_vm']}/VM; leader {rate['leader']}, "
@@ -506,7 +509,8 @@ def checks_simulated(r: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
     for t in r["takeovers"]:
         took = t["kill_to_post_s"]
         checks.append((f"N={n} simulated: leader killed while {t['leader']} -> follower's POST received",
-                       f"{took:.2f} s" if took is not None else f"none within {t['takeover_after_s'] + TAKEOVER_GIVE_UP:g} s",
+                       f"{took:.2f} s" if took is not None
+                       else f"none within {t['takeover_after_s'] + TAKEOVER_GIVE_UP:g} s",
                        f"≤ takeover_after + 2 s = {t['takeover_after_s'] + 2:g} s",
                        took is not None and took <= t["takeover_after_s"] + 2))
     checks.append((f"N={n} simulated: POSTs per event (the last two are the takeovers)", " ".join(map(str, posts)),
@@ -541,9 +545,11 @@ def run(quick: bool = False, sizes: list[int] | None = None, simulated: int | No
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.split("\n")[0])
-    p.add_argument("--n", type=int, nargs="*", metavar="N", help="real-agent fleet sizes (default 10 30 50; none: skip)")
+    p.add_argument("--n", type=int, nargs="*", metavar="N",
+                   help="real-agent fleet sizes (default 10 30 50; none: skip)")
     p.add_argument("--simulated", type=int, metavar="N", help="simulated fleet size (default 1000; 0: skip)")
-    p.add_argument("--events", type=int, metavar="K", help="events per real fleet (default 6) and simulated (default 3)")
+    p.add_argument("--events", type=int, metavar="K",
+                   help="events per real fleet (default 6) and simulated (default 3)")
     p.add_argument("--addressing", choices=("peers", "peers_file"), default="peers",
                    help="give the agents their peers as coordination.peers (default) or a coordination.peers_file")
     p.add_argument("--backend", choices=("peers", "azure_blob"), default="peers",

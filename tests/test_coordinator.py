@@ -68,8 +68,10 @@ def answer(peers, name, ready=True, status=200, eid="E1"):
 
 
 def step(coord, t, vm, pending=lambda t: [], profile=AUTO):
+    """One tick, its requests and approval run to the end, and their outcomes taken as the next tick would."""
     coord.tick(t, vm, profile, False, pending)
     assert coord.wait_idle(5)
+    coord.absorb()
 
 
 def test_leader_approves_once_when_everyone_is_ready(tmp_path, clock, peers):

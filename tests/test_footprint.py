@@ -99,6 +99,7 @@ def test_the_store_backend_loads_the_azure_sdk_only_when_an_event_needs_the_stor
     azure-core (about 17 MB); a store worker loads them after the loop's first tick, never the loop."""
     loaded = loaded_after_build("coordination:\n"
                                 "  backend: azure_blob\n"
-                                "  azure_blob: {account_url: 'https://acct.blob.core.windows.net', container: maintd}\n")
+                                "  azure_blob: {account_url: 'https://acct.blob.core.windows.net',"
+                                " container: maintd}\n")
     assert "agent.coordination.store_backend" in loaded
     assert offenders(loaded, ("azure", "agent.coordination.blob_store", "agent.coordination.identity_token")) == []

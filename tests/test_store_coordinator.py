@@ -94,7 +94,8 @@ def test_a_gate_that_holds_keeps_the_claim_free_for_others(tmp_path, clock) -> N
     other_ready(blobs)
     coord, sent, _ = setup(tmp_path, clock, blobs)
     coord.gate_checker.check = lambda *a, **k: Held("fleet", "2 of 2 VMs unhealthy")
-    ticks(coord, tracked(clock), Profile(name="default", approval="auto", gates=Gates(fleet=FleetGate(max_percent_unhealthy=0))))
+    ticks(coord, tracked(clock),
+          Profile(name="default", approval="auto", gates=Gates(fleet=FleetGate(max_percent_unhealthy=0))))
     assert sent == [] and approval_blob(EVENT) not in blobs.blobs
 
 

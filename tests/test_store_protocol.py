@@ -1,4 +1,5 @@
-"""The blob coordination protocol's pure rules: layout, parsing that refuses what the protocol did not write, decisions."""
+"""The blob coordination protocol's pure rules: layout, parsing that refuses what the protocol did not write,
+decisions."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def listing(*items: Item):
 def test_layout_keeps_each_event_in_its_folder_and_names_case_insensitively() -> None:
     """Markers and the record live under the event's folder; a VM's marker is found whatever the case of its name."""
     assert marker_blob(EVENT, "Web_7C0D11E4") == marker_blob(EVENT.lower(), "web_7c0d11e4")
-    assert marker_blob(EVENT, "a").startswith(event_folder(EVENT)) and approval_blob(EVENT).startswith(event_folder(EVENT))
+    assert marker_blob(EVENT, "a").startswith(event_folder(EVENT))
+    assert approval_blob(EVENT).startswith(event_folder(EVENT))
     assert unstorable(EVENT, VMS) is None
     assert "GUID" in (unstorable("../x", VMS) or "")
     assert "web/../x" in (unstorable(EVENT, ("web/../x",)) or "")

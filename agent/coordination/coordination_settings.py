@@ -64,11 +64,15 @@ class CoordinationConfig:
     token_file: str | None = opt(optional(text(r"^/", "an absolute path")), None,
                                  "shared bearer token peers send (and this VM requires) on /v1 reads")
     unreachable_peers: str = opt(choice("wait", "ignore"), "wait",
-                                 "wait: an unreachable peer blocks approval; ignore: after peer_timeout it no longer does")
-    peer_timeout: float = opt(duration(1, 86400), 120.0, "with ignore: how long a peer must be unreachable to be ignored")
+                                 "wait: an unreachable peer blocks approval; "
+                                 "ignore: after peer_timeout it no longer does")
+    peer_timeout: float = opt(duration(1, 86400), 120.0,
+                              "with ignore: how long a peer must be unreachable to be ignored")
     takeover_after: float = opt(duration(1, 86400), 60.0,
-                                "a VM approves in the leader's place once every lower-ranked peer is unreachable this long")
-    request_timeout: float = opt(duration(0.05, 30), 2.0, "timeout of one whole peer request (connect, answer head and body)")
+                                "a VM approves in the leader's place once every lower-ranked peer is unreachable "
+                                "this long")
+    request_timeout: float = opt(duration(0.05, 30), 2.0,
+                                 "timeout of one whole peer request (connect, answer head and body)")
     max_concurrency: int = opt(integer(1, 256), 16, "peers asked at once (requests to one peer go one after another)")
     peer_recheck_max: float = opt(duration(1, 300), 10.0,
                                   "longest wait before the leader asks a not-ready peer again (ready peers push)")

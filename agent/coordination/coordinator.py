@@ -5,44 +5,45 @@ when, takeover, peer timeout) are pure functions in `coordination_rules`; `peer_
 each event's peer requests (asks, pushes, the leader-chain watch) as they say. This module decides
 from what the peers answered, runs the gates and sends the approval.
 
-The POST is recorded before (`sending`) and after (`sent` or `failed`) in the state store: a
-restart never re-sends a `sent` approval, and a `sending` one (crash between POST and record) is
-sent again only if the event is still Scheduled after RETRY_FAILED_AFTER seconds — time for IMDS to
-show the first one took effect; a repeat would be harmless (IMDS answers 200) but is avoided. The
-loop calls `tick` only right after a successful poll, so no approval is ever sent on stale data.
+The POST (`approver`) is recorded before (`sending`) and after (`sent` or `failed`) in the state
+store: a restart never re-sends a `sent` approval, and a `sending` one (crash between POST and
+record) is sent again only if the event is still Scheduled after RETRY_FAILED_AFTER seconds — time
+for IMDS to show the first one took effect; a repeat would be harmless (IMDS answers 200) but is
+avoided. The loop calls `tick` only right after a successful poll, so no approval is ever sent on
+stale data.
+
+One owner: the per-event state (`EventCoordination`) is the loop's. The approver hands its outcomes
+back through a queue the next tick drains; the peer exchange keeps its own state under its own lock
+and hands out copies; the API and peers' hints read `published`, an immutable snapshot the loop
+replaces whole at the end of each tick.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
+from agent.coordination.approver import APPROVAL_KEY, Approver, Order
 from agent.coordination.coordination_rules import Held, lower_reachable, not_ready
+from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peer_addressing import Address
 from agent.coordination.peer_directory import SHOWN_PEERS
 from agent.coordination.peer_exchange import Exchange, PeerExchange, peer_fleet
 from agent.coordination.store_backend import StoreBackend
-from agent.coordination.store_protocol import Step
-from agent.errors import ImdsError, StateError
 from agent.health.health_store import HealthStore
-from agent.imds.imds_client import is_transient
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 from agent.model.events import SCHEDULED
 from agent.model.gate_specs import NO_GATES, Gates
 from agent.model.identity import Identity
-from agent.model.timefmt import iso_z
 from agent.model.tracker import Tracked
-from agent.retry import retrying as retrying_on
 from agent.state.state_store import Store
 from agent.windows.approval_policy import ALLOWING, AUTO, AWAITING_PREPARATION, MANUAL, Decision, Profile, decide
 
-APPROVAL_KEY = "approval"
 CLAIMS = ("claim", "take_over")
 """Store backend: the steps that let this VM approve (it claims first)."""
 RETRY_FAILED_AFTER = 10.0
@@ -51,7 +52,8 @@ RETRY_FAILED_AFTER = 10.0
 
 @dataclass
 class EventCoordination:
-    """Per-event bookkeeping: the peer exchange, the last decision, the gate holding it, the POST under way."""
+    """Per-event bookkeeping, the loop's alone: the peer exchange, the last decision, the gate holding it,
+    the POST under way."""
 
     exchange: Exchange = field(default_factory=Exchange)
     decision: Decision | None = None
@@ -62,11 +64,22 @@ class EventCoordination:
     held: Held | None = None
 
 
-class Coordinator:
-    """Decides and sends approvals; thread-safe views for the API."""
+@dataclass(frozen=True)
+class Published:
+    """What the API and peers' hints read of one event: the loop's last word, replaced whole each tick."""
 
-    def __init__(self, settings: Any, *, approve: Callable[[list[str]], None], store: Store, clock: Clock,
-                 metrics: Metrics, token_reader: Callable[[], str | None] = lambda: None,
+    exchange: Exchange
+    mode: str
+    rule: int | None
+    decision: str | None
+    held: Held | None
+
+
+class Coordinator:
+    """Decides approvals on the loop's thread and orders them from the approver; views from `published`."""
+
+    def __init__(self, settings: CoordinationConfig, *, approve: Callable[[list[str]], None], store: Store,
+                 clock: Clock, metrics: Metrics, token_reader: Callable[[], str | None] = lambda: None,
                  poll_interval: float = 1.0, on_change: Callable[[], None] = lambda: None,
                  gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
                  warning_as_error: bool = False, health: HealthStore | None = None,
@@ -80,17 +93,17 @@ class Coordinator:
         self.poll_interval = poll_interval
         self.on_change = on_change
         self.log = logs.get("coordinator")
-        self.cancel = threading.Event()
         self.peers = PeerExchange(lambda: self.settings, lambda: self.poll_interval, clock, token_reader=token_reader,
                                   metrics=metrics, on_change=lambda: self.on_change(), health=health)
-        self.client, self.directory, self._lock = self.peers.client, self.peers.directory, self.peers.lock
+        self.client, self.directory = self.peers.client, self.peers.directory
         self._events: dict[str, EventCoordination] = {}
-        self._futures: set[concurrent.futures.Future[None]] = set()
-        self._approver = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="approve")
+        self.published: Mapping[str, Published] = MappingProxyType({})
         self.gates = gates
         self.warning_as_error = warning_as_error
         self.gate_checker = GateChecker(self.client, lambda name: self.address(name).url, local_health,
                                         settings.max_concurrency, metrics)
+        self.approver = Approver(approve=approve, store=store, clock=clock, metrics=metrics,
+                                 gate_checker=self.gate_checker, backend=backend, done=lambda: self.on_change())
 
     # --- peers ------------------------------------------------------------------------
 
@@ -109,26 +122,14 @@ class Coordinator:
 
     def hint(self, event_id: str, name: str) -> bool:
         """A peer says it became ready: ask it again at once (its word is checked, not trusted; rate-limited)."""
-        state = self._events.get(event_id)
-        return state is not None and self.peers.hint(state.exchange, name, self.clock.monotonic())
-
-    def _track(self, future: concurrent.futures.Future[None]) -> None:
-        with self._lock:
-            self._futures.add(future)
-        future.add_done_callback(self._untrack)
-
-    def _untrack(self, future: concurrent.futures.Future[None]) -> None:
-        with self._lock:
-            self._futures.discard(future)
+        shown = self.published.get(event_id)
+        return shown is not None and self.peers.hint(shown.exchange, name, self.clock.monotonic())
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no peer request or approval is under way (tests, benchmarks); `timeout` per kind."""
         if not self.peers.wait_idle(timeout) or (self.store_backend and not self.store_backend.wait_idle(timeout)):
             return False
-        with self._lock:
-            pending = set(self._futures)
-        done, not_done = concurrent.futures.wait(pending, timeout=timeout)
-        return not not_done
+        return self.approver.wait_idle(timeout)
 
     # --- decisions ----------------------------------------------------------------------
 
@@ -136,6 +137,7 @@ class Coordinator:
              local_pending: Callable[[Tracked], list[str]]) -> None:
         """Exchange with peers and decide for every Scheduled event naming this VM; send approvals due."""
         now = self.clock.monotonic()
+        self.absorb()
         if self.store_backend is not None:
             self.store_backend.begin()
         else:
@@ -155,7 +157,8 @@ class Coordinator:
             manual = self.store.result(event_id, "manual_approval") is not None
             if self.store_backend is not None:
                 reachable: list[str] = []  # no peers to hear from: the store decides who may claim
-                waiting, step = self.store_backend.inputs(event_id, t.event, vm_name, pending, mode, manual, self._sent(event_id))
+                waiting, step = self.store_backend.inputs(event_id, t.event, vm_name, pending, mode, manual,
+                                                          self._sent(event_id))
             else:
                 waiting, reachable, step = self._peer_inputs(event_id, state, t, vm_name, rank, mode, pending, now)
                 if not reachable:
@@ -174,8 +177,8 @@ class Coordinator:
             if decision.approve and not state.sending and self._retry_allowed(state, now):
                 state.sending = True
                 gates = profile.gates if profile.gates is not None else self.gates
-                self._track(self._approver.submit(self._send, event_id, vm_name, decision.reason, gates,
-                                                  t.event.resources, step))
+                self.approver.submit(Order(event_id, vm_name, decision.reason, gates, t.event.resources, step,
+                                           state.held, self.settings.approval_retry_for, self.warning_as_error))
             elif not decision.approve:
                 state.held = None
         for label in EVENT_TYPES:
@@ -185,6 +188,22 @@ class Coordinator:
                 1 if any(s.held and s.held.gate == gate for s in self._events.values()) else 0)
         if self.store_backend is not None:
             self.store_backend.end(set(self._events))
+        self._publish()
+
+    def absorb(self) -> None:
+        """Take the approver's outcomes into the loop's state and publish it (each tick starts with this)."""
+        outcomes = self.approver.outcomes()
+        for outcome in outcomes:
+            if (done := self._events.get(outcome.event_id)) is not None:
+                done.sending, done.held = False, outcome.held
+                done.failed_at = outcome.failed_at if outcome.failed_at is not None else done.failed_at
+        if outcomes:
+            self._publish()
+
+    def _publish(self) -> None:
+        self.published = MappingProxyType({
+            eid: Published(st.exchange, st.mode, st.rule, st.decision.reason if st.decision else None, st.held)
+            for eid, st in self._events.items()})
 
     def _peer_inputs(self, event_id: str, state: EventCoordination, t: Tracked, vm_name: str, rank: int, mode: str,
                      pending: list[str], now: float) -> tuple[list[str], list[str], None]:
@@ -194,7 +213,7 @@ class Coordinator:
         lower, higher = others[:rank], others[rank:]
         if t.event.status == SCHEDULED and mode in ALLOWING and not self._sent(event_id):
             self.peers.run(event_id, state.exchange, vm_name, lower, higher, mode == AUTO, not pending, now)
-        peers = state.exchange.peers
+        peers = self.peers.peers_now(state.exchange)
         return (not_ready(higher, peers, now, s.unreachable_peers, s.peer_timeout),
                 lower_reachable(lower, peers, now, s.takeover_after), None)
 
@@ -215,120 +234,52 @@ class Coordinator:
                           reason=decision.reason)
         state.decision = decision
 
-    # --- sending ------------------------------------------------------------------------
-
-    def _gate(self, event_id: str, state: EventCoordination, gates: Gates, resources: tuple[str, ...],
-              vm_name: str) -> bool:
-        """True when a gate holds the approval (logged when the reason changes)."""
-        held = self.gate_checker.check(gates, event_id, resources, vm_name, self.warning_as_error) if gates.active else None
-        if held is not None and held != state.held:
-            self.log.warning("approval.held", event_id=event_id, gate=held.gate, reason=held.reason)
-            self.store.journal("approval.held", event_id=event_id, gate=held.gate, reason=held.reason)
-        elif held is None and state.held is not None:
-            self.log.info("approval.gate_open", event_id=event_id, gate=state.held.gate)
-        state.held = held
-        return held is not None
-
-    def _send(self, event_id: str, vm_name: str, reason: str, gates: Gates = NO_GATES,
-              resources: tuple[str, ...] = (), step: Step | None = None) -> None:
-        state = self._events.get(event_id) or EventCoordination()
-        try:
-            if self._gate(event_id, state, gates, resources, vm_name):
-                return
-            if step is None:
-                self._post(event_id, state, vm_name, reason, self.settings.approval_retry_for)
-            elif self.store_backend is not None:
-                self.store_backend.claim_and_post(event_id, vm_name, step, self.settings.approval_retry_for,
-                                                  lambda within: self._post(event_id, state, vm_name, reason, within))
-        finally:
-            state.sending = False
-
-    def _post(self, event_id: str, state: EventCoordination, vm_name: str, reason: str, within: float) -> bool:
-        try:
-            self.store.record(event_id, APPROVAL_KEY, {"status": "sending", "by": vm_name,
-                                                       "at": iso_z(self.clock.now()), "reason": reason})
-        except StateError:  # a full disk must not stop the approval; the loop's report says so once
-            pass
-        retrying = retrying_on(self.clock, retry_if=is_transient, within=within, cancel=self.cancel)
-        attempts = 0
-
-        def post() -> None:
-            nonlocal attempts
-            attempts += 1
-            self.approve_fn([event_id])
-
-        try:
-            retrying(post)
-        except ImdsError as exc:
-            self.metrics.approvals.labels("failed").inc()
-            self.log.error("approval.failed", event_id=event_id, error=str(exc), code=exc.code, attempts=attempts,
-                           body=exc.body[:200] or None)
-            self._record(event_id, {"status": "failed", "by": vm_name, "error": str(exc), "attempts": attempts,
-                                    "at": iso_z(self.clock.now())}, "approval.failed")
-            state.failed_at = self.clock.monotonic()
-            return False
-        else:
-            self.metrics.approvals.labels("sent").inc()
-            self.log.info("approval.sent", event_id=event_id, by=vm_name, reason=reason, attempts=attempts)
-            self._record(event_id, {"status": "sent", "by": vm_name, "reason": reason, "attempts": attempts,
-                                    "at": iso_z(self.clock.now())}, "approval.sent")
-            return True
-
-    def _record(self, event_id: str, value: dict[str, Any], journal: str) -> None:
-        try:
-            self.store.record(event_id, APPROVAL_KEY, value, journal=journal)
-        except StateError:  # kept in memory; the loop's report says so once (state.write_failed)
-            pass
-
     # --- views --------------------------------------------------------------------------
 
     def view(self, event_id: str) -> dict[str, Any]:
-        """Coordination fields for /v1/events/{id} and `maintd events`."""
-        state = self._events.get(event_id)
+        """Coordination fields for /v1/events/{id} and `maintd events` (any thread: the published snapshot)."""
+        shown = self.published.get(event_id)
         approval = self.store.result(event_id, APPROVAL_KEY)
-        if state is None:
+        if shown is None:
             return {"approval": approval}
-        now, ex = self.clock.monotonic(), state.exchange
-        with self._lock:
-            peers = {n: {"ready": p.ready, "detail": p.detail, "url": p.url, "via": p.via,
-                         "unreachable_seconds": round(p.unreachable_for(now), 1) if p.failing_since is not None else 0}
-                     for n, p in list(ex.peers.items())[:SHOWN_PEERS]}
+        now = self.clock.monotonic()
+        leader, told, known = self.peers.copy_of(shown.exchange)
         return {
             "approval": approval,
-            "approval_mode": state.mode,
-            "approval_rule": state.rule,
-            "approval_decision": state.decision.reason if state.decision else None,
-            "approval_held": {"gate": state.held.gate, "reason": state.held.reason} if state.held else None,
-            "acting_leader": ex.leader,
-            "readiness_pushed_to": ex.told,
-            "peers_ready": sum(1 for p in ex.peers.values() if p.ready),
-            "peers_known": len(ex.peers),
-            "peers": peers,
+            "approval_mode": shown.mode,
+            "approval_rule": shown.rule,
+            "approval_decision": shown.decision,
+            "approval_held": {"gate": shown.held.gate, "reason": shown.held.reason} if shown.held else None,
+            "acting_leader": leader,
+            "readiness_pushed_to": told,
+            "peers_ready": sum(1 for p in known.values() if p.ready),
+            "peers_known": len(known),
+            "peers": {n: {"ready": p.ready, "detail": p.detail, "url": p.url, "via": p.via,
+                          "unreachable_seconds": round(p.unreachable_for(now), 1) if p.failing else 0}
+                      for n, p in list(known.items())[:SHOWN_PEERS]},
         }
 
-    def status(self, tracked: dict[str, Tracked], vm_name: str | None) -> dict[str, Any]:
+    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> dict[str, Any]:
         """For `maintd status`: the store and its last answer, or the peers' addresses and answers per event."""
         if self.store_backend is not None:
             return {"coordination": self.store_backend.status()}
-        with self._lock:
-            known = {event_id: dict(state.exchange.peers) for event_id, state in self._events.items()}
-        shown = self.directory.status(tracked, vm_name, known)
-        return {**shown, "coordination": {"backend": "peers", **shown["coordination"]}}
+        known = {eid: self.peers.copy_of(shown.exchange)[2] for eid, shown in self.published.items()}
+        listed = self.directory.status(tracked, vm_name, known)
+        return {**listed, "coordination": {"backend": "peers", **listed["coordination"]}}
 
-    def fleet(self, tracked: dict[str, Tracked], vm_name: str | None,
+    def fleet(self, tracked: Mapping[str, Tracked], vm_name: str | None,
               is_ready: Callable[[Tracked], bool]) -> list[dict[str, Any]]:
         """Each pending event naming this VM: its VMs' states, who approved (from the store, or the peers)."""
         if self.store_backend is not None:
             return self.store_backend.fleet()
-        with self._lock:
-            return [peer_fleet(event_id, t.event.resources, vm_name or "", is_ready(t),
-                               dict(self._events[event_id].exchange.peers), self.store.result(event_id, APPROVAL_KEY))
-                    for event_id, t in tracked.items() if event_id in self._events]
+        published = self.published
+        return [peer_fleet(eid, t.event.resources, vm_name or "", is_ready(t),
+                           self.peers.copy_of(published[eid].exchange)[2], self.store.result(eid, APPROVAL_KEY))
+                for eid, t in tracked.items() if eid in published]
 
     def stop(self) -> None:
         """Cut retries short and stop the worker pools."""
-        self.cancel.set()
+        self.approver.stop()
         self.peers.stop()
         if self.store_backend is not None:
             self.store_backend.stop()
-        self._approver.shutdown(wait=False, cancel_futures=True)

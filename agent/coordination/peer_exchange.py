@@ -1,4 +1,5 @@
-"""This VM's requests to its peers for each event it coordinates: ask for readiness, push its own, watch the leader chain.
+"""This VM's requests to its peers for each event it coordinates: ask for readiness, push its own,
+watch the leader chain.
 
 The acting leader asks each peer it has not heard ready from, with backoff; a follower that becomes
 ready pushes that to the acting leader (retried until taken), which checks it with one ask; a
@@ -11,6 +12,7 @@ so the asking threads follow the number of peers, not events × peers. Peers are
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable, Iterable
@@ -155,6 +157,18 @@ class PeerExchange:
                 return
             peer.in_flight, peer.last_asked, peer.hinted = True, now, False
         self._lanes.submit(name.casefold(), functools.partial(self._ask, event_id, ex, name, peer))
+
+    def peers_now(self, ex: Exchange) -> dict[str, PeerState]:
+        """The event's peers as a dict of its own (taken under the lock: lanes add peers while the loop
+        decides); their fields are read as they are, each read whole."""
+        with self.lock:
+            return dict(ex.peers)
+
+    def copy_of(self, ex: Exchange) -> tuple[str | None, str | None, dict[str, PeerState]]:
+        """The acting leader, who this VM told it is ready, and each peer's state: copies taken under the
+        lock, for any thread to read while the lanes go on changing the originals."""
+        with self.lock:
+            return ex.leader, ex.told, {name: dataclasses.replace(p) for name, p in ex.peers.items()}
 
     def hint(self, ex: Exchange, name: str, now: float) -> bool:
         """A peer says it became ready: ask it again at once (its word is checked, not trusted; rate-limited)."""

@@ -251,7 +251,8 @@ class ImdsClient:
     def identity_token(self, resource: str, client_id: str | None) -> bytes:
         """The managed identity's token answer for `resource` (a user-assigned one by `client_id`), as IMDS
         sent it (`coordination.identity_token` reads it); raises ImdsError unless IMDS answers 2xx."""
-        query = {"api-version": IDENTITY_API_VERSION, "resource": resource, **({"client_id": client_id} if client_id else {})}
+        query = {"api-version": IDENTITY_API_VERSION, "resource": resource,
+                 **({"client_id": client_id} if client_id else {})}
         request = request_bytes("GET", self._poll.host_header, f"{IDENTITY_PATH}?{urlencode(query)}", HEADERS)
         return self._once("identity", request, max(self.timeout, 10.0), read=self._body)
 

@@ -150,7 +150,8 @@ class LocalApi:
             "rank": rank,
             "first_seen": first_seen,
             "ready": self._ready(tracked),
-            "not_ready": self.runner.not_ready(tracked) if tracked is not None and tracked.event.status == SCHEDULED else [],
+            "not_ready": (self.runner.not_ready(tracked)
+                          if tracked is not None and tracked.event.status == SCHEDULED else []),
             "results": self.store.results(event_id),
             "history": (record or {}).get("history", []),
             "outcome": (record or {}).get("outcome"),

@@ -49,8 +49,9 @@ RESTART_KEYS: tuple[str, ...] = (
     "state.dir", *(f"server.{f.name}" for f in fields(ServerConfig)), "probe.path", "probe.mode", "probe.listen",
     "coordination.max_concurrency", "coordination.backend", "coordination.azure_blob")
 """Keys a reload cannot apply to a running daemon (the listening sockets, the route table, the state dir,
-the peer pools' size, the coordination backend — two protocols must never meet within one event): they keep their running values until a restart. Every other key is applied by
-`Parts.reconfigure` (tests/test_reload.py holds every key of `Config` to one or the other)."""
+the peer pools' size, the coordination backend — two protocols must never meet within one event): they
+keep their running values until a restart. Every other key is applied by `Parts.reconfigure`
+(tests/test_reload.py holds every key of `Config` to one or the other)."""
 
 
 def value_at(config: Any, key: str) -> Any:
@@ -144,7 +145,8 @@ class Parts:
         c = self.config.coordination
         if c.backend != "azure_blob" or c.azure_blob is None:
             return None
-        return StoreBackend(c.azure_blob, token=lambda resource, client_id: self.imds.identity_token(resource, client_id),
+        return StoreBackend(c.azure_blob,
+                            token=lambda resource, client_id: self.imds.identity_token(resource, client_id),
                             clock=self.clock, metrics=self.metrics, health=self.health, secret=self.secrets.read,
                             on_change=callbacks.coordination_changed,
                             takeover_after=lambda: self.config.coordination.takeover_after)

@@ -1,0 +1,177 @@
+"""The approval worker: the gates, the store's claim and the StartRequests POST for one event at a
+time, on a thread of its own, so the loop never waits on Prometheus, a peer, the store or IMDS.
+
+It owns nothing of the loop's: an `Order` (immutable) comes in, and an `Outcome` (immutable) goes
+back through a queue that the loop drains at its next tick (`Coordinator.tick`), so the per-event
+coordination state has one owner, the loop. The POST is recorded before (`sending`) and after
+(`sent` or `failed`) in the state store: a restart never re-sends a `sent` approval.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent import logs
+from agent.clock import Clock
+from agent.coordination.approval_gates import GateChecker
+from agent.coordination.coordination_rules import Held
+from agent.coordination.store_backend import StoreBackend
+from agent.coordination.store_protocol import Step
+from agent.errors import ImdsError, StateError
+from agent.imds.imds_client import is_transient
+from agent.metrics import Metrics
+from agent.model.gate_specs import Gates
+from agent.model.timefmt import iso_z
+from agent.retry import retrying as retrying_on
+from agent.state.state_store import Store
+
+APPROVAL_KEY = "approval"
+
+
+@dataclass(frozen=True)
+class Order:
+    """What the loop asks for: approve `event_id` now, unless a gate holds it."""
+
+    event_id: str
+    vm_name: str
+    reason: str
+    gates: Gates
+    resources: tuple[str, ...]
+    step: Step | None
+    """The store backend's step (claim or take over); None on the peer backend."""
+    held_before: Held | None
+    """The gate that held it last time (a hold is logged when it changes)."""
+    retry_for: float
+    warning_as_error: bool
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What came of an order: the gate that holds it (or None), and when all retries failed (monotonic)."""
+
+    event_id: str
+    held: Held | None
+    failed_at: float | None
+
+
+class Approver:
+    """Runs orders one at a time on its worker thread and queues their outcomes for the loop."""
+
+    def __init__(self, *, approve: Callable[[list[str]], None], store: Store, clock: Clock, metrics: Metrics,
+                 gate_checker: GateChecker, backend: StoreBackend | None, done: Callable[[], None]) -> None:
+        """`done` is called after each outcome is queued: it wakes the loop to take it."""
+        self.approve_fn = approve
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics
+        self.gate_checker = gate_checker
+        self.backend = backend
+        self.done = done
+        self.log = logs.get("coordinator")
+        self.cancel = threading.Event()
+        self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="approve")
+        self._futures: set[concurrent.futures.Future[None]] = set()
+        self._lock = threading.Lock()  # the futures under way, nothing else
+
+    def submit(self, order: Order) -> None:
+        future = self._pool.submit(self._run, order)
+        with self._lock:
+            self._futures.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: concurrent.futures.Future[None]) -> None:
+        with self._lock:
+            self._futures.discard(future)
+
+    def outcomes(self) -> list[Outcome]:
+        """The outcomes since the last call, oldest first (the loop's thread takes them)."""
+        out = []
+        while True:
+            try:
+                out.append(self._outcomes.get_nowait())
+            except queue.Empty:
+                return out
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no order is under way (tests, benchmarks)."""
+        with self._lock:
+            pending = set(self._futures)
+        return not concurrent.futures.wait(pending, timeout=timeout)[1]
+
+    def stop(self) -> None:
+        self.cancel.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self, order: Order) -> None:
+        held: Held | None = order.held_before
+        failed_at: float | None = None
+        try:
+            held = self._gate(order)
+            if held is not None:
+                return
+            if order.step is None:
+                failed_at = self._post(order, order.retry_for)
+            elif self.backend is not None:
+                failures: list[float] = []
+
+                def post(within: float) -> bool:
+                    failed = self._post(order, within)
+                    failures.extend([failed] if failed is not None else [])
+                    return failed is None
+
+                self.backend.claim_and_post(order.event_id, order.vm_name, order.step, order.retry_for, post)
+                failed_at = failures[-1] if failures else None
+        finally:
+            self._outcomes.put(Outcome(order.event_id, held, failed_at))
+            self.done()
+
+    def _gate(self, order: Order) -> Held | None:
+        """The gate holding the approval, if any (logged and journaled when that changes)."""
+        gates, eid = order.gates, order.event_id
+        held = self.gate_checker.check(gates, eid, order.resources, order.vm_name, order.warning_as_error) \
+            if gates.active else None
+        if held is not None and held != order.held_before:
+            self.log.warning("approval.held", event_id=eid, gate=held.gate, reason=held.reason)
+            self.store.journal("approval.held", event_id=eid, gate=held.gate, reason=held.reason)
+        elif held is None and order.held_before is not None:
+            self.log.info("approval.gate_open", event_id=eid, gate=order.held_before.gate)
+        return held
+
+    def _post(self, order: Order, within: float) -> float | None:
+        """POST StartRequests with retries for at most `within` seconds; None when sent, else when it failed."""
+        eid, vm_name, reason = order.event_id, order.vm_name, order.reason
+        self._record(eid, {"status": "sending", "by": vm_name, "at": iso_z(self.clock.now()), "reason": reason})
+        retrying = retrying_on(self.clock, retry_if=is_transient, within=within, cancel=self.cancel)
+        attempts = 0
+
+        def post() -> None:
+            nonlocal attempts
+            attempts += 1
+            self.approve_fn([eid])
+
+        try:
+            retrying(post)
+        except ImdsError as exc:
+            self.metrics.approvals.labels("failed").inc()
+            self.log.error("approval.failed", event_id=eid, error=str(exc), code=exc.code, attempts=attempts,
+                           body=exc.body[:200] or None)
+            self._record(eid, {"status": "failed", "by": vm_name, "error": str(exc), "attempts": attempts,
+                               "at": iso_z(self.clock.now())}, "approval.failed")
+            return self.clock.monotonic()
+        self.metrics.approvals.labels("sent").inc()
+        self.log.info("approval.sent", event_id=eid, by=vm_name, reason=reason, attempts=attempts)
+        self._record(eid, {"status": "sent", "by": vm_name, "reason": reason, "attempts": attempts,
+                           "at": iso_z(self.clock.now())}, "approval.sent")
+        return None
+
+    def _record(self, event_id: str, value: dict[str, Any], journal: str | None = None) -> None:
+        try:
+            self.store.record(event_id, APPROVAL_KEY, value, journal=journal)
+        except StateError:  # kept in memory; a full disk never stops the approval, the loop's report says so once
+            pass
