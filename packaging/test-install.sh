@@ -36,6 +36,7 @@ echo "== upgrade in place: the .deb reinstalled under a running maintd with an e
 eid=$(sed -n 's/^EVENT_ID = "\(.*\)"$/\1/p' tests/fixtures/make_state_dirs.py)
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 cp tests/fixtures/state-format-1/mid-preparation/* "$root/var/lib/maintd/"
+python3 -m tests.fixtures.make_state_dirs --now "$root/var/lib/maintd"   # its NotBefore an hour from now
 hook() { echo "  - {name: $1, type: exec, phases: [scheduled], command: [/bin/sh, -c, 'echo $1:\$MAINTD_ATTEMPT >> /var/lib/maintd-runs']}"; }
 {
     echo "# edited by the admin"

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.coordination.blob_store import BlobStore, Settings
 from agent.coordination.store_protocol import (
     CLAIMED,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.coordination.coordination_rules import Held
 from agent.coordination.coordination_settings import AzureBlobConfig, CoordinationConfig
 from agent.coordination.coordinator import Coordinator

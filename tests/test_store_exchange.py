@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock
 from agent.coordination.identity_token import ManagedIdentityCredential, parse_token, refresh_due
 from agent.coordination.store_exchange import StoreExchange

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import requests
 
+import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock, SystemClock
 from agent.coordination.blob_store import BlobStore, Settings
 from agent.coordination.identity_token import ManagedIdentityCredential

@@ -14,7 +14,7 @@ from agent.state.journal import JOURNAL_FORMAT, read_journal
 from agent.state.state_file import STATE_FORMAT
 from agent.state.state_store import Store
 from tests.e2e.harness import wait_until
-from tests.fixtures.make_state_dirs import EVENT_ID, HOOKS
+from tests.fixtures.make_state_dirs import EVENT_ID, HOOKS, as_of_now
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EARLIER = sorted(FIXTURES.glob("state-format-*/*"))
@@ -67,6 +67,7 @@ def test_an_earlier_formats_state_dir_is_carried_on(fixture, start_emulator, sta
     emu = start_emulator(["vm-1"])
     emu.add_event(event_type="Reboot", resources=["vm-1"], notice=3600, event_id=EVENT_ID)
     shutil.copytree(fixture, tmp_path / "vm-1" / "state")
+    as_of_now(tmp_path / "vm-1" / "state")
     hooks = [{"name": name, "type": "exec", "phases": ["scheduled"], "command": [sys.executable, "-c", RECORD],
               "env": {"OUT": str(out), "HOOK": name}} for name in HOOKS]
     agent = start_agent(emu, "vm-1", {"handlers": hooks})

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from tests.azurite import start
 from tests.e2e.harness import wait_until
 from tests.e2e.test_store_e2e import FLEX, hook, metric, store_config
