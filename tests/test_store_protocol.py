@@ -157,8 +157,10 @@ def test_the_claimer_stops_posting_before_anyone_may_take_over() -> None:
 
 
 def test_background_lists_back_off_and_bound_the_fleet_rate() -> None:
-    """A VM relists from 2 s doubling to a cap of vms/5 s within [10 s, 60 s]: a fleet lists at most ~5/s."""
-    assert [recheck_delay(n, 5) for n in (1, 2, 3, 4, 5)] == [2, 4, 8, 10, 10]
+    """A VM relists from a quarter of its cap (at least 2 s) doubling to the cap, vms/5 s within [10 s, 60 s]: a
+    fleet lists at most ~5/s, and a large one starts slow (15 s at 1000 VMs)."""
+    assert [recheck_delay(n, 5) for n in (1, 2, 3, 4, 5)] == [2.5, 5, 10, 10, 10]
+    assert [recheck_delay(n, 1000) for n in (1, 2, 3, 4)] == [15, 30, 60, 60]
     assert recheck_delay(20, 100) == 20 and recheck_delay(20, 500) == 60
     assert 100 / recheck_delay(20, 100) <= 5
     assert [retry_delay(n) for n in (1, 2, 3, 6, 50)] == [1, 2, 4, 30, 30]

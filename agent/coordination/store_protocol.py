@@ -41,7 +41,7 @@ VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 """VM names maintd stores: Azure's VM names (letters, digits, `_`, `-`, `.`), as in Resources."""
 
 RECHECK_FIRST = 2.0
-"""Seconds before a VM first lists an event again after its own write (then doubling)."""
+"""Fewest seconds before a VM first lists an event again after its own list (then doubling)."""
 FLEET_LIST_RATE = 5.0
 """Lists per second a whole fleet stays under once every VM's recheck has backed off (below RECHECK_MAX)."""
 RECHECK_FLOOR, RECHECK_MAX = 10.0, 60.0
@@ -287,9 +287,12 @@ def post_deadline(takeover_after: float) -> float:
 
 
 def recheck_delay(checks: int, vms: int) -> float:
-    """Wait before this VM lists an event again on its own, after `checks` lists that settled nothing."""
+    """Wait before this VM lists an event again on its own, after `checks` lists that settled nothing: from a
+    quarter of the cap (at least RECHECK_FIRST) doubling to the cap, vms / FLEET_LIST_RATE within
+    [RECHECK_FLOOR, RECHECK_MAX]. The last VM ready claims from its own list; these are for a takeover,
+    a late operator's go, or a claimer that failed, so a large fleet need not look often."""
     cap = min(RECHECK_MAX, max(RECHECK_FLOOR, vms / FLEET_LIST_RATE))
-    return min(cap, RECHECK_FIRST * 2 ** max(0, min(checks, 16) - 1))
+    return min(cap, max(RECHECK_FIRST, cap / 4) * 2 ** max(0, min(checks, 16) - 1))
 
 
 def takeover_check_delay(listing: Listing, me: str, takeover_after: float, vms: int, jitter: float) -> float | None:
