@@ -84,7 +84,7 @@ class Rig:
 
     def sync(self, vms: tuple[str, ...], me: str, marker: str, listing: bool = True) -> None:
         """One loop tick's request and its answer taken in."""
-        self.exchange.run(EVENT, vms, me, marker, listing, self.clock.monotonic())
+        self.exchange.run(EVENT, vms, me, (marker, "ok"), listing, self.clock.monotonic())
         assert self.exchange.wait_idle(5)
         self.exchange.apply(self.clock.monotonic())
 
@@ -160,7 +160,7 @@ def test_a_marker_naming_another_vm_is_logged_reported_and_not_ready(store: Memo
     """A marker at web_b's name that says web_c: web_b is not ready, the problem is logged and reported once."""
     vms = ("web_a", "web_b")
     store.put(marker_blob(EVENT, "web_b"), {"maintd": "1", "kind": "vm", "event": EVENT.lower(), "vm": "web_c",
-                                            "state": READY})
+                                            "state": READY, "health": "ok"})
     rig = Rig(store, clock)
     rig.sync(vms, "web_a", READY)
     not_ready, step = rig.exchange.verdict(EVENT, vms, "web_a", 60)

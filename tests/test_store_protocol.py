@@ -24,6 +24,7 @@ from agent.coordination.store_protocol import (
     parse_listing,
     post_deadline,
     recheck_delay,
+    fleet_health,
     retry_delay,
     takeover_check_delay,
     unstorable,
@@ -84,6 +85,7 @@ def test_immediate_claims_without_waiting_for_markers() -> None:
     (lambda: marker(VMS[0], name=VMS[1]), "names VM"),
     (lambda: marker(VMS[1], extra="1"), "unknown field extra"),
     (lambda: marker(VMS[1], state="done"), "unknown state"),
+    (lambda: marker(VMS[1], health="fine"), "unknown health"),
     (lambda: marker(VMS[1], maintd="2"), "protocol version"),
     (lambda: marker(VMS[1], event="0000"), "not this event"),
     (lambda: Item(marker_blob(EVENT, VMS[1]), {"maintd": "1"}, "e", NOW), "missing"),
@@ -176,3 +178,9 @@ def test_a_claim_is_rechecked_right_when_it_may_be_taken_over_spread_over_the_fl
     assert takeover_check_delay(claimed, VMS[0], 60, 3, 0.0) is None
     assert takeover_check_delay(listing(*ready, record(VMS[0], APPROVED)), VMS[1], 60, 3, 0.0) is None
     assert takeover_check_delay(listing(*ready), VMS[1], 60, 3, 0.0) is None
+
+
+def test_the_fleet_gate_reads_each_vms_health_from_its_marker() -> None:
+    """ok / unhealthy as each VM recorded it; a VM without a readable marker is unreachable to the gate."""
+    seen = listing(marker(VMS[0]), marker(VMS[1], health="unhealthy"))
+    assert fleet_health(seen, VMS) == {VMS[0]: "ok", VMS[1]: "unhealthy", VMS[2]: "unreachable"}

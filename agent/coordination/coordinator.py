@@ -67,8 +67,7 @@ class Coordinator:
                  gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
                  warning_as_error: bool = False, health: HealthStore | None = None,
                  backend: StoreBackend | None = None) -> None:
-        self.settings = settings
-        self.store_backend = backend
+        self.settings, self.store_backend = settings, backend
         self.approve_fn = approve
         self.store = store
         self.clock = clock
@@ -86,7 +85,7 @@ class Coordinator:
         self.gates = gates
         self.warning_as_error = warning_as_error
         self.gate_checker = GateChecker(self.client, lambda name: self.address(name).url, local_health,
-                                        settings.max_concurrency, metrics)
+                                        settings.max_concurrency, metrics, backend.fleet_states if backend else None)
 
     # --- peers ------------------------------------------------------------------------
 
