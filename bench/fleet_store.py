@@ -8,10 +8,10 @@ POSTs per event, the fleet's store requests per second over the window.
 
 Part 2, simulated fleet: two real agents (A ready at once, B the last VM ready) and a stand-in in
 this process that writes the other N-2 VMs' markers as their agents would (preparing at once, ready
-at a random time over `spread` s; their lists are not replayed). B's hook ends once every simulated VM is ready, so B's own list
-finds all N markers and B claims: last ready -> POST at N VMs. A waits through the whole spread,
-so its store requests are the background rate of a waiting VM; A's poll gaps come from the
-emulator's record, its RSS from /proc (the store's SDK loaded).
+at a random time over `spread` s; their lists are not replayed). B's hook ends once every
+simulated VM is ready, so B's own list finds all N markers and B claims: last ready -> POST at N
+VMs. A waits through the whole spread, so its store requests are the background rate of a
+waiting VM; A's poll gaps come from the emulator's record, its RSS from /proc (the SDK loaded).
 
 `python -m bench fleet --backend azure_blob` runs N = 10, 30, 50 and 1000 simulated.
 """
@@ -203,8 +203,9 @@ def simulated_fleet(n: int, spread: float, events: int, rng: random.Random, serv
                 m1 = time.monotonic()
                 ops = {vm: store_ops(agent) - before[vm] for vm, agent in agents.items()}
                 t_post = post_time(emu, sender, eid)
-                polls = [r["time"] for r in emu.requests(a) if "scheduledevents" in r["path"] and t0 <= r["time"] <= t_post]
-                gaps = [y - x for x, y in zip(polls, polls[1:])]
+                polls = [r["time"] for r in emu.requests(a)
+                         if "scheduledevents" in r["path"] and t0 <= r["time"] <= t_post]
+                gaps = [y - x for x, y in zip(polls, polls[1:], strict=False)]
                 per_event.append({"event_id": eid, "sender": sender,
                                   "ready_to_post_s": t_post - hook_ends(hooks, eid, [b]),
                                   "ops_waiting_vm": ops[a], "ops_last_vm": ops[b],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -66,7 +66,7 @@ def test_one_list_returns_every_marker_the_record_and_the_store_clock(azurite: A
         store.put(marker_blob(EVENT, vm), marker_record(EVENT, vm, READY))
     etag = store.create(approval_blob(EVENT), approval_record(EVENT, VMS[0], CLAIMED, 1))
     items, server_time = store.list_folder(event_folder(EVENT))
-    assert abs((server_time - datetime.now(timezone.utc)).total_seconds()) < 5
+    assert abs((server_time - datetime.now(UTC)).total_seconds()) < 5
     listing = parse_listing(EVENT, items, server_time, VMS)
     assert listing.problems == ()
     assert sorted(listing.markers) == sorted(VMS)

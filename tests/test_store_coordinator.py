@@ -99,7 +99,8 @@ def test_the_fleet_gate_counts_health_from_the_markers_and_holds_before_the_clai
     t = tracked(clock)
     ticks(coord, t, gated)
     assert sent == [] and approval_blob(EVENT) not in blobs.blobs
-    assert coord.view(EVENT)["approval_held"]["gate"] == "fleet" and OTHER in coord.view(EVENT)["approval_held"]["reason"]
+    held = coord.view(EVENT)["approval_held"]
+    assert held["gate"] == "fleet" and OTHER in held["reason"]
     other_ready(blobs)
     clock.advance(10)
     ticks(coord, t, gated)

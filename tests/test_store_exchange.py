@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timezone
-from typing import Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
 
 import pytest
 
@@ -52,7 +52,7 @@ class MemoryStore:
     def list_folder(self, prefix: str) -> tuple[list[Item], datetime]:
         with self.lock:
             self._op("list")
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             return [Item(n, m, e, now) for n, (m, e) in self.blobs.items() if n.startswith(prefix)], now
 
     def create(self, name: str, metadata: Mapping[str, str]) -> str | None:

@@ -5,19 +5,20 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import requests
 
 from agent.clock import FakeClock, SystemClock
-from agent.imds.imds_client import ImdsClient
-from agent.metrics import Metrics
 from agent.coordination.blob_store import BlobStore, Settings
 from agent.coordination.identity_token import ManagedIdentityCredential
 from agent.coordination.store_protocol import READY, StoreError, event_folder, marker_blob, marker_record
 from agent.emulator import Emulator
+from agent.imds.imds_client import ImdsClient
+from agent.metrics import Metrics
 from tests.azurite import start
 
 TOKEN_PATH = "/metadata/identity/oauth2/token"
@@ -56,7 +57,8 @@ def test_the_emulator_answers_a_token_request_as_imds_does(imds: tuple[Emulator,
     assert c["iss"].startswith("https://sts.windows.net/") and c["aud"] == "https://storage.azure.com"
     assert c["nbf"] <= time.time() < c["exp"] == int(body["expires_on"])
     assert ask(base).json()["error"] == "invalid_request"
-    assert claims(ask(base, resource="https://storage.azure.com/", client_id="c1").json()["access_token"])["appid"] == "c1"
+    user_assigned = ask(base, resource="https://storage.azure.com/", client_id="c1").json()
+    assert claims(user_assigned["access_token"])["appid"] == "c1"
 
 
 def test_azurite_in_oauth_mode_takes_the_emulators_token(imds: tuple[Emulator, str], tmp_path: Path,

@@ -1,8 +1,9 @@
-"""The blob coordination protocol's pure rules: layout, parsing that refuses what the protocol did not write, decisions."""
+"""The blob coordination protocol's pure rules: layout, parsing that refuses what the protocol did not write,
+decisions."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -17,6 +18,7 @@ from agent.coordination.store_protocol import (
     approval_blob,
     approval_record,
     event_folder,
+    fleet_health,
     marker_blob,
     marker_record,
     next_step,
@@ -24,7 +26,6 @@ from agent.coordination.store_protocol import (
     parse_listing,
     post_deadline,
     recheck_delay,
-    fleet_health,
     retry_delay,
     takeover_check_delay,
     unstorable,
@@ -33,7 +34,7 @@ from agent.coordination.store_protocol import (
 
 EVENT = "5F1E2B0C-9A4D-4C61-8E2F-1A2B3C4D5E6F"
 VMS = ("web_3f2a9c1b", "Web_7c0d11e4", "web_90ab12cd")
-NOW = datetime(2026, 11, 25, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 25, 12, 0, 0, tzinfo=UTC)
 
 
 def marker(vm: str, state: str = READY, age: float = 1.0, name: str | None = None, **extra: str) -> Item:
@@ -54,7 +55,8 @@ def listing(*items: Item):
 def test_layout_keeps_each_event_in_its_folder_and_names_case_insensitively() -> None:
     """Markers and the record live under the event's folder; a VM's marker is found whatever the case of its name."""
     assert marker_blob(EVENT, "Web_7C0D11E4") == marker_blob(EVENT.lower(), "web_7c0d11e4")
-    assert marker_blob(EVENT, "a").startswith(event_folder(EVENT)) and approval_blob(EVENT).startswith(event_folder(EVENT))
+    assert marker_blob(EVENT, "a").startswith(event_folder(EVENT))
+    assert approval_blob(EVENT).startswith(event_folder(EVENT))
     assert unstorable(EVENT, VMS) is None
     assert "GUID" in (unstorable("../x", VMS) or "")
     assert "web/../x" in (unstorable(EVENT, ("web/../x",)) or "")

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import email.utils
 import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -36,8 +37,8 @@ from agent.coordination.store_protocol import Item, StoreError
 
 CONNECT_TIMEOUT, READ_TIMEOUT = 5.0, 10.0
 """Seconds to connect to the store and to wait for one answer."""
-RETRIES, RETRY_BACKOFF = 2, 0.5
-"""The SDK's own retries of one request, 0.5 s apart (its default waits 15 s, then 18 s); maintd retries the rest."""
+RETRIES, RETRY_BACKOFF = 2, 1
+"""The SDK's own retries of one request, 1 s apart (its default waits 15 s, then 18 s); maintd retries the rest."""
 PAGE, MAX_PAGES = 250, 8
 """Blobs per page of a listing, and pages read (an event names at most 1000 VMs): a page of 5000 costs
 the SDK about 15 MB while it turns the XML into objects; 250 keep a 1000-VM listing near 5 MB."""
@@ -63,8 +64,9 @@ def outcome_of(exc: BaseException) -> StoreError:
         return exc
     if isinstance(exc, ClientAuthenticationError) and getattr(exc, "status_code", None) is None:
         return StoreError("token_failed", f"no token for the store: {str(exc)[:300]}")
-    if isinstance(exc, HttpResponseError) and getattr(exc, "status_code", None) is not None:
-        status, code = exc.status_code, getattr(exc, "error_code", None) or ""
+    status = exc.status_code if isinstance(exc, HttpResponseError) else None
+    if status is not None:
+        code = getattr(exc, "error_code", None) or ""
         label = ("denied" if status in (401, 403) else "not_found" if status == 404 else
                  "throttled" if status in (429, 503) else "server_error" if status >= 500 else "refused")
         hint = {"denied": " (does this VM's identity have Storage Blob Data Contributor on the container?)",
@@ -77,7 +79,7 @@ def outcome_of(exc: BaseException) -> StoreError:
 
 def _server_time(headers: Mapping[str, str], fallback: datetime) -> datetime:
     when = email.utils.parsedate_to_datetime(headers["Date"]) if headers.get("Date") else None
-    return when.astimezone(timezone.utc) if when is not None and when.tzinfo else fallback
+    return when.astimezone(UTC) if when is not None and when.tzinfo else fallback
 
 
 class BlobStore:
@@ -88,7 +90,7 @@ class BlobStore:
         self.count = count
 
     @classmethod
-    def open(cls, settings: Settings, count: Count) -> "BlobStore":
+    def open(cls, settings: Settings, count: Count) -> BlobStore:
         """A store over the SDK's client: connection string (Azurite, tests) or a token credential."""
         options: dict[str, Any] = {"connection_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
                                    "retry_policy": LinearRetry(backoff=RETRY_BACKOFF, random_jitter_range=0,
@@ -139,7 +141,7 @@ class BlobStore:
             return items
 
         items = self._call("list", listing)
-        return items, _server_time(headers, datetime.now(timezone.utc))
+        return items, _server_time(headers, datetime.now(UTC))
 
     def create(self, name: str, metadata: Mapping[str, str]) -> str | None:
         """Create a blob only if none exists (If-None-Match: *): its ETag, or None when one already existed."""

@@ -148,7 +148,7 @@ class Coordinator:
             pending = local_pending(t) if mode in ("auto", "manual") or self.store_backend is not None else []
             manual = self.store.result(event_id, "manual_approval") is not None
             if self.store_backend is not None:
-                reachable, (waiting, step) = [], self.store_backend.inputs(
+                waiting, reachable, step = self.store_backend.inputs(
                     event_id, t.event, vm_name, pending, mode, manual, self._sent(event_id))
             else:
                 waiting, reachable, step = self._peer_inputs(event_id, state, t, vm_name, rank, mode, pending, now)

@@ -10,13 +10,14 @@ to the store before an event names this VM.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from agent import logs
 from agent.clock import Clock
+from agent.coordination.coordination_rules import OK, UNREACHABLE, peer_state
 from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.coordination.store_exchange import Snapshot, Store, StoreExchange
-from agent.coordination.coordination_rules import OK, UNREACHABLE, peer_state
 from agent.coordination.store_protocol import (
     HEALTHY,
     PREPARING,
@@ -99,21 +100,22 @@ class StoreBackend:
         self.exchange.apply(self.clock.monotonic())
 
     def inputs(self, event_id: str, event: Event, vm_name: str, pending: Sequence[str], mode: str, manual: bool,
-               sent: bool) -> tuple[list[str], Step | None]:
-        """Queue this event's store requests; (the other VMs not recorded ready, the protocol's next step). Nothing
+               sent: bool) -> tuple[list[str], list[str], Step | None]:
+        """Queue this event's store requests; (the other VMs not recorded ready, no lower-ranked VM to wait for:
+        any VM may claim, the protocol's next step). Nothing
         for an event no longer Scheduled or already approved by this VM; lists only while this VM may claim (ready
         and allowed by its profile; `immediate` at once)."""
         resources = event.resources
         if event.status != "Scheduled" or sent:
-            return [], None
+            return [], [], None
         why = unstorable(event_id, resources)
         if why is not None:
-            return list(resources), Step("wait", f"not coordinated through the store: {why}")
+            return list(resources), [], Step("wait", f"not coordinated through the store: {why}")
         may_approve = mode == "immediate" or (not pending and (mode == "auto" or (mode == "manual" and manual)))
         mark = (marker_state(pending), own_health(self.local_health(), event_id, self.warning_as_error()))
         self.exchange.run(event_id, resources, vm_name, mark, may_approve, self.clock.monotonic())
         waiting, step = self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != "immediate")
-        return [n for n in waiting if n.casefold() != vm_name.casefold()], step
+        return [n for n in waiting if n.casefold() != vm_name.casefold()], [], step
 
     def end(self, pending: set[str]) -> Snapshot:
         """Forget the events no longer in the document; publish the snapshot the API reads."""

@@ -22,9 +22,10 @@ import functools
 import queue
 import random
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Protocol
 
 from agent import logs
 from agent.clock import Clock
@@ -311,15 +312,17 @@ class StoreExchange:
         st.retry_at = now + retry_delay(st.failures)
         if st.error is None or str(st.error) != str(error):
             self.log.warning("store.request_failed", event_id=event_id, outcome=error.outcome, error=str(error),
-                             retry_in=st.retry_at - now, effect="this VM approves nothing it has not read from the store")
+                             retry_in=st.retry_at - now,
+                             effect="this VM approves nothing it has not read from the store")
         self.report(STORE, False, f"{error.outcome}: {error}")
         st.error, self._healthy = error, False
         self._last = (f"{error.outcome}: {error}", self._last[1])
 
     def _listed(self, event_id: str, st: EventState, listing: Listing, now: float) -> None:
         st.listing = listing
-        self.log.debug("store.listed", event_id=event_id, ready=len(st.resources) - len(not_ready(listing, st.resources)),
-                       of=len(st.resources), approval=listing.approval.state if listing.approval else None)
+        ready = len(st.resources) - len(not_ready(listing, st.resources))
+        self.log.debug("store.listed", event_id=event_id, ready=ready, of=len(st.resources),
+                       approval=listing.approval.state if listing.approval else None)
         st.checks += 1
         n = len(st.resources)
         takeover = takeover_check_delay(listing, st.me, self.takeover_after(), n, random.random())

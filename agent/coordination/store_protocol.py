@@ -24,9 +24,9 @@ which can be taken over once it is `takeover_after` old (it is never an approval
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Mapping, Sequence
 
 from agent.coordination.coordination_rules import UNREACHABLE
 from agent.errors import MaintdError

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.azurite import Azurite, azurite, start  # noqa: F401 - the fixture
-from tests.e2e.harness import Agent, Emulator, wait_until
+from tests.e2e.harness import Agent, wait_until
 from tests.test_cli import maintd
 
 pytestmark = pytest.mark.e2e
@@ -54,7 +54,7 @@ def test_five_flexible_vms_that_cannot_reach_each_other_send_one_post_after_the_
     emu = start_emulator(FLEX)
     done = tmp_path / "done"
     done.mkdir()
-    sleeps = dict(zip(FLEX, (1.0, 2.0, 3.5, 1.5, 2.5)))
+    sleeps = dict(zip(FLEX, (1.0, 2.0, 3.5, 1.5, 2.5), strict=True))
     agents = {vm: start_agent(emu, vm, {**store_config(azurite, container, tmp_path / f"{vm}-conf"),
                                         **hook(sleeps[vm], done)}) for vm in FLEX}
     eid = emu.add_event(event_type="Reboot", resources=FLEX, notice=300)

@@ -31,7 +31,7 @@ def test_a_claimer_killed_between_claim_and_post_is_taken_over_with_one_post_in_
         emu = start_emulator(vms)
         done = tmp_path / "done"
         done.mkdir()
-        sleeps = dict(zip(vms, (0.5, 0.5, 2.0)))
+        sleeps = dict(zip(vms, (0.5, 0.5, 2.0), strict=True))
         agents = {vm: start_agent(emu, vm, {**store_config(server, container, tmp_path / f"{vm}-conf"),
                                             **hook(sleeps[vm], done)}) for vm in vms}
         claimer = vms[2]
@@ -63,7 +63,7 @@ def test_the_store_gone_mid_event_holds_the_approval_warns_and_recovers(start_em
         emu = start_emulator(vms)
         done = tmp_path / "done"
         done.mkdir()
-        sleeps = dict(zip(vms, (0.2, 4.0)))
+        sleeps = dict(zip(vms, (0.2, 4.0), strict=True))
         agents = {vm: start_agent(emu, vm, {**store_config(server, container, tmp_path / f"{vm}-conf"),
                                             **hook(sleeps[vm], done)}) for vm in vms}
         eid = emu.add_event(event_type="Reboot", resources=vms, notice=300)
@@ -76,7 +76,7 @@ def test_the_store_gone_mid_event_holds_the_approval_warns_and_recovers(start_em
         time.sleep(2)
         assert approvals(emu, vms) == []
         polls = [r["time"] for r in emu.requests(vms[1]) if "scheduledevents" in r["path"] and r["time"] >= down_at]
-        assert max(b - a for a, b in zip(polls, polls[1:])) < 0.5, "the poll loop waited on the store"
+        assert max(b - a for a, b in zip(polls, polls[1:], strict=False)) < 0.5, "the poll loop waited on the store"
         health = slow.get("/v1/health").json()["HealthEvents"]
         assert any(r["SourceId"] == "coordination" and r["Property"] == "store" and r["HealthState"] == "Warning"
                    for r in health), health
@@ -100,7 +100,7 @@ def test_a_vm_that_never_becomes_ready_means_no_post_and_the_event_starts_at_not
         emu = start_emulator(vms)
         done = tmp_path / "done"
         done.mkdir()
-        sleeps = dict(zip(vms, (0.2, 600)))
+        sleeps = dict(zip(vms, (0.2, 600), strict=True))
         agents = {vm: start_agent(emu, vm, {**store_config(server, container, tmp_path / f"{vm}-conf"),
                                             **hook(sleeps[vm], done)}) for vm in vms}
         eid = emu.add_event(event_type="Reboot", resources=vms, notice=8)
