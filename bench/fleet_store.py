@@ -8,10 +8,10 @@ POSTs per event, the fleet's store requests per second over the window.
 
 Part 2, simulated fleet: two real agents (A ready at once, B the last VM ready) and a stand-in in
 this process that writes the other N-2 VMs' markers as their agents would (preparing at once, ready
-at a random time over `spread` s; their lists are not replayed). B's hook ends once every simulated
-VM is ready, so B's own list finds all N markers and B claims: last ready -> POST at N VMs. A waits
-through the whole spread, so its store requests are the background rate of a waiting VM; A's poll
-gaps come from the emulator's record, its RSS from /proc (the store's SDK loaded).
+at a random time over `spread` s; their lists are not replayed). B's hook ends once every
+simulated VM is ready, so B's own list finds all N markers and B claims: last ready -> POST at N
+VMs. A waits through the whole spread, so its store requests are the background rate of a
+waiting VM; A's poll gaps come from the emulator's record, its RSS from /proc (the SDK loaded).
 
 `python -m bench fleet --backend azure_blob` runs N = 10, 30, 50 and 1000 simulated.
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
-from agent.coordination.coordination_rules import Held
+from agent.coordination.coordination_rules import FleetGate, Gates
 from agent.coordination.coordination_settings import AzureBlobConfig, CoordinationConfig
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.store_backend import StoreBackend
@@ -14,7 +14,6 @@ from agent.coordination.store_protocol import READY, approval_blob, marker_blob,
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import Metrics
 from agent.model.events import Event
-from agent.model.gate_specs import FleetGate, Gates
 from agent.model.tracker import Tracked
 from agent.state.state_store import Store
 from agent.windows.approval_policy import Profile
@@ -31,10 +30,12 @@ def setup(tmp_path, clock, blobs: MemoryStore, approve=None, **settings):
                              takeover_after=60.0, **settings)
     health = HealthStore(clock)
     backend = StoreBackend(cfg.azure_blob, token=lambda r, c: b"", clock=clock, metrics=Metrics(), health=health,
-                           secret=lambda key, path: None, on_change=lambda: None, takeover_after=lambda: 60.0)
+                           secret=lambda key, path: None, on_change=lambda: None, takeover_after=lambda: 60.0,
+                           local_health=lambda: health.to_json(False))
     backend.exchange.open_store = lambda: blobs
     coord = Coordinator(cfg, approve=approve or sent.append, store=Store(tmp_path, clock), clock=clock,
-                        metrics=Metrics(), poll_interval=1.0, backend=backend, health=health)
+                        metrics=Metrics(), poll_interval=1.0, backend=backend, health=health,
+                        local_health=lambda: health.to_json(False))
     return coord, sent, health
 
 
@@ -89,15 +90,36 @@ def test_manual_claims_only_after_the_operators_go(tmp_path, clock) -> None:
     assert sent == [[EVENT]]
 
 
-def test_a_gate_that_holds_keeps_the_claim_free_for_others(tmp_path, clock) -> None:
-    """A fleet gate holding the approval: gates run before the claim, so no record is written at all."""
+def test_the_fleet_gate_counts_health_from_the_markers_and_holds_before_the_claim(tmp_path, clock) -> None:
+    """Fleet gate at 0 %: the other VM's marker says unhealthy, so the gate holds (no peer is asked over HTTP)
+    and, gates running before the claim, no record is written; its marker healthy again, the one POST goes."""
     blobs = MemoryStore()
-    other_ready(blobs)
+    blobs.put(marker_blob(EVENT, OTHER), marker_record(EVENT, OTHER, READY, "unhealthy"))
     coord, sent, _ = setup(tmp_path, clock, blobs)
-    coord.gate_checker.check = lambda *a, **k: Held("fleet", "2 of 2 VMs unhealthy")
-    ticks(coord, tracked(clock),
-          Profile(name="default", approval="auto", gates=Gates(fleet=FleetGate(max_percent_unhealthy=0))))
+    gated = Profile(name="default", approval="auto", gates=Gates(fleet=FleetGate(max_percent_unhealthy=0)))
+    t = tracked(clock)
+    ticks(coord, t, gated)
     assert sent == [] and approval_blob(EVENT) not in blobs.blobs
+    held = coord.view(EVENT)["approval_held"]
+    assert held["gate"] == "fleet" and OTHER in held["reason"]
+    other_ready(blobs)
+    clock.advance(10)
+    ticks(coord, t, gated)
+    assert sent == [[EVENT]]
+
+
+def test_this_vms_health_goes_into_its_marker_and_is_rewritten_when_it_changes(tmp_path, clock) -> None:
+    """A health report in Error on this VM: its marker says unhealthy (the other VMs' fleet gates count it),
+    rewritten as soon as the verdict changes."""
+    blobs = MemoryStore()
+    coord, _, health = setup(tmp_path, clock, blobs)
+    t = tracked(clock)
+    profile = Profile(name="default", approval="auto")
+    ticks(coord, t, profile)
+    assert blobs.blobs[marker_blob(EVENT, ME)][0]["health"] == "ok"
+    health.set("disk", "root", HealthState.ERROR, "full")
+    ticks(coord, t, profile)
+    assert blobs.blobs[marker_blob(EVENT, ME)][0]["health"] == "unhealthy"
 
 
 def test_a_dry_run_claims_nothing(tmp_path, clock) -> None:

@@ -85,7 +85,7 @@ class Rig:
 
     def sync(self, vms: tuple[str, ...], me: str, marker: str, listing: bool = True) -> None:
         """One loop tick's request and its answer taken in."""
-        self.exchange.run(EVENT, vms, me, marker, listing, self.clock.monotonic())
+        self.exchange.run(EVENT, vms, me, (marker, "ok"), listing, self.clock.monotonic())
         assert self.exchange.wait_idle(5)
         self.exchange.apply(self.clock.monotonic())
 
@@ -117,16 +117,16 @@ def test_the_last_vm_ready_claims_posts_once_and_records_the_approval(store: Mem
 
 
 def test_markers_are_written_once_per_state_and_lists_back_off(store: MemoryStore, clock: FakeClock) -> None:
-    """`preparing` then `ready`, each written once; in between, background lists only when due (2 s, 4 s, ...)."""
+    """`preparing` then `ready`, each written once; in between, background lists only when due (2.5 s, 5 s, ...)."""
     vms = ("web_3f2a9c1b", "web_7c0d11e4")
     rig = Rig(store, clock)
     rig.sync(vms, vms[0], PREPARING)
     rig.sync(vms, vms[0], PREPARING)
     assert store.ops == ["put", "list"]
-    clock.advance(2)
+    clock.advance(2.5)
     rig.sync(vms, vms[0], PREPARING)
     assert store.ops == ["put", "list", "list"]
-    clock.advance(3)
+    clock.advance(4)
     rig.sync(vms, vms[0], PREPARING)
     assert store.ops.count("list") == 2
     rig.sync(vms, vms[0], READY)
@@ -161,7 +161,7 @@ def test_a_marker_naming_another_vm_is_logged_reported_and_not_ready(store: Memo
     """A marker at web_b's name that says web_c: web_b is not ready, the problem is logged and reported once."""
     vms = ("web_a", "web_b")
     store.put(marker_blob(EVENT, "web_b"), {"maintd": "1", "kind": "vm", "event": EVENT.lower(), "vm": "web_c",
-                                            "state": READY})
+                                            "state": READY, "health": "ok"})
     rig = Rig(store, clock)
     rig.sync(vms, "web_a", READY)
     not_ready, step = rig.exchange.verdict(EVENT, vms, "web_a", 60)
@@ -262,7 +262,7 @@ def test_a_marker_the_store_lost_is_written_again(store: MemoryStore, clock: Fak
     rig = Rig(store, clock)
     rig.sync(vm, "web_a", READY)
     store.blobs.clear()
-    clock.advance(2)
+    clock.advance(2.5)
     rig.sync(vm, "web_a", READY)
     assert any(e["event"] == "store.marker_missing" for e in logs)
     rig.sync(vm, "web_a", READY)

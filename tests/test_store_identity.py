@@ -58,8 +58,8 @@ def test_the_emulator_answers_a_token_request_as_imds_does(imds: tuple[Emulator,
     assert c["iss"].startswith("https://sts.windows.net/") and c["aud"] == "https://storage.azure.com"
     assert c["nbf"] <= time.time() < c["exp"] == int(body["expires_on"])
     assert ask(base).json()["error"] == "invalid_request"
-    token = ask(base, resource="https://storage.azure.com/", client_id="c1").json()["access_token"]
-    assert claims(token)["appid"] == "c1"
+    user_assigned = ask(base, resource="https://storage.azure.com/", client_id="c1").json()
+    assert claims(user_assigned["access_token"])["appid"] == "c1"
 
 
 def test_azurite_in_oauth_mode_takes_the_emulators_token(imds: tuple[Emulator, str], tmp_path: Path,

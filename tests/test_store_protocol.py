@@ -18,6 +18,7 @@ from agent.coordination.store_protocol import (
     approval_blob,
     approval_record,
     event_folder,
+    fleet_health,
     marker_blob,
     marker_record,
     next_step,
@@ -86,6 +87,7 @@ def test_immediate_claims_without_waiting_for_markers() -> None:
     (lambda: marker(VMS[0], name=VMS[1]), "names VM"),
     (lambda: marker(VMS[1], extra="1"), "unknown field extra"),
     (lambda: marker(VMS[1], state="done"), "unknown state"),
+    (lambda: marker(VMS[1], health="fine"), "unknown health"),
     (lambda: marker(VMS[1], maintd="2"), "protocol version"),
     (lambda: marker(VMS[1], event="0000"), "not this event"),
     (lambda: Item(marker_blob(EVENT, VMS[1]), {"maintd": "1"}, "e", NOW), "missing"),
@@ -159,8 +161,10 @@ def test_the_claimer_stops_posting_before_anyone_may_take_over() -> None:
 
 
 def test_background_lists_back_off_and_bound_the_fleet_rate() -> None:
-    """A VM relists from 2 s doubling to a cap of vms/5 s within [10 s, 60 s]: a fleet lists at most ~5/s."""
-    assert [recheck_delay(n, 5) for n in (1, 2, 3, 4, 5)] == [2, 4, 8, 10, 10]
+    """A VM relists from a quarter of its cap (at least 2 s) doubling to the cap, vms/5 s within [10 s, 60 s]: a
+    fleet lists at most ~5/s, and a large one starts slow (15 s at 1000 VMs)."""
+    assert [recheck_delay(n, 5) for n in (1, 2, 3, 4, 5)] == [2.5, 5, 10, 10, 10]
+    assert [recheck_delay(n, 1000) for n in (1, 2, 3, 4)] == [15, 30, 60, 60]
     assert recheck_delay(20, 100) == 20 and recheck_delay(20, 500) == 60
     assert 100 / recheck_delay(20, 100) <= 5
     assert [retry_delay(n) for n in (1, 2, 3, 6, 50)] == [1, 2, 4, 30, 30]
@@ -176,3 +180,9 @@ def test_a_claim_is_rechecked_right_when_it_may_be_taken_over_spread_over_the_fl
     assert takeover_check_delay(claimed, VMS[0], 60, 3, 0.0) is None
     assert takeover_check_delay(listing(*ready, record(VMS[0], APPROVED)), VMS[1], 60, 3, 0.0) is None
     assert takeover_check_delay(listing(*ready), VMS[1], 60, 3, 0.0) is None
+
+
+def test_the_fleet_gate_reads_each_vms_health_from_its_marker() -> None:
+    """ok / unhealthy as each VM recorded it; a VM without a readable marker is unreachable to the gate."""
+    seen = listing(marker(VMS[0]), marker(VMS[1], health="unhealthy"))
+    assert fleet_health(seen, VMS) == {VMS[0]: "ok", VMS[1]: "unhealthy", VMS[2]: "unreachable"}

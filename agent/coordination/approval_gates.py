@@ -39,12 +39,19 @@ from agent.metrics import Metrics
 from agent.model.gate_specs import Gates, PrometheusGate
 
 
+FleetStates = Callable[[str, Sequence[str], str, bool], dict[str, str]]
+"""(event id, Resources, this VM, warning as error) -> each VM's ok / unhealthy / unreachable: asked of the
+peers' /v1/health, or (backend azure_blob) read from their markers in the store."""
+
+
 class GateChecker:
     """Evaluates the gates of the profile in force for one event, right before the approval would go out."""
 
     def __init__(self, client: PeerClient, peer_url: Callable[[str], str | None],
-                 local_health: Callable[[], dict[str, Any]], max_concurrency: int, metrics: Metrics) -> None:
+                 local_health: Callable[[], dict[str, Any]], max_concurrency: int, metrics: Metrics,
+                 fleet_states: FleetStates | None = None) -> None:
         self.client = client
+        self.fleet_states = fleet_states or self._fleet_states
         self.peer_url = peer_url
         self.local_health = local_health
         self.max_concurrency = max_concurrency
@@ -62,7 +69,7 @@ class GateChecker:
                     return held
             gate = "fleet"
             if gates.fleet is not None:
-                states = self._fleet_states(event_id, resources, vm_name, warning_as_error)
+                states = self.fleet_states(event_id, resources, vm_name, warning_as_error)
                 return fleet_verdict(states, gates.fleet)
         except Exception as exc:  # an answer nobody foresaw: hold, say so, ask again next tick
             self._failed(gate, exc)

@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -37,8 +37,8 @@ from agent.coordination.store_protocol import Item, StoreError
 
 CONNECT_TIMEOUT, READ_TIMEOUT = 5.0, 10.0
 """Seconds to connect to the store and to wait for one answer."""
-RETRIES, RETRY_BACKOFF = 2, 0.5
-"""The SDK's own retries of one request, 0.5 s apart (its default waits 15 s, then 18 s); maintd retries the rest."""
+RETRIES, RETRY_BACKOFF = 2, 1
+"""The SDK's own retries of one request, 1 s apart (its default waits 15 s, then 18 s); maintd retries the rest."""
 PAGE, MAX_PAGES = 250, 8
 """Blobs per page of a listing, and pages read (an event names at most 1000 VMs): a page of 5000 costs
 the SDK about 15 MB while it turns the XML into objects; 250 keep a 1000-VM listing near 5 MB."""
@@ -64,8 +64,8 @@ def outcome_of(exc: BaseException) -> StoreError:
         return exc
     if isinstance(exc, ClientAuthenticationError) and getattr(exc, "status_code", None) is None:
         return StoreError("token_failed", f"no token for the store: {str(exc)[:300]}")
-    status = getattr(exc, "status_code", None) if isinstance(exc, HttpResponseError) else None
-    if isinstance(exc, HttpResponseError) and isinstance(status, int):
+    status = exc.status_code if isinstance(exc, HttpResponseError) else None
+    if status is not None:
         code = getattr(exc, "error_code", None) or ""
         label = ("denied" if status in (401, 403) else "not_found" if status == 404 else
                  "throttled" if status in (429, 503) else "server_error" if status >= 500 else "refused")
@@ -93,8 +93,7 @@ class BlobStore:
     def open(cls, settings: Settings, count: Count) -> BlobStore:
         """A store over the SDK's client: connection string (Azurite, tests) or a token credential."""
         options: dict[str, Any] = {"connection_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
-                                   # the SDK types backoff as int seconds; it sleeps any number of them
-                                   "retry_policy": LinearRetry(backoff=cast(int, RETRY_BACKOFF), random_jitter_range=0,
+                                   "retry_policy": LinearRetry(backoff=RETRY_BACKOFF, random_jitter_range=0,
                                                                retry_total=RETRIES)}
         if settings.connection_string is not None:
             client = ContainerClient.from_connection_string(settings.connection_string, settings.container, **options)

@@ -84,8 +84,7 @@ class Coordinator:
                  gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
                  warning_as_error: bool = False, health: HealthStore | None = None,
                  backend: StoreBackend | None = None) -> None:
-        self.settings = settings
-        self.store_backend = backend
+        self.settings, self.store_backend = settings, backend
         self.approve_fn = approve
         self.store = store
         self.clock = clock
@@ -101,7 +100,7 @@ class Coordinator:
         self.gates = gates
         self.warning_as_error = warning_as_error
         self.gate_checker = GateChecker(self.client, lambda name: self.address(name).url, local_health,
-                                        settings.max_concurrency, metrics)
+                                        settings.max_concurrency, metrics, backend.fleet_states if backend else None)
         self.approver = Approver(approve=approve, store=store, clock=clock, metrics=metrics,
                                  gate_checker=self.gate_checker, backend=backend, done=lambda: self.on_change())
 
@@ -156,9 +155,8 @@ class Coordinator:
             pending = local_pending(t) if mode in AWAITING_PREPARATION or self.store_backend is not None else []
             manual = self.store.result(event_id, "manual_approval") is not None
             if self.store_backend is not None:
-                reachable: list[str] = []  # no peers to hear from: the store decides who may claim
-                waiting, step = self.store_backend.inputs(event_id, t.event, vm_name, pending, mode, manual,
-                                                          self._sent(event_id))
+                waiting, reachable, step = self.store_backend.inputs(
+                    event_id, t.event, vm_name, pending, mode, manual, self._sent(event_id))
             else:
                 waiting, reachable, step = self._peer_inputs(event_id, state, t, vm_name, rank, mode, pending, now)
                 if not reachable:

@@ -15,14 +15,22 @@ from typing import Any
 
 from agent import logs
 from agent.clock import Clock
+from agent.coordination.coordination_rules import OK, UNREACHABLE, peer_state
 from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.coordination.store_exchange import Snapshot, Store, StoreExchange
-from agent.coordination.store_protocol import PREPARING, READY, Fetch, Step, post_deadline, unstorable
+from agent.coordination.store_protocol import (
+    HEALTHY,
+    PREPARING,
+    READY,
+    UNHEALTHY,
+    Fetch,
+    Step,
+    post_deadline,
+    unstorable,
+)
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import STORE_OPS, Metrics
-from agent.model.events import SCHEDULED, Event
-from agent.model.timefmt import iso_z_or_none
-from agent.windows.approval_policy import AUTO, IMMEDIATE, MANUAL
+from agent.model.events import Event
 
 SOURCE = "coordination"
 CONNECTION_STRING_KEY = "coordination.azure_blob.connection_string_file"
@@ -33,12 +41,21 @@ def marker_state(pending: Sequence[str]) -> str:
     return PREPARING if pending else READY
 
 
+def own_health(local_health: dict[str, Any], event_id: str, warning_as_error: bool) -> str:
+    """This VM's health as the fleet gate counts it (its own reports about the event left out)."""
+    return HEALTHY if peer_state(local_health, event_id, warning_as_error) == OK else UNHEALTHY
+
+
 class StoreBackend:
     """The coordinator's side of the store: thread use as in `store_exchange` (loop, workers, approver)."""
 
     def __init__(self, config: AzureBlobConfig, *, token: Fetch, clock: Clock, metrics: Metrics,
                  health: HealthStore, secret: Callable[[str, str | None], str | None],
-                 on_change: Callable[[], None], takeover_after: Callable[[], float]) -> None:
+                 on_change: Callable[[], None], takeover_after: Callable[[], float],
+                 local_health: Callable[[], dict[str, Any]] = lambda: {},
+                 warning_as_error: Callable[[], bool] = lambda: False) -> None:
+        self.local_health = local_health
+        self.warning_as_error = warning_as_error
         self.config = config
         self.token = token
         self.clock = clock
@@ -83,20 +100,22 @@ class StoreBackend:
         self.exchange.apply(self.clock.monotonic())
 
     def inputs(self, event_id: str, event: Event, vm_name: str, pending: Sequence[str], mode: str, manual: bool,
-               sent: bool) -> tuple[list[str], Step | None]:
-        """Queue this event's store requests; (the other VMs not recorded ready, the protocol's next step). Nothing
+               sent: bool) -> tuple[list[str], list[str], Step | None]:
+        """Queue this event's store requests; (the other VMs not recorded ready, no lower-ranked VM to wait for:
+        any VM may claim, the protocol's next step). Nothing
         for an event no longer Scheduled or already approved by this VM; lists only while this VM may claim (ready
         and allowed by its profile; `immediate` at once)."""
         resources = event.resources
-        if event.status != SCHEDULED or sent:
-            return [], None
+        if event.status != "Scheduled" or sent:
+            return [], [], None
         why = unstorable(event_id, resources)
         if why is not None:
-            return list(resources), Step("wait", f"not coordinated through the store: {why}")
-        may_approve = mode == IMMEDIATE or (not pending and (mode == AUTO or (mode == MANUAL and manual)))
-        self.exchange.run(event_id, resources, vm_name, marker_state(pending), may_approve, self.clock.monotonic())
-        waiting, step = self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != IMMEDIATE)
-        return [n for n in waiting if n.casefold() != vm_name.casefold()], step
+            return list(resources), [], Step("wait", f"not coordinated through the store: {why}")
+        may_approve = mode == "immediate" or (not pending and (mode == "auto" or (mode == "manual" and manual)))
+        mark = (marker_state(pending), own_health(self.local_health(), event_id, self.warning_as_error()))
+        self.exchange.run(event_id, resources, vm_name, mark, may_approve, self.clock.monotonic())
+        waiting, step = self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != "immediate")
+        return [n for n in waiting if n.casefold() != vm_name.casefold()], [], step
 
     def end(self, pending: set[str]) -> Snapshot:
         """Forget the events no longer in the document; publish the snapshot the API reads."""
@@ -137,9 +156,18 @@ class StoreBackend:
                  "vms": [{"name": n, "state": s} for n, s in v.vms],
                  "approval": None if v.approval is None else {
                      "by": v.approval.by, "state": v.approval.state, "attempt": v.approval.attempt,
-                     "at": iso_z_or_none(v.approval.at)},
+                     "at": v.approval.at.isoformat() if v.approval.at else None},
                  "store_error": v.error, "problems": list(v.problems)}
                 for v in self.exchange.snapshot.events]
+
+    def fleet_states(self, event_id: str, resources: Sequence[str], vm_name: str,
+                     warning_as_error: bool) -> dict[str, str]:
+        """The fleet gate's input on this backend (approver thread): this VM's health now, the others' as their
+        markers said in the last listing (the loop's published snapshot); no marker counts as unreachable."""
+        view = next((v for v in self.exchange.snapshot.events if v.event_id == event_id), None)
+        health = dict(view.health) if view is not None else {}
+        me = own_health(self.local_health(), event_id, warning_as_error)
+        return {n: me if n.casefold() == vm_name.casefold() else health.get(n, UNREACHABLE) for n in resources}
 
     def wait_idle(self, timeout: float) -> bool:
         return self.exchange.wait_idle(timeout)

@@ -41,6 +41,7 @@ from agent.coordination.store_protocol import (
     approval_blob,
     approval_record,
     event_folder,
+    fleet_health,
     marker_blob,
     marker_record,
     next_step,
@@ -54,6 +55,8 @@ from agent.coordination.store_protocol import (
 )
 from agent.lanes import Lanes
 
+Mark = tuple[str, str]
+"""A marker's content: (state, health)."""
 STORE, RECORDS = "store", "store_records"
 """The health reports (source `coordination`): the store's last answer, and records the protocol did not write."""
 Report = Callable[[str, bool, str], None]
@@ -80,7 +83,7 @@ class EventState:
     resources: tuple[str, ...] = ()
     me: str = ""
     wanted: bool = False
-    marker: str | None = None
+    marker: Mark | None = None
     busy: bool = False
     listing: Listing | None = None
     due: float = float("-inf")
@@ -98,7 +101,7 @@ class Result:
     event_id: str
     at: float
     sync: bool = True
-    marker: str | None = None
+    marker: Mark | None = None
     listing: Listing | None = None
     approval: Approval | None = None
     error: StoreError | None = None
@@ -120,6 +123,7 @@ class Claim:
 class EventView:
     event_id: str
     vms: tuple[tuple[str, str], ...]
+    health: tuple[tuple[str, str], ...]
     approval: Approval | None
     error: str | None
     problems: tuple[str, ...]
@@ -181,12 +185,12 @@ class StoreExchange:
 
         self._lanes.submit("", open_quietly)
 
-    def _sync(self, event_id: str, resources: tuple[str, ...], me: str, write: str | None, lists: bool) -> None:
+    def _sync(self, event_id: str, resources: tuple[str, ...], me: str, write: Mark | None, lists: bool) -> None:
         written = None
         try:
             store = self.store()
             if write is not None:
-                store.put(marker_blob(event_id, me), marker_record(event_id, me, write))
+                store.put(marker_blob(event_id, me), marker_record(event_id, me, *write))
                 written = write
             listing = None
             if lists:
@@ -252,7 +256,7 @@ class StoreExchange:
 
     # --- loop side ---------------------------------------------------------------------------
 
-    def run(self, event_id: str, resources: Sequence[str], me: str, marker: str, listing_wanted: bool,
+    def run(self, event_id: str, resources: Sequence[str], me: str, marker: Mark, listing_wanted: bool,
             now: float) -> None:
         """Queue this tick's request for one event: write the marker if it changed; list after it and when due,
         but only while `listing_wanted` (this VM could claim: a VM still preparing writes its marker only)."""
@@ -316,16 +320,16 @@ class StoreExchange:
 
     def _listed(self, event_id: str, st: EventState, listing: Listing, now: float) -> None:
         st.listing = listing
-        self.log.debug("store.listed", event_id=event_id,
-                       ready=len(st.resources) - len(not_ready(listing, st.resources)), of=len(st.resources),
+        ready = len(st.resources) - len(not_ready(listing, st.resources))
+        self.log.debug("store.listed", event_id=event_id, ready=ready, of=len(st.resources),
                        approval=listing.approval.state if listing.approval else None)
         st.checks += 1
         n = len(st.resources)
         takeover = takeover_check_delay(listing, st.me, self.takeover_after(), n, random.random())
         st.due = now + min(recheck_delay(st.checks, n), takeover if takeover is not None else float("inf"))
         own = listing.markers.get(st.me.casefold())
-        if st.marker is not None and (own is None or own.state != st.marker):
-            self.log.warning("store.marker_missing", event_id=event_id, expected=st.marker,
+        if st.marker is not None and (own is None or (own.state, own.health) != st.marker):
+            self.log.warning("store.marker_missing", event_id=event_id, expected=st.marker[0],
                              found=own.state if own else None, effect="written again")
             st.marker = None  # the store lost it (emptied, deleted by hand): the next tick writes it again
         for problem in sorted(set(listing.problems) - st.problems):
@@ -353,6 +357,7 @@ class StoreExchange:
     def publish(self) -> Snapshot:
         """Replace the immutable snapshot the API reads."""
         views = tuple(EventView(event_id, tuple((n, vm_state(st.listing, n)) for n in st.resources),
+                                tuple(fleet_health(st.listing, st.resources).items()),
                                 st.listing.approval if st.listing else None,
                                 str(st.error) if st.error else None, tuple(sorted(st.problems)))
                       for event_id, st in self._events.items())

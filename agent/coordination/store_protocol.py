@@ -3,7 +3,8 @@
 Layout, in the configured container (one folder per event, written only by the VMs it names):
 
     events/{event-id}/vm/{vm-name}    a VM's marker, written by that VM only (unconditional put):
-                                      {maintd: 1, kind: vm, event, vm, state: preparing | ready}
+                                      {maintd: 1, kind: vm, event, vm, state: preparing | ready,
+                                       health: ok | unhealthy}
     events/{event-id}/approval        the approval record; created with If-None-Match: * (the claim),
                                       rewritten only with If-Match: <its ETag>:
                                       {maintd: 1, kind: approval, event, by, state, attempt}
@@ -27,12 +28,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from agent.coordination.coordination_rules import UNREACHABLE
 from agent.errors import MaintdError
 
 VERSION = "1"
 PREPARING, READY = "preparing", "ready"
 CLAIMED, APPROVED, RELEASED, UNREADABLE = "claimed", "approved", "released", "unreadable"
-MARKER_FIELDS = frozenset({"maintd", "kind", "event", "vm", "state"})
+HEALTHY, UNHEALTHY = "ok", "unhealthy"
+MARKER_FIELDS = frozenset({"maintd", "kind", "event", "vm", "state", "health"})
 APPROVAL_FIELDS = frozenset({"maintd", "kind", "event", "by", "state", "attempt"})
 MAX_ATTEMPT = 1_000_000
 EVENT_ID = re.compile(r"^[A-Za-z0-9-]{1,128}$")
@@ -41,7 +44,7 @@ VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 """VM names maintd stores: Azure's VM names (letters, digits, `_`, `-`, `.`), as in Resources."""
 
 RECHECK_FIRST = 2.0
-"""Seconds before a VM first lists an event again after its own write (then doubling)."""
+"""Fewest seconds before a VM first lists an event again after its own list (then doubling)."""
 FLEET_LIST_RATE = 5.0
 """Lists per second a whole fleet stays under once every VM's recheck has backed off (below RECHECK_MAX)."""
 RECHECK_FLOOR, RECHECK_MAX = 10.0, 60.0
@@ -85,9 +88,9 @@ def unstorable(event_id: str, names: Sequence[str]) -> str | None:
     return f"Resources holds names the store does not take: {', '.join(n[:40] for n in odd[:3])}" if odd else None
 
 
-def marker_record(event_id: str, vm: str, state: str) -> dict[str, str]:
-    """A VM's marker as blob metadata."""
-    return {"maintd": VERSION, "kind": "vm", "event": event_id.lower(), "vm": vm, "state": state}
+def marker_record(event_id: str, vm: str, state: str, health: str = HEALTHY) -> dict[str, str]:
+    """A VM's marker as blob metadata: its readiness, and its health as the fleet gate counts it."""
+    return {"maintd": VERSION, "kind": "vm", "event": event_id.lower(), "vm": vm, "state": state, "health": health}
 
 
 def approval_record(event_id: str, by: str, state: str, attempt: int) -> dict[str, str]:
@@ -113,6 +116,7 @@ class Marker:
     vm: str
     state: str
     age: float
+    health: str = HEALTHY
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,9 @@ def parse_marker(event_id: str, path_name: str, metadata: Mapping[str, str], age
         return f"names VM {fields['vm'][:64]!r}"
     if fields["state"] not in (PREPARING, READY):
         return f"unknown state {fields['state'][:16]!r}"
-    return Marker(fields["vm"], fields["state"], age)
+    if fields["health"] not in (HEALTHY, UNHEALTHY):
+        return f"unknown health {fields['health'][:16]!r}"
+    return Marker(fields["vm"], fields["state"], age, fields["health"])
 
 
 def parse_approval(event_id: str, metadata: Mapping[str, str], etag: str, age: float,
@@ -221,6 +227,12 @@ def not_ready(listing: Listing | None, resources: Sequence[str]) -> list[str]:
     """The VMs named in Resources without a readable `ready` marker, in Resources order."""
     markers = listing.markers if listing is not None else {}
     return [n for n in resources if (m := markers.get(n.casefold())) is None or m.state != READY]
+
+
+def fleet_health(listing: Listing | None, resources: Sequence[str]) -> dict[str, str]:
+    """For the fleet gate: each VM's health as its marker says (ok / unhealthy), `unreachable` without one."""
+    markers = listing.markers if listing is not None else {}
+    return {n: m.health if (m := markers.get(n.casefold())) is not None else UNREACHABLE for n in resources}
 
 
 def vm_state(listing: Listing | None, name: str) -> str:
@@ -287,9 +299,12 @@ def post_deadline(takeover_after: float) -> float:
 
 
 def recheck_delay(checks: int, vms: int) -> float:
-    """Wait before this VM lists an event again on its own, after `checks` lists that settled nothing."""
+    """Wait before this VM lists an event again on its own, after `checks` lists that settled nothing: from a
+    quarter of the cap (at least RECHECK_FIRST) doubling to the cap, vms / FLEET_LIST_RATE within
+    [RECHECK_FLOOR, RECHECK_MAX]. The last VM ready claims from its own list; these are for a takeover,
+    a late operator's go, or a claimer that failed, so a large fleet need not look often."""
     cap = min(RECHECK_MAX, max(RECHECK_FLOOR, vms / FLEET_LIST_RATE))
-    return min(cap, RECHECK_FIRST * 2 ** max(0, min(checks, 16) - 1))
+    return min(cap, max(RECHECK_FIRST, cap / 4) * 2 ** max(0, min(checks, 16) - 1))
 
 
 def takeover_check_delay(listing: Listing, me: str, takeover_after: float, vms: int, jitter: float) -> float | None:

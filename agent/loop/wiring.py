@@ -149,7 +149,9 @@ class Parts:
                             token=lambda resource, client_id: self.imds.identity_token(resource, client_id),
                             clock=self.clock, metrics=self.metrics, health=self.health, secret=self.secrets.read,
                             on_change=callbacks.coordination_changed,
-                            takeover_after=lambda: self.config.coordination.takeover_after)
+                            takeover_after=lambda: self.config.coordination.takeover_after,
+                            local_health=self.health_json,
+                            warning_as_error=lambda: self.config.health.consider_warning_as_error)
 
     def peer_token(self) -> str | None:
         """The shared token peers must present on /v1 reads (None: reads are open)."""

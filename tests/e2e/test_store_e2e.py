@@ -7,6 +7,7 @@ import os
 import socket
 import socketserver
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,20 @@ def test_the_managed_identity_path_over_https(start_emulator, start_agent, tmp_p
     finally:
         proxy.stop()
         server.stop()
+
+
+def test_no_store_traffic_while_no_event_names_the_vm(start_emulator, start_agent, azurite: Azurite,
+                                                      tmp_path: Path) -> None:  # noqa: F811
+    """Idle agents make no store request at all; an event naming only web_3f2a9c1b costs web_7c0d11e4
+    nothing either, while web_3f2a9c1b (alone in Resources) claims and posts."""
+    container = azurite.new_container()
+    vms = FLEX[:2]
+    emu = start_emulator(vms)
+    agents = {vm: start_agent(emu, vm, store_config(azurite, container, tmp_path / f"{vm}-conf")) for vm in vms}
+    time.sleep(1.5)  # a few polls: the store client is opened in the background, nothing is sent
+    assert [metric(a, "maintd_store_requests_total") for a in agents.values()] == [0, 0]
+    eid = emu.add_event(event_type="Reboot", resources=[vms[0]], notice=300)
+    wait_until(lambda: emu.approvals(vms[0]), 30, "the approval")
+    assert metric(agents[vms[1]], "maintd_store_requests_total") == 0
+    assert metric(agents[vms[0]], "maintd_store_requests_total", op="create", outcome="ok") == 1
+    assert eid

@@ -55,8 +55,8 @@ def test_a_claimer_killed_between_claim_and_post_is_taken_over_with_one_post_in_
 def test_the_store_gone_mid_event_holds_the_approval_warns_and_recovers(start_emulator, start_agent,
                                                                         tmp_path: Path) -> None:
     """Azurite stops while the last VM is still preparing: no POST, a Warning `coordination`/`store` report and
-    store failures in the metric; Azurite back (empty: in memory), the agents rewrite their markers by themselves
-    and the one POST goes out."""
+    store failures in the metric, and the polls keep their 100 ms cadence throughout; Azurite back (empty: in
+    memory), the agents rewrite their markers by themselves and the one POST goes out."""
     server = start(tmp_path)
     try:
         container = server.new_container()
@@ -70,11 +70,14 @@ def test_the_store_gone_mid_event_holds_the_approval_warns_and_recovers(start_em
         eid = emu.add_event(event_type="Reboot", resources=vms, notice=300)
         agents[vms[0]].wait_log("store.listed", event_id=eid, timeout=20)
         server.stop()
+        down_at = time.time()
         slow = agents[vms[1]]
         slow.wait_log("store.request_failed", timeout=30)
         wait_until(lambda: (done / f"{vms[1]}.done").exists(), 20, "the slow hook")
         time.sleep(2)
         assert approvals(emu, vms) == []
+        polls = [r["time"] for r in emu.requests(vms[1]) if "scheduledevents" in r["path"] and r["time"] >= down_at]
+        assert max(b - a for a, b in zip(polls, polls[1:], strict=False)) < 0.5, "the poll loop waited on the store"
         health = slow.get("/v1/health").json()["HealthEvents"]
         assert any(r["SourceId"] == "coordination" and r["Property"] == "store" and r["HealthState"] == "Warning"
                    for r in health), health
