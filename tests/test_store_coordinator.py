@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
-from agent.coordination.coordination_rules import FleetGate, Gates
 from agent.coordination.coordination_settings import AzureBlobConfig, CoordinationConfig
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.store_backend import StoreBackend
@@ -14,6 +13,7 @@ from agent.coordination.store_protocol import READY, approval_blob, marker_blob,
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import Metrics
 from agent.model.events import Event
+from agent.model.gate_specs import FleetGate, Gates
 from agent.model.tracker import Tracked
 from agent.state.state_store import Store
 from agent.windows.approval_policy import Profile

@@ -38,7 +38,6 @@ from agent.coordination.peer_client import PeerClient
 from agent.metrics import Metrics
 from agent.model.gate_specs import Gates, PrometheusGate
 
-
 FleetStates = Callable[[str, Sequence[str], str, bool], dict[str, str]]
 """(event id, Resources, this VM, warning as error) -> each VM's ok / unhealthy / unreachable: asked of the
 peers' /v1/health, or (backend azure_blob) read from their markers in the store."""
