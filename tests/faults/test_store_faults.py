@@ -21,20 +21,26 @@ def approvals(emu, vms: list[str]) -> list[dict]:
     return [a for vm in vms for a in emu.approvals(vm)]
 
 
+def fleet(start_emulator, start_agent, tmp_path: Path, server, hook_seconds: tuple[float, ...]):
+    """Agents with Flexible names on one new container, each with a hook of its own length (and its
+    `done` marker file): (emulator, VM names, agents by name, the done dir, the container)."""
+    container = server.new_container()
+    vms = FLEX[:len(hook_seconds)]
+    emu = start_emulator(vms)
+    done = tmp_path / "done"
+    done.mkdir()
+    agents = {vm: start_agent(emu, vm, {**store_config(server, container, tmp_path / f"{vm}-conf"),
+                                        **hook(seconds, done)}) for vm, seconds in zip(vms, hook_seconds, strict=True)}
+    return emu, vms, agents, done, container
+
+
 def test_a_claimer_killed_between_claim_and_post_is_taken_over_with_one_post_in_all(
         start_emulator, start_agent, tmp_path: Path) -> None:
     """The slowest VM claims; its POST hangs at IMDS; it is killed (SIGKILL) holding the claim. Another VM takes
     the claim over once it is takeover_after (4 s) old on the store's clock and sends the only POST."""
     server = start(tmp_path)
     try:
-        container = server.new_container()
-        vms = FLEX[:3]
-        emu = start_emulator(vms)
-        done = tmp_path / "done"
-        done.mkdir()
-        sleeps = dict(zip(vms, (0.5, 0.5, 2.0), strict=True))
-        agents = {vm: start_agent(emu, vm, {**store_config(server, container, tmp_path / f"{vm}-conf"),
-                                            **hook(sleeps[vm], done)}) for vm in vms}
+        emu, vms, agents, done, container = fleet(start_emulator, start_agent, tmp_path, server, (0.5, 0.5, 2.0))
         claimer = vms[2]
         emu.admin("POST", "faults", claimer, vm=claimer, kind="hang", path="/metadata/scheduledevents",
                   method="POST")
@@ -59,14 +65,7 @@ def test_the_store_gone_mid_event_holds_the_approval_warns_and_recovers(start_em
     memory), the agents rewrite their markers by themselves and the one POST goes out."""
     server = start(tmp_path)
     try:
-        container = server.new_container()
-        vms = FLEX[:2]
-        emu = start_emulator(vms)
-        done = tmp_path / "done"
-        done.mkdir()
-        sleeps = dict(zip(vms, (0.2, 4.0), strict=True))
-        agents = {vm: start_agent(emu, vm, {**store_config(server, container, tmp_path / f"{vm}-conf"),
-                                            **hook(sleeps[vm], done)}) for vm in vms}
+        emu, vms, agents, done, container = fleet(start_emulator, start_agent, tmp_path, server, (0.2, 4.0))
         eid = emu.add_event(event_type="Reboot", resources=vms, notice=300)
         agents[vms[0]].wait_log("store.listed", event_id=eid, timeout=20)
         server.stop()
@@ -96,14 +95,7 @@ def test_a_vm_that_never_becomes_ready_means_no_post_and_the_event_starts_at_not
     """One VM's hook never ends: nobody claims, no POST; the platform starts the event at NotBefore."""
     server = start(tmp_path)
     try:
-        container = server.new_container()
-        vms = FLEX[:2]
-        emu = start_emulator(vms)
-        done = tmp_path / "done"
-        done.mkdir()
-        sleeps = dict(zip(vms, (0.2, 600), strict=True))
-        agents = {vm: start_agent(emu, vm, {**store_config(server, container, tmp_path / f"{vm}-conf"),
-                                            **hook(sleeps[vm], done)}) for vm in vms}
+        emu, vms, agents, done, container = fleet(start_emulator, start_agent, tmp_path, server, (0.2, 600))
         eid = emu.add_event(event_type="Reboot", resources=vms, notice=8)
 
         def started() -> bool:
