@@ -8,17 +8,16 @@
     │   └── ImdsUnavailable      connection error, timeout, 404/410/429/5xx: transient
     ├── StateError             the state file could not be read or written
     ├── HttpError              an HTTP request to maintd's server gets an error answer (status, headers)
-    ├── ExchangeTimeout (TimeoutError)  a peer, gate or webhook exchange did not end within its deadline
+    ├── ExchangeTimeout (TimeoutError)  an HTTP exchange (IMDS, a peer, gate or webhook) missed its deadline
     └── BadInput (ValueError)  input from a party maintd does not control is refused
         ├── UnsafeJson           too large or too deeply nested to parse
-        ├── AnswerTooLarge       a peer, gate or webhook answer over the caller's byte cap
+        ├── AnswerTooLarge       an answer (IMDS, a peer, gate or webhook) over the caller's byte cap
         ├── DocumentError        a Scheduled Events document unusable as a whole
         └── HealthReportRefused  a health report the store will not keep
             ├── StaleReport, ReservedSource, TooManyReports
 
-Private control-flow exceptions inside one module (`_PositionedError`, `_Retryable`, `_Closed`) and
-the connection module's `Timeout`/`TooLarge` (turned into `ImdsError` before they leave
-`imds.py`) stay where they are raised.
+Private control-flow exceptions inside one module (`_PositionedError`, `_Retryable`, `_Closed`) stay
+where they are raised; the IMDS client turns whatever its connection raises into an `ImdsError`.
 """
 
 from __future__ import annotations
@@ -111,11 +110,12 @@ class BadInput(MaintdError, ValueError):
 
 
 class ExchangeTimeout(MaintdError, TimeoutError):
-    """A bounded HTTP exchange (`boundedhttp`) did not end, head and body, within its deadline."""
+    """A bounded HTTP exchange (`boundedhttp`, or the IMDS connection) did not end, head and body, within its
+    deadline."""
 
 
 class AnswerTooLarge(BadInput):
-    """A bounded HTTP exchange's answer is longer than the caller accepts."""
+    """A bounded HTTP exchange's answer (`boundedhttp`, or the IMDS connection) is longer than the caller accepts."""
 
 
 class UnsafeJson(BadInput):

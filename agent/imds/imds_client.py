@@ -23,8 +23,8 @@ from urllib.parse import urlencode, urlsplit
 
 from agent import jsonsafe, logs
 from agent.clock import Clock
-from agent.errors import ImdsError, ImdsRequestRejected, ImdsUnavailable
-from agent.imds.imds_connection import Connection, Reply, TooLarge, request_bytes, safe_header_value
+from agent.errors import AnswerTooLarge, ImdsError, ImdsRequestRejected, ImdsUnavailable
+from agent.imds.imds_connection import Connection, Reply, request_bytes, safe_header_value
 from agent.metrics import Metrics
 from agent.model.events import MAX_NAME, Document, parse_document
 from agent.model.identity import Identity, identity_from_compute
@@ -138,8 +138,9 @@ class ImdsClient:
         except Exception as exc:  # noqa: BLE001 - whatever the wire brings (the parser too) fails the request
             self.metrics.imds_requests.labels(endpoint_label, "error").inc()
             self.metrics.imds_duration.labels(endpoint_label).observe(self.clock.monotonic() - start)
-            kind = ("timed out" if isinstance(exc, TimeoutError) else "answer too large" if isinstance(exc, TooLarge)
-                    else "connection failed" if isinstance(exc, OSError) else "answer unreadable")
+            kind = ("timed out" if isinstance(exc, TimeoutError) else
+                    "answer too large" if isinstance(exc, AnswerTooLarge) else
+                    "connection failed" if isinstance(exc, OSError) else "answer unreadable")
             raise ImdsUnavailable(f"IMDS {kind}: {type(exc).__name__}: {str(exc)[:200]}") from exc
         self.metrics.imds_requests.labels(endpoint_label, str(reply.status)).inc()
         self.metrics.imds_duration.labels(endpoint_label).observe(self.clock.monotonic() - start)

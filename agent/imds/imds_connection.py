@@ -20,18 +20,12 @@ from dataclasses import dataclass
 from email.message import Message
 from urllib.parse import urlsplit
 
+from agent.errors import AnswerTooLarge, ExchangeTimeout
+
 CONNECT_TIMEOUT = 5.0
 """Seconds at most to open the connection (the rest of the deadline is for the answer)."""
 MAX_HEADER_VALUE = 256
 """Longest header value maintd sends back (ETag): a longer one is not echoed."""
-
-
-class Timeout(TimeoutError):
-    """The exchange's deadline passed (connecting, sending, or reading any part of the answer)."""
-
-
-class TooLarge(ValueError):
-    """The answer's body is larger than the caller accepts."""
 
 
 class _Closed(ConnectionResetError):
@@ -102,7 +96,7 @@ class _Response(http.client.HTTPResponse):
 def _left(deadline: float) -> float:
     left = deadline - time.monotonic()
     if left <= 0:
-        raise Timeout("deadline passed")
+        raise ExchangeTimeout("deadline passed")
     return left
 
 
@@ -141,7 +135,8 @@ class Connection:
                 pass
 
     def exchange(self, request: bytes, timeout: float, max_body: int) -> Reply:
-        """Send `request`, read the whole answer; raises Timeout, TooLarge, OSError or http.client.HTTPException.
+        """Send `request`, read the whole answer; raises ExchangeTimeout, AnswerTooLarge, OSError or
+        http.client.HTTPException.
 
         Everything (connect, send, status line, headers, body) happens within `timeout` seconds. A kept
         connection that turns out to be closed by the server (reset, or closed before an answer: the
@@ -182,10 +177,10 @@ class Connection:
             response.begin()
             length = response.length
             if length is not None and length > max_body:
-                raise TooLarge(f"{length} bytes announced, more than the {max_body} accepted")
+                raise AnswerTooLarge(f"{length} bytes announced, more than the {max_body} accepted")
             body = response.read(max_body + 1)
             if len(body) > max_body:
-                raise TooLarge(f"more than the {max_body} bytes accepted")
+                raise AnswerTooLarge(f"more than the {max_body} bytes accepted")
             if response.will_close or not response.isclosed():
                 self.close()
             return Reply(response.status, response.msg, body)
