@@ -154,15 +154,17 @@ class Coordinator:
             state.mode, state.rule = mode, rule
             pending = local_pending(t) if mode in AWAITING_PREPARATION or self.store_backend is not None else []
             manual = self.store.result(event_id, "manual_approval") is not None
+            sent = self._sent(event_id)
             if self.store_backend is not None:
-                waiting, reachable, step = self.store_backend.inputs(
-                    event_id, t.event, vm_name, pending, mode, manual, self._sent(event_id))
+                waiting, reachable, step = self.store_backend.inputs(event_id, t.event, vm_name, pending, mode, manual,
+                                                                     sent)
             else:
-                waiting, reachable, step = self._peer_inputs(event_id, state, t, vm_name, rank, mode, pending, now)
+                waiting, reachable, step = self._peer_inputs(event_id, state, t, vm_name, rank, mode, pending, sent,
+                                                             now)
                 if not reachable:
                     leading[t.event.type_label] = leading.get(t.event.type_label, 0) + 1
             decision = decide(
-                mode=mode, status=t.event.status, already_sent=self._sent(event_id),
+                mode=mode, status=t.event.status, already_sent=sent,
                 manual_requested=manual, local_pending=pending, peers_not_ready=waiting,
                 lower_ranked_reachable=reachable if mode != MANUAL else [], dry_run=dry_run)
             if decision.approve and step is not None and step.action not in CLAIMS:
@@ -204,12 +206,12 @@ class Coordinator:
             for eid, st in self._events.items()})
 
     def _peer_inputs(self, event_id: str, state: EventCoordination, t: Tracked, vm_name: str, rank: int, mode: str,
-                     pending: list[str], now: float) -> tuple[list[str], list[str], None]:
+                     pending: list[str], sent: bool, now: float) -> tuple[list[str], list[str], None]:
         """Peer backend: this tick's requests to peers; (peers not ready, lower-ranked peers still present, no step)."""
         s = self.settings
         others = [r for r in t.event.resources if r.casefold() != vm_name.casefold()]
         lower, higher = others[:rank], others[rank:]
-        if t.event.status == SCHEDULED and mode in ALLOWING and not self._sent(event_id):
+        if t.event.status == SCHEDULED and mode in ALLOWING and not sent:
             self.peers.run(event_id, state.exchange, vm_name, lower, higher, mode == AUTO, not pending, now)
         peers = self.peers.peers_now(state.exchange)
         return (not_ready(higher, peers, now, s.unreachable_peers, s.peer_timeout),
