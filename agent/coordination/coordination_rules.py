@@ -201,13 +201,62 @@ def lower_reachable(lower: Sequence[str], peers: Mapping[str, PeerState], now: f
 def not_ready(names: Sequence[str], peers: Mapping[str, PeerState], now: float, unreachable_peers: str,
               peer_timeout: float) -> list[str]:
     """Peers that block approval: not ready, unless `ignore` and unreachable for `peer_timeout`
-    (the peer-timeout rule)."""
+    (the peer-timeout rule). A `ready` once heard counts while the peer is silent: use it only for
+    peers that can never be posting themselves (see `readiness_missing`)."""
     waiting = []
     for name in names:
         peer = peers.get(name)
         if peer is not None and peer.ready:
             continue
-        if unreachable_peers == "ignore" and peer is not None and peer.unreachable_for(now) >= peer_timeout:
+        if waived(peer, now, unreachable_peers, peer_timeout):
             continue
         waiting.append(name)
     return waiting
+
+
+def waived(peer: PeerState | None, now: float, unreachable_peers: str, peer_timeout: float) -> bool:
+    """The opt-out of S1: with `unreachable_peers: ignore`, a peer silent for `peer_timeout` is not waited for."""
+    return unreachable_peers == "ignore" and peer is not None and peer.unreachable_for(now) >= peer_timeout
+
+
+def readiness_missing(lower: Sequence[str], higher: Sequence[str], peers: Mapping[str, PeerState], now: float,
+                      unreachable_peers: str, peer_timeout: float) -> list[str]:
+    """S1, the peers this VM still needs a positive `ready` from before it may POST: every VM named in
+    Resources but itself, the lower-ranked ones included (a takeover hands over the right to post,
+    never the readiness of the peer taken over).
+
+    Silence, an error or a wedge is never readiness. A higher-ranked peer's `ready`, once heard, stays
+    (readiness is final, and a higher-ranked peer never posts while this VM leads). A lower-ranked
+    peer's `ready` counts only while it answers: a lower-ranked peer that falls silent may be alive
+    behind a one-way partition or a wedged server, leading and posting itself, so its old answer is no
+    licence for a second POST (S2). Under `unreachable_peers: wait` a VM of rank > 0 therefore never
+    posts; a silent leader means the event starts at NotBefore. `ignore` waives any peer silent for
+    `peer_timeout`, lower-ranked included (the explicit opt-out of S1 and S2).
+    """
+    waiting = []
+    for name in lower:
+        peer = peers.get(name)
+        if (peer is None or not peer.ready or peer.failing) and not waived(peer, now, unreachable_peers,
+                                                                             peer_timeout):
+            waiting.append(name)
+    return waiting + not_ready(higher, peers, now, unreachable_peers, peer_timeout)
+
+
+def silent_leaders(lower: Sequence[str], peers: Mapping[str, PeerState], now: float, takeover_after: float,
+                   unreachable_peers: str, peer_timeout: float) -> list[str]:
+    """The lower-ranked peers that make this VM the acting leader by their silence (all silent for
+    `takeover_after`) yet hold its approval, because silence is never readiness: non-empty means no
+    early approval unless they answer again (the event starts at NotBefore). Empty when some lower-ranked
+    peer still answers (this VM does not lead) or every silent one is waived by `ignore`."""
+    if not lower or lower_reachable(lower, peers, now, takeover_after):
+        return []
+    return readiness_missing(lower, [], peers, now, unreachable_peers, peer_timeout)
+
+
+def may_post(lower: Sequence[str], higher: Sequence[str], peers: Mapping[str, PeerState], now: float, *,
+             takeover_after: float, unreachable_peers: str, peer_timeout: float) -> bool:
+    """Whether this VM's peer knowledge lets it POST (its own readiness and the profile aside): it is the
+    acting leader (every lower-ranked peer silent for `takeover_after`, or none) and S1 holds
+    (`readiness_missing` is empty). The model checker calls this with every reachable knowledge."""
+    return not lower_reachable(lower, peers, now, takeover_after) and \
+        not readiness_missing(lower, higher, peers, now, unreachable_peers, peer_timeout)

@@ -29,13 +29,13 @@ from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.approver import APPROVAL_KEY, Approver, Order
-from agent.coordination.coordination_rules import Held, lower_reachable, not_ready
+from agent.coordination.coordination_rules import Held, lower_reachable, readiness_missing, silent_leaders
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peer_addressing import Address
 from agent.coordination.peer_directory import SHOWN_PEERS
 from agent.coordination.peer_exchange import Exchange, PeerExchange, peer_fleet
 from agent.coordination.store_backend import StoreBackend
-from agent.health.health_store import HealthStore
+from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 from agent.model.events import SCHEDULED
 from agent.model.gate_specs import NO_GATES, Gates
@@ -62,6 +62,8 @@ class EventCoordination:
     sending: bool = False
     failed_at: float | None = None
     held: Held | None = None
+    silent: tuple[str, ...] = ()
+    """Peer backend: the silent lower-ranked peers that hold this VM's approval as acting leader."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class Coordinator:
                  gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
                  warning_as_error: bool = False, health: HealthStore | None = None,
                  backend: StoreBackend | None = None) -> None:
-        self.settings, self.store_backend = settings, backend
+        self.settings, self.store_backend, self.health = settings, backend, health
         self.approve_fn = approve
         self.store = store
         self.clock = clock
@@ -143,7 +145,8 @@ class Coordinator:
             self.peers.refresh([state.exchange for state in self._events.values()])
         leading: dict[str, int] = {}
         for event_id in [e for e in self._events if e not in tracked]:
-            del self._events[event_id]
+            if self._events.pop(event_id).silent and self.health is not None:
+                self.health.remove("coordination", f"takeover/{event_id}")
         for event_id, t in tracked.items():
             rank = t.event.rank(vm_name)
             if rank is None:
@@ -214,8 +217,29 @@ class Coordinator:
         if t.event.status == SCHEDULED and mode in ALLOWING and not sent:
             self.peers.run(event_id, state.exchange, vm_name, lower, higher, mode == AUTO, not pending, now)
         peers = self.peers.peers_now(state.exchange)
-        return (not_ready(higher, peers, now, s.unreachable_peers, s.peer_timeout),
+        self._silent(event_id, state, tuple(silent_leaders(lower, peers, now, s.takeover_after, s.unreachable_peers,
+                                                           s.peer_timeout)))
+        return (readiness_missing(lower, higher, peers, now, s.unreachable_peers, s.peer_timeout),
                 lower_reachable(lower, peers, now, s.takeover_after), None)
+
+    def _silent(self, event_id: str, state: EventCoordination, silent: tuple[str, ...]) -> None:
+        """Say once, in the log and in health (Warning), that this VM leads by the silence of the lower-ranked
+        peers and cannot approve early for want of their readiness; take it back when that ends."""
+        if silent == state.silent:
+            return
+        state.silent = silent
+        prop = f"takeover/{event_id}"
+        if silent:
+            self.log.warning("approval.leader_silent", event_id=event_id, peers=list(silent[:5]),
+                             outcome="no early approval while they are silent: the event starts at NotBefore")
+            if self.health is not None:
+                self.health.set("coordination", prop, HealthState.WARNING,
+                                f"{', '.join(silent[:5])} silent: this VM leads but cannot approve {event_id} early "
+                                "without their readiness (silence is never readiness); the event starts at NotBefore")
+        else:
+            self.log.info("approval.leader_back", event_id=event_id)
+            if self.health is not None:
+                self.health.remove("coordination", prop)
 
     def _sent(self, event_id: str) -> bool:
         rec = self.store.result(event_id, APPROVAL_KEY)

@@ -52,8 +52,23 @@ def test_one_post_per_event_and_none_while_a_peers_checkpoint_runs(start_emulato
     assert not agents["vm-2"].events("approval.sent") and not agents["vm-3"].events("approval.sent")
 
 
-def test_rank_1_takes_over_after_the_leader_is_killed(start_emulator, start_agent):
+def test_a_killed_leader_is_taken_over_but_never_approved_for_with_wait(start_emulator, start_agent):
+    """S1: vm-2 leads once vm-1 is silent for takeover_after, says it cannot approve early, and never POSTs."""
     emu, agents = fleet(start_emulator, start_agent, coordination={"takeover_after": "2s"})
+    agents["vm-1"].kill()
+    eid = emu.add_event(event_type="Reboot", resources=VMS, notice=300)
+    silent = agents["vm-2"].wait_log("approval.leader_silent", event_id=eid, timeout=20)
+    assert silent["peers"] == ["vm-1"]
+    health = agents["vm-2"].get("/v1/health").json()["HealthEvents"]
+    assert any(r["Property"] == f"takeover/{eid}" and r["HealthState"] == "Warning" for r in health)
+    polls = len(emu.requests("vm-2"))
+    wait_until(lambda: len(emu.requests("vm-2")) >= polls + 5, 10, "five more polls")
+    assert not all_approvals(emu)
+
+
+def test_rank_1_takes_over_a_killed_leader_with_ignore(start_emulator, start_agent):
+    emu, agents = fleet(start_emulator, start_agent, coordination={"takeover_after": "2s", "peer_timeout": "2s",
+                                                                   "unreachable_peers": "ignore"})
     agents["vm-1"].kill()
     eid = emu.add_event(event_type="Reboot", resources=VMS, notice=300)
     sent = agents["vm-2"].wait_log("approval.sent", event_id=eid, timeout=20)
