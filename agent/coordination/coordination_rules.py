@@ -253,10 +253,32 @@ def silent_leaders(lower: Sequence[str], peers: Mapping[str, PeerState], now: fl
     return readiness_missing(lower, [], peers, now, unreachable_peers, peer_timeout)
 
 
+def split_ranks(resources: Sequence[str], vm_name: str) -> tuple[list[str], list[str]]:
+    """The other VMs named, as (ranked before this VM, ranked after it); ([], others) when it is not named."""
+    others = [r for r in resources if r.casefold() != vm_name.casefold()]
+    rank = next((i for i, r in enumerate(resources) if r.casefold() == vm_name.casefold()), 0)
+    return others[:rank], others[rank:]
+
+
+def right_to_post(lower: Sequence[str], higher: Sequence[str], peers: Mapping[str, PeerState], now: float, *,
+                  needs_readiness: bool, takeover_after: float, unreachable_peers: str,
+                  peer_timeout: float) -> str | None:
+    """None when this VM's peer knowledge gives it the right to post, else why not: it is the acting leader
+    (every lower-ranked peer silent for `takeover_after`, or none) and, when the mode waits for the peers
+    (`auto`; `needs_readiness`), S1 holds. The coordinator's decision and the approver's recheck right
+    before every send both come here."""
+    present = lower_reachable(lower, peers, now, takeover_after)
+    if present:
+        return f"not the leader: {', '.join(present[:5])} ranked before this VM"
+    missing = readiness_missing(lower, higher, peers, now, unreachable_peers, peer_timeout) if needs_readiness \
+        else []
+    return f"waiting for peers: {', '.join(missing[:5])}" if missing else None
+
+
 def may_post(lower: Sequence[str], higher: Sequence[str], peers: Mapping[str, PeerState], now: float, *,
              takeover_after: float, unreachable_peers: str, peer_timeout: float) -> bool:
-    """Whether this VM's peer knowledge lets it POST (its own readiness and the profile aside): it is the
-    acting leader (every lower-ranked peer silent for `takeover_after`, or none) and S1 holds
+    """Whether this VM's peer knowledge lets it POST in `auto` mode (its own readiness and the profile aside):
+    it is the acting leader (every lower-ranked peer silent for `takeover_after`, or none) and S1 holds
     (`readiness_missing` is empty). The model checker calls this with every reachable knowledge."""
-    return not lower_reachable(lower, peers, now, takeover_after) and \
-        not readiness_missing(lower, higher, peers, now, unreachable_peers, peer_timeout)
+    return right_to_post(lower, higher, peers, now, needs_readiness=True, takeover_after=takeover_after,
+                         unreachable_peers=unreachable_peers, peer_timeout=peer_timeout) is None

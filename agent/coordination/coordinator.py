@@ -28,8 +28,15 @@ from typing import Any
 from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
-from agent.coordination.approver import APPROVAL_KEY, Approver, Order
-from agent.coordination.coordination_rules import Held, lower_reachable, readiness_missing, silent_leaders
+from agent.coordination.approver import APPROVAL_KEY, Approver, ClaimCheck, Order
+from agent.coordination.coordination_rules import (
+    Held,
+    lower_reachable,
+    readiness_missing,
+    right_to_post,
+    silent_leaders,
+    split_ranks,
+)
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peer_addressing import Address
 from agent.coordination.peer_directory import SHOWN_PEERS
@@ -103,8 +110,11 @@ class Coordinator:
         self.warning_as_error = warning_as_error
         self.gate_checker = GateChecker(self.client, lambda name: self.address(name).url, local_health,
                                         settings.max_concurrency, metrics, backend.fleet_states if backend else None)
+        self.scheduled: frozenset[str] = frozenset()
+        """The events Scheduled in this VM's last successful poll (replaced whole by each tick; any thread)."""
         self.approver = Approver(approve=approve, store=store, clock=clock, metrics=metrics,
-                                 gate_checker=self.gate_checker, backend=backend, done=lambda: self.on_change())
+                                 gate_checker=self.gate_checker, backend=backend, done=lambda: self.on_change(),
+                                 right=self.still_right, claim=backend if isinstance(backend, ClaimCheck) else None)
 
     # --- peers ------------------------------------------------------------------------
 
@@ -138,6 +148,7 @@ class Coordinator:
              local_pending: Callable[[Tracked], list[str]]) -> None:
         """Exchange with peers and decide for every Scheduled event naming this VM; send approvals due."""
         now = self.clock.monotonic()
+        self.scheduled = frozenset(eid for eid, t in tracked.items() if t.event.status == SCHEDULED)
         self.absorb()
         if self.store_backend is not None:
             self.store_backend.begin()
@@ -162,7 +173,7 @@ class Coordinator:
                 waiting, reachable, step = self.store_backend.inputs(event_id, t.event, vm_name, pending, mode, manual,
                                                                      sent)
             else:
-                waiting, reachable, step = self._peer_inputs(event_id, state, t, vm_name, rank, mode, pending, sent,
+                waiting, reachable, step = self._peer_inputs(event_id, state, t, vm_name, mode, pending, sent,
                                                              now)
                 if not reachable:
                     leading[t.event.type_label] = leading.get(t.event.type_label, 0) + 1
@@ -181,7 +192,8 @@ class Coordinator:
                 state.sending = True
                 gates = profile.gates if profile.gates is not None else self.gates
                 self.approver.submit(Order(event_id, vm_name, decision.reason, gates, t.event.resources, step,
-                                           state.held, self.settings.approval_retry_for, self.warning_as_error))
+                                           state.held, self.settings.approval_retry_for, self.warning_as_error,
+                                           mode, now + self.settings.takeover_after / 2))
             elif not decision.approve:
                 state.held = None
         for label in EVENT_TYPES:
@@ -208,12 +220,11 @@ class Coordinator:
             eid: Published(st.exchange, st.mode, st.rule, st.decision.reason if st.decision else None, st.held)
             for eid, st in self._events.items()})
 
-    def _peer_inputs(self, event_id: str, state: EventCoordination, t: Tracked, vm_name: str, rank: int, mode: str,
+    def _peer_inputs(self, event_id: str, state: EventCoordination, t: Tracked, vm_name: str, mode: str,
                      pending: list[str], sent: bool, now: float) -> tuple[list[str], list[str], None]:
         """Peer backend: this tick's requests to peers; (peers not ready, lower-ranked peers still present, no step)."""
         s = self.settings
-        others = [r for r in t.event.resources if r.casefold() != vm_name.casefold()]
-        lower, higher = others[:rank], others[rank:]
+        lower, higher = split_ranks(t.event.resources, vm_name)
         if t.event.status == SCHEDULED and mode in ALLOWING and not sent:
             self.peers.run(event_id, state.exchange, vm_name, lower, higher, mode == AUTO, not pending, now)
         peers = self.peers.peers_now(state.exchange)
@@ -240,6 +251,21 @@ class Coordinator:
             self.log.info("approval.leader_back", event_id=event_id)
             if self.health is not None:
                 self.health.remove("coordination", prop)
+
+    def still_right(self, order: Order) -> str | None:
+        """The coordinator's part of the approver's recheck before every send (approver thread): the event is
+        still Scheduled in this VM's last poll and, on the peer backend, this VM is still the acting leader with
+        every VM ready (the same rule as the decision, on what the peers said since)."""
+        if order.event_id not in self.scheduled:
+            return "the event is no longer Scheduled in this VM's last poll"
+        shown = self.published.get(order.event_id)
+        if self.store_backend is not None or order.mode == MANUAL or shown is None:
+            return None
+        s = self.settings
+        lower, higher = split_ranks(order.resources, order.vm_name)
+        return right_to_post(lower, higher, self.peers.peers_now(shown.exchange), self.clock.monotonic(),
+                             needs_readiness=order.mode == AUTO, takeover_after=s.takeover_after,
+                             unreachable_peers=s.unreachable_peers, peer_timeout=s.peer_timeout)
 
     def _sent(self, event_id: str) -> bool:
         rec = self.store.result(event_id, APPROVAL_KEY)
