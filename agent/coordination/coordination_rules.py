@@ -159,6 +159,12 @@ def liveness_due(peer: PeerState, now: float, every: float) -> bool:
     return not peer.in_flight and now - peer.last_asked >= every
 
 
+def gate_recheck_delay(approval_retry_for: float) -> float:
+    """How long a held approval waits before its gates are asked again: a twelfth of `approval_retry_for`
+    (5 s by default), never less than a second (a firing alert must not turn into a query loop)."""
+    return max(1.0, approval_retry_for / 12)
+
+
 def push_due(leader: str, told: str | None, last_target: str | None, last_push: float, now: float,
              every: float) -> bool:
     """Whether a ready follower should push to the acting leader now: until one took it, every `every`."""

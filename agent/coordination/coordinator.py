@@ -31,6 +31,7 @@ from agent.coordination.approval_gates import GateChecker
 from agent.coordination.approver import APPROVAL_KEY, Approver, ClaimCheck, Order
 from agent.coordination.coordination_rules import (
     Held,
+    gate_recheck_delay,
     lower_reachable,
     readiness_missing,
     right_to_post,
@@ -69,6 +70,8 @@ class EventCoordination:
     sending: bool = False
     failed_at: float | None = None
     held: Held | None = None
+    gate_due: float = float("-inf")
+    """When the gates holding the approval may be asked again (monotonic)."""
     silent: tuple[str, ...] = ()
     """Peer backend: the silent lower-ranked peers that hold this VM's approval as acting leader."""
 
@@ -109,7 +112,8 @@ class Coordinator:
         self.gates = gates
         self.warning_as_error = warning_as_error
         self.gate_checker = GateChecker(self.client, lambda name: self.address(name).url, local_health,
-                                        settings.max_concurrency, metrics, backend.fleet_states if backend else None)
+                                        settings.max_concurrency, metrics, backend.fleet_states if backend else None,
+                                        clock.monotonic)
         self.scheduled: frozenset[str] = frozenset()
         """The events Scheduled in this VM's last successful poll (replaced whole by each tick; any thread)."""
         self.approver = Approver(approve=approve, store=store, clock=clock, metrics=metrics,
@@ -188,7 +192,7 @@ class Coordinator:
                 state.failed_at = now  # sent by a previous run that died before the answer: give IMDS time
                 self.log.warning("approval.unconfirmed", event_id=event_id, wait_seconds=RETRY_FAILED_AFTER,
                                  reason="a previous run sent it and stopped before recording the answer")
-            if decision.approve and not state.sending and self._retry_allowed(state, now):
+            if decision.approve and not state.sending and self._retry_allowed(state, now) and now >= state.gate_due:
                 state.sending = True
                 gates = profile.gates if profile.gates is not None else self.gates
                 self.approver.submit(Order(event_id, vm_name, decision.reason, gates, t.event.resources, step,
@@ -211,6 +215,8 @@ class Coordinator:
         for outcome in outcomes:
             if (done := self._events.get(outcome.event_id)) is not None:
                 done.sending, done.held = False, outcome.held
+                if outcome.held is not None:  # asked again at a bounded pace, not on the wake this outcome makes
+                    done.gate_due = self.clock.monotonic() + gate_recheck_delay(self.settings.approval_retry_for)
                 done.failed_at = outcome.failed_at if outcome.failed_at is not None else done.failed_at
         if outcomes:
             self._publish()
