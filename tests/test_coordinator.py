@@ -123,17 +123,23 @@ def test_non_leader_never_approves_while_the_leader_answers(tmp_path, clock, pee
     assert sent == [] and "not the leader" in coord.view("E1")["approval_decision"]
 
 
+def vm1_silent_for(seconds: int, tmp_path, clock, peers, **settings):
+    """vm2's view of E1 over `seconds` (a tick every 10 s): vm1 silent from the start, vm3 ready."""
+    coord, sent, _ = make_coordinator(tmp_path, clock, **settings)
+    t = tracked(clock, ["vm1", "vm2", "vm3"])
+    answer(peers, "vm1", status=0)
+    answer(peers, "vm3", ready=True)
+    for _ in range(seconds // 10):
+        step(coord, t, "vm2")
+        clock.advance(10)
+    return coord, sent, t
+
+
 def test_a_silent_leader_is_taken_over_but_its_readiness_is_never_assumed(tmp_path, clock, peers, logs):
     """S1: vm1 silent (down, wedged, partitioned): vm2 leads after takeover_after, but with
     unreachable_peers: wait it never POSTs without vm1's `ready`; it says so in the log and in health."""
     health = HealthStore(clock)
-    coord, sent, _ = make_coordinator(tmp_path, clock, health=health)
-    t = tracked(clock, ["vm1", "vm2", "vm3"])
-    answer(peers, "vm1", status=0)
-    answer(peers, "vm3", ready=True)
-    for _ in range(20):
-        step(coord, t, "vm2")
-        clock.advance(10)
+    coord, sent, _ = vm1_silent_for(200, tmp_path, clock, peers, health=health)
     assert sent == []
     assert "waiting for peers: vm1" in coord.view("E1")["approval_decision"]
     assert [e["peers"] for e in logs if e["event"] == "approval.leader_silent"] == [["vm1"]]
@@ -145,13 +151,7 @@ def test_a_silent_leader_is_taken_over_but_its_readiness_is_never_assumed(tmp_pa
 
 def test_with_ignore_the_taker_approves_once_the_silent_leader_is_past_peer_timeout(tmp_path, clock, peers):
     """The explicit opt-out: unreachable_peers: ignore waives the silent leader after peer_timeout (120 s)."""
-    coord, sent, _ = make_coordinator(tmp_path, clock, unreachable_peers="ignore", peer_timeout=120.0)
-    t = tracked(clock, ["vm1", "vm2", "vm3"])
-    answer(peers, "vm1", status=0)
-    answer(peers, "vm3", ready=True)
-    for _ in range(11):
-        step(coord, t, "vm2")
-        clock.advance(10)
+    coord, sent, t = vm1_silent_for(110, tmp_path, clock, peers, unreachable_peers="ignore", peer_timeout=120.0)
     assert sent == []
     clock.advance(11)
     step(coord, t, "vm2")

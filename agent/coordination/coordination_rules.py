@@ -9,6 +9,13 @@ at once and then with exponential backoff (`recheck_delay`); a peer that becomes
 that to the acting leader, which checks it with one request. A follower asks only the lower-ranked
 peers up to the first one that answers (`watch_chain`), at `liveness_interval`, to notice when the
 leader chain is gone.
+
+Who may post (the peer backend's S1, for the coordinator and the model checker alike; all pure,
+over `PeerState`s): `right_to_post` (None, or why not) and `may_post` (auto mode) combine the
+takeover rule (`lower_reachable`) with `readiness_missing`: a `ready` from every VM named,
+lower-ranked included, a lower-ranked peer's only while it answers. `silent_leaders` names the
+lower-ranked peers whose silence makes this VM lead but holds its approval. The approval policy
+(`windows.approval_policy.decide`) adds this VM's own readiness and the profile.
 """
 
 from __future__ import annotations
