@@ -50,3 +50,20 @@ def test_work_submitted_after_shutdown_is_dropped_quietly():
     lanes.shutdown()
     lanes.submit("k", lambda: None)
     assert lanes.wait_idle(1) and lanes.busy() == []
+
+
+def test_a_job_that_raises_runs_its_failed_callback_and_is_counted(logs: list[dict]) -> None:
+    """The job's `failed` callback gets the exception (so its user can clear a busy flag and retry), the error is
+    counted and logged once as lane.internal_error; a callback that raises too does not stop the lane."""
+    errors: list[int] = []
+    lanes = Lanes(2, "t", lambda: errors.append(1))
+    got: list[Exception] = []
+    ran = threading.Event()
+    lanes.submit("k", lambda: 1 / 0, got.append)
+    lanes.submit("k", lambda: [][1], lambda exc: 1 / 0)
+    lanes.submit("k", ran.set)
+    assert ran.wait(5) and lanes.wait_idle(5)
+    assert [type(e) for e in got] == [ZeroDivisionError]
+    assert len(errors) == 3
+    assert [e.get("where") for e in logs if e["event"] == "lane.internal_error"] == ["job", "job", "failed callback"]
+    lanes.shutdown()
