@@ -46,10 +46,10 @@ class MemoryStore:
         if self.fail is not None:
             raise self.fail
 
-    def put(self, name: str, metadata: Mapping[str, str]) -> None:
+    def put(self, name: str, metadata: Mapping[str, str]) -> str:
         with self.lock:
             self._op("put")
-            self._write(name, metadata)
+            return self._write(name, metadata)
 
     def list_folder(self, prefix: str) -> tuple[list[Item], datetime]:
         with self.lock:

@@ -150,9 +150,11 @@ class BlobStore:
     def _blob(self, name: str) -> Any:
         return self.container.get_blob_client(name)
 
-    def put(self, name: str, metadata: Mapping[str, str]) -> None:
-        """Write a blob whoever wrote it before (a VM's own marker)."""
-        self._call("put", lambda: self._blob(name).upload_blob(b"", metadata=dict(metadata), overwrite=True))
+    def put(self, name: str, metadata: Mapping[str, str]) -> str | None:
+        """Write a blob whoever wrote it before (a VM's own marker): its new ETag (None if the answer had none)."""
+        result = self._call("put", lambda: self._blob(name).upload_blob(b"", metadata=dict(metadata), overwrite=True))
+        etag = result.get("etag") if isinstance(result, dict) else None
+        return etag if isinstance(etag, str) else None
 
     def list_folder(self, prefix: str) -> tuple[list[Item], datetime]:
         """Every blob under `prefix` with its metadata, and the store's clock when it answered."""

@@ -18,7 +18,7 @@ from agent.clock import Clock
 from agent.coordination.coordination_rules import OK, UNREACHABLE, peer_state
 from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.coordination.store_claim import StoreClaims
-from agent.coordination.store_exchange import Snapshot, Store, StoreExchange
+from agent.coordination.store_exchange import FORGED, Snapshot, Store, StoreExchange
 from agent.coordination.store_protocol import (
     HEALTHY,
     PREPARING,
@@ -91,7 +91,8 @@ class StoreBackend:
         self.metrics.store_requests.labels(op, outcome).inc()
 
     def _report(self, prop: str, ok: bool, description: str) -> None:
-        self.health.set(SOURCE, prop, HealthState.OK if ok else HealthState.WARNING, description)
+        state = HealthState.OK if ok else HealthState.ERROR if prop == FORGED else HealthState.WARNING
+        self.health.set(SOURCE, prop, state, description)
 
     # --- the loop ------------------------------------------------------------------------------
 

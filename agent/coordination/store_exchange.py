@@ -52,10 +52,11 @@ from agent.lanes import Lanes
 
 Mark = tuple[str, str]
 """A marker's content: (state, health)."""
-STORE, RECORDS = "store", "store_records"
-"""The health reports (source `coordination`): the store's last answer, and records the protocol did not write."""
+STORE, RECORDS, FORGED = "store", "store_records", "store_marker"
+"""The health reports (source `coordination`): the store's last answer, records the protocol did not write, and a
+marker under this VM's name that it did not write (an Error: it holds the fleet gate)."""
 Report = Callable[[str, bool, str], None]
-"""(property, ok, description): a Warning when not ok."""
+"""(property, ok, description): a Warning when not ok (an Error for FORGED)."""
 OTHER = "(another VM)"
 """Who holds a claim this VM just lost, until the next listing says."""
 
@@ -69,7 +70,7 @@ def internal_error(exc: Exception) -> StoreError:
 class Store(Protocol):
     """What the exchange needs of `blob_store.BlobStore` (a fake in tests)."""
 
-    def put(self, name: str, metadata: Mapping[str, str]) -> None: ...
+    def put(self, name: str, metadata: Mapping[str, str]) -> str | None: ...
     def list_folder(self, prefix: str) -> tuple[list[Item], datetime]: ...
     def create(self, name: str, metadata: Mapping[str, str]) -> str | None: ...
     def replace(self, name: str, metadata: Mapping[str, str], etag: str) -> str | None: ...
@@ -94,6 +95,9 @@ class EventState:
     error: StoreError | None = None
     problems: frozenset[str] = frozenset()
     odd: int = 0
+    own_etag: str | None = None
+    """The ETag of this VM's last marker write for the event (None: unknown, e.g. after a failed request)."""
+    forged: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,9 @@ class Result:
     approval: Approval | None = None
     error: StoreError | None = None
     relist: bool = False
+    own_etag: str | None = None
+    seen: str | None = None
+    """This VM's marker as its own read found it, while preparing: its ETag, "" when absent (None: not read)."""
 
 
 @dataclass(frozen=True)
@@ -177,18 +184,23 @@ class StoreExchange:
 
         self._lanes.submit("", open_quietly)
 
-    def _sync(self, event_id: str, resources: tuple[str, ...], me: str, write: Mark | None, lists: bool) -> None:
-        written = None
+    def _sync(self, event_id: str, resources: tuple[str, ...], me: str, write: Mark | None, lists: bool,
+              reads: bool) -> None:
+        written = etag = seen = None
         try:
             store = self.store()
             if write is not None:
-                store.put(marker_blob(event_id, me), marker_record(event_id, me, *write))
+                etag = store.put(marker_blob(event_id, me), marker_record(event_id, me, *write))
                 written = write
             listing = None
             if lists:
                 items, server_time = store.list_folder(event_folder(event_id))
                 listing = parse_listing(event_id, items, server_time, resources)
-            self.hand(Result(event_id, self.clock.monotonic(), marker=written, listing=listing))
+            elif reads:
+                found = store.read(marker_blob(event_id, me))
+                seen = "" if found is None else found[1]
+            self.hand(Result(event_id, self.clock.monotonic(), marker=written, listing=listing, own_etag=etag,
+                             seen=seen))
         except StoreError as exc:
             self.hand(Result(event_id, self.clock.monotonic(), marker=written, error=exc))
 
@@ -202,7 +214,8 @@ class StoreExchange:
     def run(self, event_id: str, resources: Sequence[str], me: str, marker: Mark, listing_wanted: bool,
             now: float) -> None:
         """Queue this tick's request for one event: write the marker if it changed; list after it and when due,
-        but only while `listing_wanted` (this VM could claim: a VM still preparing writes its marker only)."""
+        but only while `listing_wanted` (this VM could claim); a VM still preparing reads its own marker when due
+        instead, to notice one it did not write."""
         st = self._events.setdefault(event_id, EventState())
         st.resources, st.me = tuple(resources), me
         if listing_wanted and not st.wanted:
@@ -213,10 +226,11 @@ class StoreExchange:
         write = marker if marker != st.marker else None
         settled = st.listing is not None and st.listing.approval is not None and st.listing.approval.state == APPROVED
         lists = listing_wanted and not settled and (write is not None or now >= st.due)
-        if write is None and not lists:
+        reads = not listing_wanted and write is None and st.own_etag is not None and now >= st.due
+        if write is None and not lists and not reads:
             return
         st.busy = True
-        self._lanes.submit(event_id, functools.partial(self._sync, event_id, st.resources, me, write, lists),
+        self._lanes.submit(event_id, functools.partial(self._sync, event_id, st.resources, me, write, lists, reads),
                            functools.partial(self._crashed, event_id))
 
     def _crashed(self, event_id: str, exc: Exception) -> None:
@@ -238,11 +252,15 @@ class StoreExchange:
                 st.busy = False
             st.marker = r.marker or st.marker
             if r.error is not None:
+                st.own_etag = None if r.sync else st.own_etag  # a write may have landed unseen
                 self._failed(r.event_id, st, r.error, now)
                 continue
             self._answered(st, r)
+            st.own_etag = r.own_etag or st.own_etag
             if r.listing is not None:
                 self._listed(r.event_id, st, r.listing, now)
+            elif r.sync:
+                self._own_marker(r.event_id, st, r.seen, now)
             if r.approval is not None and st.listing is not None:
                 st.listing = dataclasses.replace(st.listing, approval=r.approval)
             if r.relist:
@@ -277,6 +295,8 @@ class StoreExchange:
         takeover = takeover_check_delay(listing, st.me, self.takeover_after(), n, random.random())
         st.due = now + min(recheck_delay(st.checks, n), takeover if takeover is not None else float("inf"))
         own = listing.markers.get(st.me.casefold())
+        if own is not None and own.etag:
+            self._own_marker(event_id, st, own.etag, None)
         if st.marker is not None and (own is None or (own.state, own.health) != st.marker):
             self.log.warning("store.marker_missing", event_id=event_id, expected=st.marker[0],
                              found=own.state if own else None, effect="written again")
@@ -286,6 +306,25 @@ class StoreExchange:
                              problem=listing.problems[0], more=list(listing.problems[1:]),
                              effect="not counted as ready or approved")
         st.problems, st.odd = frozenset(listing.problems), listing.odd
+
+    def _own_marker(self, event_id: str, st: EventState, seen: str | None, now: float | None) -> None:
+        """This VM's marker as the store showed it (its ETag; "" absent): one it did not write is forged. The
+        marker is written again and an Error holds the fleet gate until the event ends. `now`: after a read or
+        a write alone, when to read again (the listing's schedule otherwise)."""
+        if now is not None:
+            st.checks += 1
+            st.due = now + recheck_delay(st.checks, len(st.resources))
+        if seen is None or seen == st.own_etag:
+            return
+        st.marker = None  # written again on the next tick
+        if seen == "" or st.own_etag is None:
+            return
+        st.forged = f"event {event_id}: a marker under this VM's name that it did not write was found and rewritten"
+        self.log.error("store.marker_forged", event_id=event_id, vm=st.me, expected_etag=st.own_etag, found_etag=seen,
+                       effect="rewritten; Error health coordination/store_marker holds the fleet gate",
+                       hint="see README 'Per-VM identity' (an ABAC condition per VM)")
+        self.report(FORGED, False, st.forged)
+        st.own_etag = None
 
     def verdict(self, event_id: str, resources: Sequence[str], me: str, takeover_after: float,
                 need_all_ready: bool = True) -> tuple[list[str], Step]:
@@ -302,7 +341,8 @@ class StoreExchange:
     def forget(self, keep: set[str]) -> None:
         """Drop the events no longer pending (the loop's prune)."""
         for event_id in [e for e in self._events if e not in keep]:
-            del self._events[event_id]
+            if self._events.pop(event_id).forged and not any(st.forged for st in self._events.values()):
+                self.report(FORGED, True, "no marker under this VM's name that it did not write")
 
     def publish(self) -> Snapshot:
         """Replace the immutable snapshot the API reads."""
