@@ -5,10 +5,11 @@ a read only when the file's identity, size, mtime or ctime moved. What a securit
 of a fleet expects, and what this does:
 
 - **Fail closed.** A configured token file that is missing, empty, unreadable, a directory, not
-  UTF-8, holds spaces or control characters, or is readable by others never means "no token":
-  `read()` answers a random value nobody holds, so what the token guards refuses every remote
-  caller (loopback clients keep what the server grants them) and peers are sent a token they
-  refuse. A file that is not configured is `None`, as before.
+  UTF-8, holds spaces or control characters, or is readable by others never means "no token
+  needed": `read()` answers `REFUSED`, an empty token that matches no caller's (what the token
+  guards refuses every remote caller; loopback clients keep what the server grants them) and
+  that no client sends (peers are sent no token, never a placeholder they could replay). A file
+  that is not configured is `None`, as before.
 - **Others must not read it.** Readable by others, or writable by group or others: refused.
   Readable by its group only when that group is maintd's own (`root:maintd 0640`, the usual way to
   hand a secret to a service user).
@@ -21,7 +22,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import secrets
 import stat
 import threading
 from collections.abc import Callable
@@ -32,6 +32,10 @@ MAX_SECRET_BYTES = 64 * 1024
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what an HTTP header value can carry as is
 
 Signature = tuple[int, ...]
+
+REFUSED = ""
+"""What `SecretFiles.read` answers for a configured token file it refuses: no token. `token_ok` matches no
+caller against it and the peer client sends no `Authorization` with it (both treat an empty token as none)."""
 
 
 def signature(path: str) -> Signature:
@@ -103,10 +107,9 @@ class SecretFiles:
         self._lock = threading.Lock()
         # key: path, signature, value, problem
         self._seen: dict[str, tuple[str, Signature, str | None, str | None]] = {}
-        self._nobody = secrets.token_urlsafe(32)
 
     def read(self, key: str, path: str | None) -> str | None:
-        """The token for config `key` (None when unset; a value nobody holds when the file is unusable)."""
+        """The token for config `key` (None when unset; `REFUSED` when the file is unusable)."""
         with self._lock:
             seen = self._seen.get(key)
             if not path:
@@ -119,7 +122,7 @@ class SecretFiles:
                 value, problem = read_token(path)
                 self._tell(key, path, problem, seen[3] if seen else None)
                 seen = self._seen[key] = (path, sig, value, problem)
-            return self._nobody if seen[3] else seen[2]
+            return REFUSED if seen[3] else seen[2]
 
     def _tell(self, key: str, path: str, problem: str | None, before: str | None) -> None:
         if problem and problem != before:
