@@ -13,11 +13,13 @@ walking its target the same way, so every directory that could redirect the path
 - its owner is not trusted;
 - it is writable by group or others, except a directory with the sticky bit (`/tmp`) above the last
   component: there others may add names but may not rename or remove what a trusted user owns, so the
-  next component decides. That component must exist: a name still missing under a sticky directory is
-  refused, since anyone could create it first. (sshd refuses `/tmp` outright; maintd's tests, and a
-  `mktemp -d` tree, live under it.)
+  next component (its owner, its mode) decides. sshd refuses `/tmp` outright; maintd's tests, its demo
+  and a `mktemp -d` tree live under it.
 
-A path that does not exist yet is judged by the directories above it that do: they say who could create it.
+A path that does not exist yet is judged by the directories above it that do. A name still missing in a
+sticky directory could be created by anyone first: each use checks again (a hook before every run, and
+`maintd run` creates a missing state dir itself, exclusively, before checking it), so what another user
+made is refused by its owner.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def first_problem(path: str | os.PathLike[str], uids: frozenset[int] | None = No
         try:
             st = os.lstat(candidate)
         except FileNotFoundError:
-            return _missing(candidate, current)
+            return None
         except OSError as exc:
             return f"{candidate} cannot be checked: {exc.strerror or exc}"
         problem = component_problem(candidate, st, uids, last=not todo)
@@ -93,11 +95,3 @@ def first_problem(path: str | os.PathLike[str], uids: frozenset[int] | None = No
         current = candidate
     return problem
 
-
-def _missing(name: str, directory: str) -> str | None:
-    """A component that does not exist yet: a problem when others may create it (a sticky shared directory)."""
-    mode = os.lstat(directory).st_mode
-    if mode & stat.S_ISVTX and mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (f"{name} does not exist, and anyone may create it in {directory} (mode {stat.S_IMODE(mode):o}); "
-                f"fix: create it first, owned by root, or use a path outside {directory}")
-    return None
