@@ -93,7 +93,7 @@ def program_problem(program: str, cwd: str | None) -> str | None:
     is not there (it then fails to start)."""
     found = os.path.join(cwd or "/", program) if "/" in program else shutil.which(program, path=BASE_PATH)
     problem = first_problem(found) if found else None
-    return f"{problem} (the hook {found} would run as whoever maintd runs it as)" if problem else None
+    return problem and f"{problem} (another user could replace the hook {found}, which runs with maintd's rights)"
 
 
 class _Tail:
