@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import socket
+import struct
 import sys
 import urllib.parse
 from collections.abc import Callable
@@ -95,17 +96,21 @@ class _Stranger(Exception):
 
 
 def _listener_problem(sock: socket.socket) -> str | None:
-    """Why the listener at the other end of `sock` may not have the token (None: the kernel says it is root's or
-    maintd's user's). Its owner is read from the kernel; a listener it cannot vouch for gets nothing."""
+    """Why the listener at the other end of `sock` may not be sent anything (None: the kernel says root's, maintd's
+    user's or this user's process holds it): `SO_PEERCRED` on the unix socket, the owner of the accepting TCP
+    socket on loopback. One the kernel cannot name is not vouched for."""
     from agent.http.peer_owner import PeerOwners
     from agent.pathtrust import owner, trusted_uids
 
-    uid = PeerOwners().uid(sock)
+    if sock.family == socket.AF_UNIX:
+        uid: int | None = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+        where = str(sock.getpeername())
+    else:
+        uid = PeerOwners().uid(sock)
+        where = "{}:{}".format(*sock.getpeername()[:2])
     if uid in trusted_uids():
         return None
-    host, port = sock.getpeername()[:2]
-    who = f"{owner(uid)}" if uid is not None else "a process the kernel does not name (not on this host's loopback)"
-    where = f"{host}:{port}"
+    who = owner(uid) if uid is not None else "a process the kernel does not name (not on this host's loopback)"
     return (f"{where} is served by {who}, not by maintd (root or maintd's user): the CLI sent it neither the token "
             "nor the request")
 
@@ -134,7 +139,7 @@ def _tcp(target: _Target, method: str, path: str, data: bytes | None, headers: d
 
 def _send(target: _Target, method: str, path: str, body: Any) -> _Answer:
     """One request to the daemon: over the unix socket when it can be connected to, else TCP; raises OSError when
-    the daemon is unreachable, `_Stranger` when what listens on its TCP port is not maintd."""
+    the daemon is unreachable, `_Stranger` when what listens on its socket or TCP port is not maintd."""
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"} if data is not None else {}
     fallback = None
@@ -148,6 +153,10 @@ def _send(target: _Target, method: str, path: str, body: Any) -> _Answer:
                         f"({exc.strerror or type(exc).__name__}) and asked {target.url} instead")
         else:
             try:
+                assert conn.sock is not None
+                problem = _listener_problem(conn.sock)
+                if problem:
+                    raise _Stranger(problem)
                 conn.request(method, path, body=data, headers=headers)
                 answer = conn.getresponse()
                 return _Answer(answer.status, answer.read().decode("utf-8", "replace"))

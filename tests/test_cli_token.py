@@ -4,9 +4,12 @@ reports a change the daemon's answer does not confirm."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -18,9 +21,14 @@ TOKEN = "operator-s3cret"
 
 STRANGER = textwrap.dedent("""
     import os, socket, sys
-    listener = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+    if sys.argv[1].isdigit():
+        listener = socket.create_server(("127.0.0.1", int(sys.argv[1])))
     os.setgid(65534)
     os.setuid(65534)
+    if not sys.argv[1].isdigit():  # a unix socket, bound and listened on as nobody
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(sys.argv[1])
+        listener.listen()
     print("listening", flush=True)
     while True:
         conn, _ = listener.accept()
@@ -65,6 +73,28 @@ def test_a_listener_of_another_user_never_gets_the_token(write_config, tmp_path)
         stranger.kill()
         received = stranger.communicate(timeout=10)[0]
     assert TOKEN not in received and "authorization" not in received.lower()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the listener as another user")
+def test_a_unix_socket_another_user_serves_is_sent_nothing(write_config, tmp_path):
+    """A stale socket path in a directory nobody owns, now served by nobody: `maintd drain` over it is refused by
+    the CLI (SO_PEERCRED names uid 65534) before anything is sent, and never reported as done."""
+    shared = Path(tempfile.mkdtemp())
+    os.chown(shared, 65534, 65534)
+    sock = shared / "maintd.sock"
+    stranger = subprocess.Popen([sys.executable, "-c", STRANGER, str(sock)], stdout=subprocess.PIPE, text=True,
+                                env=CLEAN_ENV)
+    try:
+        assert stranger.stdout is not None and stranger.stdout.readline().strip() == "listening"
+        cfg = write_config(f"server: {{listen: '127.0.0.1:{free_port()}', unix_socket: '{sock}'}}\n")
+        done = maintd("drain", "--reason", "patching", "--config", str(cfg))
+        assert done.returncode != 0 and f"{sock} is served by uid 65534" in done.stderr, done.stderr
+        assert "out of rotation" not in done.stdout
+    finally:
+        stranger.kill()
+        received = stranger.communicate(timeout=10)[0]
+        shutil.rmtree(shared)
+    assert "drain" not in received
 
 
 def test_a_200_that_does_not_say_the_change_was_made_is_not_reported_as_made(write_config, tmp_path):
