@@ -100,3 +100,20 @@ def test_group_readable_is_accepted_only_for_maintds_own_group(tmp_path, secrets
     if os.geteuid() == 0:
         os.chown(path, -1, os.getegid() + 4242)
         assert files.read(KEY, path) == REFUSED
+
+
+def test_a_token_file_another_user_could_replace_is_refused(tmp_path, secrets):
+    """In a group-writable directory (or, as root, owned by nobody) a token file is someone else's choice: refused,
+    named with the fix, REFUSED (issue 28: secrets fail closed, paths checked like the config's)."""
+    files, health = secrets
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    path = _token_file(shared)
+    shared.chmod(0o775)
+    assert files.read(KEY, path) == REFUSED
+    assert f"chmod go-w {shared}" in _report(health).report.description
+    shared.chmod(0o755)
+    assert files.read(KEY, path) == "s3cret-token"
+    if os.geteuid() == 0:
+        os.chown(path, 65534, -1)
+        assert files.read(KEY, path) == REFUSED and "chown root" in _report(health).report.description
