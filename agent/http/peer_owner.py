@@ -23,6 +23,9 @@ _UID_AT = 16 + 4 + 48 + 12
 """Offset of `idiag_uid` in the answer: netlink header, then inet_diag_msg's four bytes, its socket id, and
 expires, rqueue and wqueue."""
 _LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+_THIS_HOST = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
+"""The sources looked up: this host's own. Other 127.0.0.0/8 sources are counted by address, like any
+other client (they are how port forwarders and other network namespaces arrive, and how tests play remote hosts)."""
 
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -44,11 +47,12 @@ class PeerOwners:
         """False once sock_diag answered that it is not available here: /proc/net/tcp from then on."""
 
     def uid(self, sock: socket.socket) -> int | None:
-        """The uid owning the other end of `sock`, when it is a loopback connection of this host; else None."""
+        """The uid owning the other end of `sock`, when it comes from 127.0.0.1 or ::1 on this host; else None."""
         try:
             peer_host, peer_port = sock.getpeername()[:2]
             own_host, own_port = sock.getsockname()[:2]
             peer = _local(ipaddress.ip_address(peer_host.split("%", 1)[0]))
+            peer = peer if peer in _THIS_HOST else None
             own = _local(ipaddress.ip_address(own_host.split("%", 1)[0]))
         except (OSError, ValueError):
             return None
