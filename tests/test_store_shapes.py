@@ -24,10 +24,9 @@ from agent.coordination.store_protocol import (
     next_step,
     parse_listing,
 )
+from tests.test_store_protocol import EVENT, NOW
 
-EVENT = "5F1E2B0C-9A4D-4C61-8E2F-1A2B3C4D5E6F"
 VMS = ("web_a", "web_b", "web_c")
-NOW = datetime(2026, 11, 25, 12, 0, 0, tzinfo=UTC)
 
 
 def ready_markers() -> list[Item]:

@@ -304,10 +304,21 @@ def next_step(listing: Listing, resources: Sequence[str], me: str, takeover_afte
               need_all_ready: bool = True) -> Step:
     """The protocol's decision from one listing; the caller has already decided this VM may approve.
 
-    Never a claim while a VM named in Resources is not recorded ready (unless `need_all_ready` is
-    off: `immediate` by policy). A claim that did not turn into an approval within `takeover_after`
-    (on the store's clock), a released claim, an unreadable record and this VM's own earlier claim
-    (a restart) are taken over with If-Match, so only one of any number of racers wins.
+    Pure and total: the same inputs give the same `Step`, nothing is read or written, nothing
+    raises (the listing comes from `parse_listing`, whatever the store held). Actions:
+
+    - `done`: the record says approved (by anyone); nobody claims again.
+    - `wait`: a VM named in Resources has no readable `ready` marker (unless `need_all_ready` is off:
+      `immediate` by policy), or another VM's claim is younger than `takeover_after` on the store's
+      clock, or the record came without an ETag (nothing to If-Match).
+    - `claim`: every VM named is ready and there is no record: create it with If-None-Match: *.
+    - `take_over` (`etag`, `attempt`): rewrite the record with If-Match on `etag` — a claim that did
+      not become an approval within `takeover_after`, a released claim, an unreadable record of that
+      age, or this VM's own earlier claim (a restart).
+
+    So `claim`/`take_over` never come while a VM is not ready (with `need_all_ready`), and each is an
+    atomic step of which only one of any number of racers wins; what follows (one POST) is
+    `post_deadline`'s and the claim check's business.
     """
     approval = listing.approval
     if approval is not None and approval.state == APPROVED:
