@@ -39,8 +39,8 @@ def _target(args: argparse.Namespace) -> _Target:
     """
     try:
         server = config_mod.load(config_mod.path_from(args.config), check_perms=False).server
-    except ConfigError:
-        server = config_mod.ServerConfig(listen="127.0.0.1:8088")
+    except ConfigError as exc:
+        server = _server_despite(exc, args)
     token = os.environ.get("MAINTD_TOKEN") or _read_token(server.token_file)
     if args.url:
         return _Target(args.url.rstrip("/"), token=token)
@@ -48,6 +48,20 @@ def _target(args: argparse.Namespace) -> _Target:
     if host in ("0.0.0.0", "", "[::]", "::"):
         host = "127.0.0.1"
     return _Target(f"http://{host}:{port}", server.unix_socket, token)
+
+
+def _server_despite(exc: ConfigError, args: argparse.Namespace) -> config_mod.ServerConfig:
+    """The default addresses when there is no config to read here (none installed, or not this user's to read);
+    a config maintd refuses (or one named by --config or $MAINTD_CONFIG that cannot be read) ends the command
+    with status 1 saying why, unless --url says where the daemon is."""
+    chosen = bool(args.config or os.environ.get("MAINTD_CONFIG"))
+    if not chosen and not os.access(exc.path, os.R_OK):
+        return config_mod.ServerConfig(listen="127.0.0.1:8088")
+    if args.url:
+        print(f"maintd: config refused: {exc}; asking {args.url} without it", file=sys.stderr)
+        return config_mod.ServerConfig(listen="127.0.0.1:8088")
+    raise SystemExit(f"maintd: config refused: {exc}\nmaintd: fix it (`maintd check-config {exc.path}` checks it), "
+                     "or pass --url to ask the daemon at a given address")
 
 
 def _read_token(path: str | None) -> str | None:
@@ -151,10 +165,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_events(args: argparse.Namespace) -> int:
     if args.history:
         return _history(args)
-    body = _call(args, "GET", f"/v1/events/{args.event_id}" if args.event_id else "/v1/events")
+    if args.since or args.type:
+        raise SystemExit("maintd: --since and --type choose entries of the audit journal: add --history")
+    event_id = args.event or args.event_id
+    body = _call(args, "GET", f"/v1/events/{event_id}" if event_id else "/v1/events")
     if args.json:
         return _print_json(body)
-    print(cliviews.event_text(body) if args.event_id else cliviews.events_text(body))
+    print(cliviews.event_text(body) if event_id else cliviews.events_text(body))
     return 0
 
 
@@ -168,7 +185,8 @@ def _history(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"maintd: {exc}", file=sys.stderr)
         return 1
-    entries = [e for e in read_journal(directory) if not args.event_id or e.get("event_id") == args.event_id]
+    entries = cliviews.select_history(list(read_journal(directory)), args.since, args.type,
+                                      args.event or args.event_id)
     if args.json:
         for entry in entries:
             print(json.dumps(entry))
@@ -215,6 +233,11 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         return _print_json(body)
     print(cliviews.fleet_text(body))
     return 0
+
+
+def watch_answers(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """What `maintd watch` shows, asked anew each second: the status, the events, the fleet."""
+    return _call(args, "GET", "/v1/status"), _call(args, "GET", "/v1/events"), _call(args, "GET", "/v1/fleet")
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

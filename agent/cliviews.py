@@ -8,9 +8,10 @@ repr, and never disappears. `--json` does not come here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
-from agent.clitext import NONE, Row, duration, pairs, section, table, text, when, yes_no
+from agent.clitext import NONE, Row, duration, instant, pairs, section, table, text, when, yes_no
 
 WIDTH = 20
 """Where the values of `maintd status`'s sections start, so that every section lines up."""
@@ -263,6 +264,22 @@ def health_text(body: Mapping[str, Any]) -> str:
     head = f"health: {text(body.get('AggregatedHealthState'))}"
     return "\n".join([head, "", *table(("STATE", "REPORT", "SINCE", "DESCRIPTION"), rows)] if rows else
                      [head, "no reports"])
+
+
+def select_history(entries: Sequence[Mapping[str, Any]], since: datetime | None = None, event_type: str | None = None,
+                   event_id: str | None = None) -> list[Mapping[str, Any]]:
+    """The journal entries at or after `since`, of events of `event_type` (as IMDS spells it, any case: the type
+    is learnt from the event's entries that carry it) and of the event `event_id`; an entry without a readable time
+    is left out once `since` is given, one without an event once a type or an event is."""
+    types = {e.get("event_id"): str(e["event_type"]).casefold() for e in entries if e.get("event_type")}
+    wanted = event_type.casefold() if event_type else None
+
+    def keep(e: Mapping[str, Any]) -> bool:
+        t = instant(e.get("t"))
+        return ((since is None or (t is not None and t >= since))
+                and (wanted is None or types.get(e.get("event_id")) == wanted)
+                and (event_id is None or str(e.get("event_id", "")).casefold() == event_id.casefold()))
+    return [e for e in entries if keep(e)]
 
 
 def history_text(entries: Sequence[Mapping[str, Any]]) -> str:

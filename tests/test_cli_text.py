@@ -270,3 +270,40 @@ def test_sections_and_tables_align_and_lines_are_cut_not_wrapped():
         ["T", "  a           1", "  long label  x", "              y", "  c           -"]
     assert table(("A", "BB"), [("xxx", "y")]) == ["A    BB", "xxx  y"]
     assert fit("x" * 100, 80) == "x" * 79 + "~" and fit("short", 80) == "short"
+
+
+def history(cfg: Path, capsys, *args: str) -> list[str]:
+    """The EventIds of the entries `maintd events --history --json ARGS` prints."""
+    assert cli.main(["events", "--history", "--json", "--config", str(cfg), *args]) == 0
+    return [json.loads(line).get("event_id") for line in capsys.readouterr().out.splitlines()]
+
+
+def test_history_takes_since_type_and_event(write_config, tmp_path, capsys):
+    """--since (a span back from now, or an ISO time), --type (the event's type, any case), --event."""
+    from datetime import UTC, datetime, timedelta
+
+    from agent.model.timefmt import iso_z
+
+    state = tmp_path / "state"
+    state.mkdir()
+    now = datetime.now(UTC)
+    lines = [{"t": iso_z(now - timedelta(days=9)), "kind": "event.appeared", "event_id": "OLD", "event_type": "Reboot"},
+             {"t": iso_z(now - timedelta(hours=3)), "kind": "event.appeared", "event_id": "R", "event_type": "Reboot"},
+             {"t": iso_z(now - timedelta(hours=1)), "kind": "event.appeared", "event_id": "F", "event_type": "Freeze"},
+             {"t": iso_z(now - timedelta(minutes=50)), "kind": "rotation.drained", "key": "manual", "by": "uid 0"},
+             {"t": iso_z(now - timedelta(minutes=30)), "kind": "approval.sent", "event_id": "R", "by": "vm-1"}]
+    (state / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    cfg = write_config(f"state: {{dir: {state}}}\n")
+    assert history(cfg, capsys, "--since", "7d") == ["R", "F", None, "R"]
+    assert history(cfg, capsys, "--since", "2h") == ["F", None, "R"]
+    assert history(cfg, capsys, "--since", iso_z(now - timedelta(minutes=40))) == ["R"]
+    assert history(cfg, capsys, "--type", "reboot") == ["OLD", "R", "R"]
+    assert history(cfg, capsys, "--type", "Reboot", "--since", "7d") == ["R", "R"]
+    assert history(cfg, capsys, "--event", "F") == ["F"]
+    assert cli.main(["events", "--history", "--type", "Freeze", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert_text(out)
+    assert "event_type=Freeze" in out and "Reboot" not in out
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["events", "--history", "--since", "last tuesday", "--config", str(cfg)])
+    assert refused.value.code == 2 and "neither a span" in capsys.readouterr().err
