@@ -76,8 +76,9 @@ def _event(e: Mapping[str, Any], fleet: Mapping[str, Any] | None, now: datetime)
     if not e.get("names_self"):
         return [head, f"  names {text(e.get('Resources'))}, not this VM"]
     why = e.get("not_ready") or []
-    lines = [head, f"  this VM   rank {text(e.get('rank'))}, ready {yes_no(e.get('ready'))}"
-             + (f": {text(why[0])}" + (f" (+{len(why) - 1} more)" if len(why) > 1 else "") if why else "")]
+    ready = "maintenance under way" if e.get("EventStatus") == "Started" else f"ready {yes_no(e.get('ready'))}" \
+        + (f": {text(why[0])}" + (f" (+{len(why) - 1} more)" if len(why) > 1 else "") if why else "")
+    lines = [head, f"  this VM   rank {text(e.get('rank'))}, {ready}"]
     runs = []
     for key, r in (e.get("results") or {}).items():
         if key.startswith("handler:") and isinstance(r, Mapping):
