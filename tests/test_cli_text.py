@@ -81,6 +81,14 @@ def run(daemon, capsys, write_config, monkeypatch) -> Callable[..., tuple[int, s
     return maintd
 
 
+def shown(run: Callable[..., tuple[int, str]], *args: str) -> str:
+    """What `maintd ARGS` printed, once it exited 0 with no repr in it."""
+    code, out = run(*args)
+    assert code == 0
+    assert_text(out)
+    return out
+
+
 SCENES = ["preparing", "approved", "after"]
 """Snapshots of one web-1 daemon: a 3-VM Reboot, a single-VM Freeze and another VM's Redeploy while preparing
 (a hook running, one failed with on_failure: continue), once the Freeze was approved and Started, and after it."""
@@ -99,9 +107,7 @@ def serve(backend: Answers, scene: str) -> None:
 def test_status_reads_as_text(daemon, run, scene):
     """`maintd status` on the peer backend: grouped sections, `-` for none, yes/no, times with Z; no repr."""
     serve(daemon[0], scene)
-    code, out = run("status")
-    assert code == 0
-    assert_text(out)
+    out = shown(run, "status")
     assert "identity=" not in out and "restart_needed" not in out and "dry_run" not in out
     assert re.search(r"^  dry run +no$", out, re.M) and re.search(r"^  restart needed +-$", out, re.M)
     assert all(section_ in out for section_ in ("Daemon", "Rotation", "IMDS", "Events", "State", "Coordination"))
@@ -135,29 +141,23 @@ def test_status_with_every_optional_field_filled_reads_as_text(daemon, run):
                 silence={"id": "5f2c", "ends_at": "2026-11-27T01:00:00+00:00", "urls": ["http://am-0:9093"]})
     body["drains"]["manual"] = {"reason": "kernel update", "since": "2026-11-27T00:10:00.5Z"}
     daemon[0].answers = {"status": body}
-    _, out = run("status")
-    assert_text(out)
+    out = shown(run, "status")
     assert "computer name web000001" in out and "server.listen, imds.endpoint (changed by a reload" in out
     assert re.search(r"^  silence.ends_at +2026-11-27T01:00:00Z$", out, re.M), out
 
 
 def test_status_on_the_store_backend(daemon, run):
     daemon[0].answers = {"status": load("store_status.json")}
-    _, out = run("status")
-    assert_text(out)
+    out = shown(run, "status")
     assert "Coordination (backend azure_blob)" in out and re.search(r"last answer +ok, 1.3s ago", out)
 
 
 @pytest.mark.parametrize("scene", SCENES)
 def test_events_table_and_each_event_read_as_text(daemon, run, scene):
     serve(daemon[0], scene)
-    code, out = run("events")
-    assert code == 0
-    assert_text(out)
+    shown(run, "events")
     for key in [k for k in daemon[0].answers if k.startswith("event ")]:
-        code, out = run("events", key.split()[1])
-        assert code == 0
-        assert_text(out)
+        out = shown(run, "events", key.split()[1])
         assert "Handlers" in out and "Approval" in out
 
 
@@ -179,9 +179,8 @@ def test_an_event_held_by_a_gate_shows_the_gate(daemon, run):
                 readiness_pushed_to="web-1")
     daemon[0].answers[multi] = held
     daemon[0].answers["events"] = [held]
-    _, table_out = run("events")
-    _, out = run("events", held["EventId"])
-    assert_text(out)
+    table_out = shown(run, "events")
+    out = shown(run, "events", held["EventId"])
     assert "held: prometheus" in table_out
     assert re.search(r"^  held +prometheus: alert HighErrorRate is firing$", out, re.M)
     assert re.search(r"web-3 +no +ConnectionError +http://web-3:8088 \(via template\) +14s", out)
@@ -191,16 +190,13 @@ def test_fleet_reads_as_text_on_both_backends(daemon, run):
     for fleet in (load("preparing_fleet.json"), load("approved_fleet.json"), load("b_fleet.json"),
                   load("store_fleet.json")):
         daemon[0].answers = {"fleet": fleet}
-        code, out = run("fleet")
-        assert code == 0
-        assert_text(out)
+        shown(run, "fleet")
     store = load("store_fleet.json")
     store["events"][0].update(approval={"by": "app_2", "state": "approved", "attempt": 1,
                                         "at": "2026-11-27T00:31:02.120000+00:00"},
                               store_error="503 ServerBusy", problems=["app_9: marker not written by maintd"])
     daemon[0].answers = {"fleet": store}
-    _, out = run("fleet")
-    assert_text(out)
+    out = shown(run, "fleet")
     assert "approval: approved by app_2 at 2026-11-27T00:31:02Z (attempt 1)" in out
     assert "store: 503 ServerBusy" in out and "problem: app_9" in out
     daemon[0].answers = {"fleet": {"vm_name": "web-1", "backend": "peers", "events": []}}
@@ -210,9 +206,7 @@ def test_fleet_reads_as_text_on_both_backends(daemon, run):
 def test_health_reads_as_text(daemon, run):
     for scene in SCENES:
         daemon[0].answers = {"health": load(f"{scene}_health.json")}
-        code, out = run("health")
-        assert code == 0
-        assert_text(out)
+        out = shown(run, "health")
     assert re.search(r"^Warning +handlers/flaky +2026-11-27T00:17:49Z +scheduled run for", out, re.M)
 
 
