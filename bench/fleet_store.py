@@ -134,7 +134,7 @@ class StandinMarkers:
     """The simulated VMs' marker writes, as their agents would make them, from 16 threads of this process."""
 
     def __init__(self, server: Azurite, container: str) -> None:
-        from agent.coordination.blob_store import BlobStore, Settings
+        from agent.coordination.store.blob_store import BlobStore, Settings
 
         self.ops = 0
         self.lock = threading.Lock()
@@ -149,7 +149,7 @@ class StandinMarkers:
     def mark(self, event_id: str, vm: str, state: str) -> None:
         """The marker write (a real VM lists after it too: not replayed here, it would measure this process's
         XML parsing of 1000-blob listings rather than the agents; the fleet's lists are estimated from A's)."""
-        from agent.coordination.store_protocol import marker_blob, marker_record
+        from agent.coordination.store.store_protocol import marker_blob, marker_record
 
         self.store.put(marker_blob(event_id, vm), marker_record(event_id, vm, state))
 

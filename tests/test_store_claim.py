@@ -10,8 +10,8 @@ import pytest
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock
 from agent.coordination.coordination_settings import AzureBlobConfig
-from agent.coordination.store_backend import StoreBackend
-from agent.coordination.store_protocol import CLAIMED, READY, Step, StoreError, approval_blob, approval_record
+from agent.coordination.store.store_backend import StoreBackend
+from agent.coordination.store.store_protocol import CLAIMED, READY, Step, StoreError, approval_blob, approval_record
 from agent.health.health_store import HealthStore
 from agent.metrics import Metrics
 from tests.test_store_exchange import EVENT, MemoryStore, Rig

@@ -14,8 +14,8 @@ import pytest
 
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock
-from agent.coordination.blob_store import BlobStore, Settings
-from agent.coordination.store_protocol import READY, StoreError, event_folder
+from agent.coordination.store.blob_store import BlobStore, Settings
+from agent.coordination.store.store_protocol import READY, StoreError, event_folder
 from tests.azurite import ACCOUNT, KEY
 from tests.test_store_exchange import EVENT, MemoryStore, Rig
 
