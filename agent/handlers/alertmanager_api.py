@@ -46,7 +46,9 @@ def times(silence: dict[str, Any]) -> Window:
 
 def instant(t: datetime) -> str:
     """An instant as sent to Alertmanager: ISO 8601 UTC to the millisecond."""
-    return iso_z(t.replace(microsecond=t.microsecond // 1000 * 1000))
+    if t.microsecond < 1000:
+        return iso_z(t.replace(microsecond=0))
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def same_matchers(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
