@@ -21,7 +21,7 @@ def test_the_vms_alert_is_silenced_during_maintenance_across_a_restart_and_not_a
     am.fire(instance="vm-2:9100")
     emu = start_emulator(["vm-1"], "--started-duration", "4")
     agent = start_agent(emu, "vm-1", {
-        "probe": {"lb_timeout": "11s", "lb_interval": "5s", "drain_grace": "0s"},
+        "probe": {"lb_timeout": "20s", "lb_interval": "5s", "drain_grace": "0s"},
         "handlers": [
             {"name": "silence", "type": "alertmanager", "phases": ["scheduled", "started", "completed"],
              "urls": [am.url], "matchers": ['instance=~"{vm}(:[0-9]+)?"'], "margin": "2m", "recheck": "1s"},
@@ -37,6 +37,8 @@ def test_the_vms_alert_is_silenced_during_maintenance_across_a_restart_and_not_a
                       and agent.get(f"/v1/events/{eid}").json()["results"]["note:silence"], 5,
                       "the silence id in /v1/events/{id}")
     assert note["silences"][am.url]["ends_at"] and silence["id"] in note["summary"]
+    status = agent.get("/v1/status").json()["notes"][eid]  # what `maintd status` prints
+    assert status.startswith("silence: ") and silence["id"] in status and note["silences"][am.url]["ends_at"] in status
 
     agent.stop()  # mid-event: the drain's wait is cut short and runs again after the restart
     agent.start()
@@ -47,4 +49,6 @@ def test_the_vms_alert_is_silenced_during_maintenance_across_a_restart_and_not_a
     wait_until(lambda: agent.get("/probe").status_code == 200, 10, "the VM back in rotation")
     wait_until(lambda: not am.silenced_by(instance=INSTANCE), 10, "the silence to be expired")
     assert am.live() == []
-    assert silence["id"] in [s["id"] for s in am.silences("expired")]
+    made = am.silences("expired")
+    assert silence["id"] in [s["id"] for s in made]
+    assert len(made) == 2, "made pending at first sight, replaced by an active one when the VM left rotation; no other"
