@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ class Alertmanager:
 
 
 @pytest.fixture
-def alertmanagers(tmp_path):
+def alertmanagers(tmp_path: Path) -> Iterator[Callable[[int], list[Alertmanager]]]:
     """Start replicas on demand (`alertmanagers(2)`); all are stopped at the end."""
     started: list[Alertmanager] = []
 
