@@ -151,6 +151,7 @@ class Daemon:
         if self.vm_name is None:
             self.parts.look_up_identity(attempts=5)  # off the loop: the first polls wait for it, the loop goes on
         self._resume_pending = True  # from the first successful poll, with the events as IMDS shows them then
+        self.parts.keeper.wake()  # what handlers keep (silences) is taken up again after a restart
         self.rules.start()
         self._publish()
 
