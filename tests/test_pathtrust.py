@@ -158,7 +158,8 @@ def test_a_user_who_cannot_look_into_a_directory_gets_no_verdict_root_does(tmp_p
     private = tmp_path / "private"
     hook = _hook(private / "hooks")
     private.chmod(0o700)
-    script = f"import os; os.setuid({NOBODY}); from agent.pathtrust import first_problem; print(first_problem({str(hook)!r}))"
+    script = (f"import os; os.setuid({NOBODY}); from agent.pathtrust import first_problem; "
+              f"print(first_problem({str(hook)!r}))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=os.getcwd(), timeout=60)
     assert out.stdout.strip() == "None", out.stderr
     (private / "hooks").chmod(0o777)
