@@ -21,39 +21,56 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
+from agent import cliviews
 from agent.config import config as config_mod
 from agent.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
 class _Target:
-    """Where and how the CLI reaches the daemon: its unix socket first when there is one, else TCP. The token is
-    sent only to a TCP listener the kernel vouches for, or to the one the user named with --url (`asked`)."""
+    """Where and how the CLI reaches the daemon: its unix socket first when there is one, else TCP; the token
+    is read only when a TCP listener is to get it (`asked`: the user named it with --url)."""
 
     url: str
     unix_socket: str | None = None
-    token: str | None = None
+    token_file: str | None = None
     asked: bool = False
+
+    def token(self) -> str | None:
+        """$MAINTD_TOKEN, else the contents of server.token_file when this user can read it."""
+        return os.environ.get("MAINTD_TOKEN") or _read_token(self.token_file)
 
 
 def _target(args: argparse.Namespace) -> _Target:
     """--url as given (TCP only); else from the config: its unix socket, with loopback TCP behind it.
 
-    The token ($MAINTD_TOKEN, else the contents of server.token_file when this user can read it) goes over TCP
-    only (on the socket the caller's uid decides): to --url, or to a loopback listener the kernel says root or
-    maintd's user holds (`_listener_problem`).
+    The token goes over TCP only (on the socket the caller's uid decides): to --url, or to a loopback listener
+    the kernel says maintd's own user holds (`_listener_problem`).
     """
     try:
         server = config_mod.load(config_mod.path_from(args.config), check_perms=False).server
-    except ConfigError:
-        server = config_mod.ServerConfig(listen="127.0.0.1:8088")
-    token = os.environ.get("MAINTD_TOKEN") or _read_token(server.token_file)
+    except ConfigError as exc:
+        server = _server_despite(exc, args)
     if args.url:
-        return _Target(args.url.rstrip("/"), token=token, asked=True)
+        return _Target(args.url.rstrip("/"), token_file=server.token_file, asked=True)
     host, _, port = server.listen.rpartition(":")
     if host in ("0.0.0.0", "", "[::]", "::"):
         host = "127.0.0.1"
-    return _Target(f"http://{host}:{port}", server.unix_socket, token)
+    return _Target(f"http://{host}:{port}", server.unix_socket, server.token_file)
+
+
+def _server_despite(exc: ConfigError, args: argparse.Namespace) -> config_mod.ServerConfig:
+    """The default addresses when there is no config to read here (none installed, or not this user's to read);
+    a config maintd refuses (or one named by --config or $MAINTD_CONFIG that cannot be read) ends the command
+    with status 1 saying why, unless --url says where the daemon is."""
+    chosen = bool(args.config or os.environ.get("MAINTD_CONFIG"))
+    if not chosen and not os.access(exc.path, os.R_OK):
+        return config_mod.ServerConfig(listen="127.0.0.1:8088")
+    if args.url:
+        print(f"maintd: config refused: {exc}; asking {args.url} without it", file=sys.stderr)
+        return config_mod.ServerConfig(listen="127.0.0.1:8088")
+    raise SystemExit(f"maintd: config refused: {exc}\nmaintd: fix it (`maintd check-config {exc.path}` checks it), "
+                     "or pass --url to ask the daemon at a given address")
 
 
 def _read_token(path: str | None) -> str | None:
@@ -125,8 +142,9 @@ def _tcp(target: _Target, method: str, path: str, data: bytes | None, headers: d
         problem = None if target.asked else _listener_problem(conn.sock)
         if problem:
             raise _Stranger("; ".join(filter(None, (fallback, problem))))
-        if target.token:
-            headers = {**headers, "Authorization": f"Bearer {target.token}"}
+        token = target.token()
+        if token:
+            headers = {**headers, "Authorization": f"Bearer {token}"}
         conn.request(method, url.path.rstrip("/") + path, body=data, headers=headers)
         answer = conn.getresponse()
         return _Answer(answer.status, answer.read().decode("utf-8", "replace"), fallback)
@@ -210,76 +228,40 @@ def cmd_status(args: argparse.Namespace) -> int:
     body = _call(args, "GET", "/v1/status")
     if args.json:
         return _print_json(body)
-    for key, value in body.items():
-        if key == "peers" and isinstance(value, dict):
-            for event_id, peers in value.items():
-                print(f"peers of {event_id}")
-                for name, how in (peers.items() if isinstance(peers, dict) else ()):
-                    print(f"  {name:22} {how}")
-            continue
-        if isinstance(value, dict):
-            value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
-        print(f"{key:24} {value}")
+    print(cliviews.status_text(body))
     return 0
-
-
-def _approval_cell(event: dict[str, Any]) -> str:
-    """sent/failed, `held: <gate>` while a gate holds it, else -."""
-    held = event.get("approval_held")
-    if held:
-        return f"held: {held.get('gate')}"
-    approval = event.get("approval")
-    return str(approval.get("status", "-")) if isinstance(approval, dict) else "-"
-
-
-def _plan_cells(event: dict[str, Any]) -> tuple[str, str]:
-    """PREPARE and APPROVE FROM of the plan (timing): `<time> (<reason>)` while held, `started`, `-` without a plan."""
-    plan = event.get("plan")
-    if not isinstance(plan, dict):
-        return "-", "-"
-    def short(t: Any) -> str:
-        return str(t)[:16] + "Z" if t else "-"
-    prepare = "started" if plan.get("preparation") == "started" else \
-        f"{short(plan.get('prepare_at'))} ({plan.get('prepare_reason')})"
-    reason = plan.get("approve_reason")
-    approve = f"{short(plan.get('approve_not_before'))} (window)" if reason == "window" else str(reason)
-    return prepare, approve
-
-
-def _events_table(events: list[dict[str, Any]]) -> str:
-    rows = [("EVENT ID", "TYPE", "STATUS", "NOT BEFORE", "THIS VM", "RANK", "READY", "PREPARE", "APPROVE FROM",
-             "APPROVAL", "RESOURCES")]
-    for e in events:
-        rows.append((e["EventId"], e["EventType"], e["EventStatus"], e.get("NotBefore") or "-",
-                     "yes" if e.get("names_self") else "no", str(e.get("rank") if e.get("rank") is not None else "-"),
-                     "yes" if e.get("ready") else "no", *_plan_cells(e), _approval_cell(e),
-                     ",".join(e.get("Resources", []))[:40]))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    why = [f"{e['EventId']} not ready: {reason}" for e in events for reason in e.get("not_ready") or []]
-    return "\n".join(table + ([""] + why if why else []))
 
 
 def cmd_events(args: argparse.Namespace) -> int:
     if args.history:
-        from agent.state.journal import read_journal
-
-        try:
-            cfg = config_mod.load(config_mod.path_from(args.config), check_perms=False)
-            directory = config_mod.with_state_env(cfg).state.dir
-        except ConfigError as exc:
-            print(f"maintd: {exc}", file=sys.stderr)
-            return 1
-        entries = [e for e in read_journal(directory) if not args.event_id or e.get("event_id") == args.event_id]
-        for entry in entries:
-            print(json.dumps(entry) if args.json else
-                  f"{entry.get('t', '?')}  {entry.get('kind', '?'):28} {entry.get('event_id', '')}  "
-                  + " ".join(f"{k}={v}" for k, v in entry.items() if k not in ("t", "kind", "event_id")))
-        return 0
-    body = _call(args, "GET", f"/v1/events/{args.event_id}" if args.event_id else "/v1/events")
-    if args.json or args.event_id:
+        return _history(args)
+    if args.since or args.type:
+        raise SystemExit("maintd: --since and --type choose entries of the audit journal: add --history")
+    event_id = args.event or args.event_id
+    body = _call(args, "GET", f"/v1/events/{event_id}" if event_id else "/v1/events")
+    if args.json:
         return _print_json(body)
-    print(_events_table(body) if body else "no events")
+    print(cliviews.event_text(body) if event_id else cliviews.events_text(body))
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    """`events --history`: the audit journal, read from the state directory (the daemon may be down)."""
+    from agent.state.journal import read_journal
+
+    try:
+        cfg = config_mod.load(config_mod.path_from(args.config), check_perms=False)
+        directory = config_mod.with_state_env(cfg).state.dir
+    except ConfigError as exc:
+        print(f"maintd: {exc}", file=sys.stderr)
+        return 1
+    entries = cliviews.select_history(list(read_journal(directory)), args.since, args.type,
+                                      args.event or args.event_id)
+    if args.json:
+        for entry in entries:
+            print(json.dumps(entry))
+        return 0
+    print(cliviews.history_text(entries))
     return 0
 
 
@@ -301,42 +283,31 @@ def cmd_undrain(args: argparse.Namespace) -> int:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
-    return _print_json(_call(args, "POST", f"/v1/events/{args.event_id}/approve"))
+    body = _call(args, "POST", f"/v1/events/{args.event_id}/approve")
+    print(f"manual approval of {body.get('event_id', args.event_id)} recorded; "
+          f"`maintd events {args.event_id}` shows when it is sent")
+    return 0
 
 
 def cmd_health(args: argparse.Namespace) -> int:
     body = _call(args, "GET", "/v1/health")
     if args.json:
         return _print_json(body)
-    print(f"aggregated: {body.get('AggregatedHealthState')}")
-    for ev in body.get("HealthEvents", []):
-        print(f"  {ev.get('HealthState', '?'):8} {ev.get('SourceId')}/{ev.get('Property')}: "
-              f"{ev.get('Description', '')}")
+    print(cliviews.health_text(body))
     return 0 if body.get("AggregatedHealthState") != "Error" else 2
-
-
-def _fleet_lines(event: dict[str, Any]) -> list[str]:
-    """One event of `maintd fleet`: who approved (or holds the claim) and when, then each VM and its state."""
-    a = event.get("approval")
-    approval = (f"{a.get('state')} by {a.get('by')}" + (f" at {a['at']}" if a.get("at") else "")) if a else "none yet"
-    lines = [f"{event.get('event_id')}  (from the {event.get('source')}; approval: {approval})"]
-    if event.get("store_error"):
-        lines.append(f"  store: {event['store_error']}")
-    lines += [f"  {v.get('name', '?'):28} {v.get('state')}" for v in event.get("vms", [])]
-    lines += [f"  problem: {p}" for p in event.get("problems", [])]
-    return lines
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
     body = _call(args, "GET", "/v1/fleet")
     if args.json:
         return _print_json(body)
-    events = body.get("events", [])
-    if not events:
-        print(f"no pending event names {body.get('vm_name')} (backend {body.get('backend')})")
-    for event in events:
-        print("\n".join(_fleet_lines(event)))
+    print(cliviews.fleet_text(body))
     return 0
+
+
+def watch_answers(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """What `maintd watch` shows, asked anew each second: the status, the events, the fleet."""
+    return _call(args, "GET", "/v1/status"), _call(args, "GET", "/v1/events"), _call(args, "GET", "/v1/fleet")
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
