@@ -28,33 +28,35 @@ from agent.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class _Target:
-    """Where and how the CLI reaches the daemon: its unix socket first when there is one, else TCP. The token is
-    sent only to a TCP listener the kernel vouches for, or to the one the user named with --url (`asked`)."""
+    """Where and how the CLI reaches the daemon: its unix socket first when there is one, else TCP; the token
+    is read only when a TCP listener is to get it (`asked`: the user named it with --url)."""
 
     url: str
     unix_socket: str | None = None
-    token: str | None = None
+    token_file: str | None = None
     asked: bool = False
+
+    def token(self) -> str | None:
+        """$MAINTD_TOKEN, else the contents of server.token_file when this user can read it."""
+        return os.environ.get("MAINTD_TOKEN") or _read_token(self.token_file)
 
 
 def _target(args: argparse.Namespace) -> _Target:
     """--url as given (TCP only); else from the config: its unix socket, with loopback TCP behind it.
 
-    The token ($MAINTD_TOKEN, else the contents of server.token_file when this user can read it) goes over TCP
-    only (on the socket the caller's uid decides): to --url, or to a loopback listener the kernel says root or
-    maintd's user holds (`_listener_problem`).
+    The token goes over TCP only (on the socket the caller's uid decides): to --url, or to a loopback listener
+    the kernel says maintd's own user holds (`_listener_problem`).
     """
     try:
         server = config_mod.load(config_mod.path_from(args.config), check_perms=False).server
     except ConfigError as exc:
         server = _server_despite(exc, args)
-    token = os.environ.get("MAINTD_TOKEN") or _read_token(server.token_file)
     if args.url:
-        return _Target(args.url.rstrip("/"), token=token, asked=True)
+        return _Target(args.url.rstrip("/"), token_file=server.token_file, asked=True)
     host, _, port = server.listen.rpartition(":")
     if host in ("0.0.0.0", "", "[::]", "::"):
         host = "127.0.0.1"
-    return _Target(f"http://{host}:{port}", server.unix_socket, token)
+    return _Target(f"http://{host}:{port}", server.unix_socket, server.token_file)
 
 
 def _server_despite(exc: ConfigError, args: argparse.Namespace) -> config_mod.ServerConfig:
@@ -140,8 +142,9 @@ def _tcp(target: _Target, method: str, path: str, data: bytes | None, headers: d
         problem = None if target.asked else _listener_problem(conn.sock)
         if problem:
             raise _Stranger("; ".join(filter(None, (fallback, problem))))
-        if target.token:
-            headers = {**headers, "Authorization": f"Bearer {target.token}"}
+        token = target.token()
+        if token:
+            headers = {**headers, "Authorization": f"Bearer {token}"}
         conn.request(method, url.path.rstrip("/") + path, body=data, headers=headers)
         answer = conn.getresponse()
         return _Answer(answer.status, answer.read().decode("utf-8", "replace"), fallback)
