@@ -151,7 +151,6 @@ class Daemon:
         if self.vm_name is None:
             self.parts.look_up_identity(attempts=5)  # off the loop: the first polls wait for it, the loop goes on
         self._resume_pending = True  # from the first successful poll, with the events as IMDS shows them then
-        self.parts.keeper.wake()  # what handlers keep (silences) is taken up again after a restart
         self.rules.start()
         self._publish()
 
@@ -254,6 +253,7 @@ class Daemon:
         if self._resume_pending:  # once after a start: the events known before it, as IMDS shows them now (0102)
             self._resume_pending = False
             self.runner.resume(self.preparation.resume({e: t for e, t in self.tracked.items() if e in known}))
+            self.parts.keeper.wake()  # what handlers keep (silences) is taken up again after a restart
         self._coordinate()
         return transitions
 
