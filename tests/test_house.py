@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 
 AGENT = Path(__file__).resolve().parent.parent / "agent"
+BENCH = AGENT.parent / "bench"
 WINGS = sorted(p.parent.name for p in AGENT.glob("*/__init__.py"))
 PURE = ("agent.model", "agent.windows", "agent.coordination.coordination_rules",
         "agent.coordination.peers.peer_addressing", "agent.coordination.coordination_settings",
@@ -57,8 +58,8 @@ imports inside functions too)."""
     return {m for m in found if m in modules and m != name}
 
 
-def graph() -> dict[str, set[str]]:
-    files = {module_name(p): p for p in AGENT.rglob("*.py")}
+def graph(root: Path = AGENT) -> dict[str, set[str]]:
+    files = {module_name(p): p for p in root.rglob("*.py")}
     names = set(files)
     return {name: imports(path, names) & names for name, path in files.items()}
 
@@ -176,6 +177,14 @@ def io_reached(module: str, files: dict[str, Path], edges: dict[str, set[str]]) 
 
 def test_no_import_circle_inside_agent():
     assert circles(graph()) == [], "modules that import each other (directly or round a loop)"
+
+
+def test_no_import_circle_inside_bench():
+    """The benchmarks stand on shared helpers (`bench.common`, `bench.fleet_agents`), never on each other
+round a circle (imports inside functions count): one benchmark can be run, read and changed alone."""
+    edges = graph(BENCH)
+    assert "bench.fleet_agents" in edges["bench.fleet_store"]
+    assert circles(edges) == []
 
 
 def test_no_import_circle_between_wings():
