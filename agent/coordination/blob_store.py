@@ -14,7 +14,6 @@ REQUESTS_CA_BUNDLE; the managed-identity token (`identity_token`) never does.
 
 from __future__ import annotations
 
-import email.utils
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from azure.core.exceptions import (
 from azure.storage.blob import ContainerClient, LinearRetry
 
 from agent.coordination.store_protocol import Item, StoreError
+from agent.httpdates import parse_http_date
 
 CONNECT_TIMEOUT, READ_TIMEOUT = 5.0, 10.0
 """Seconds to connect to the store and to wait for one answer."""
@@ -83,8 +83,7 @@ def outcome_of(exc: BaseException) -> StoreError:
 
 
 def _server_time(headers: Mapping[str, str], fallback: datetime) -> datetime:
-    when = email.utils.parsedate_to_datetime(headers["Date"]) if headers.get("Date") else None
-    return when.astimezone(UTC) if when is not None and when.tzinfo else fallback
+    return parse_http_date(headers.get("Date")) or fallback
 
 
 def bounded_answer(response: requests.Response, **_: Any) -> requests.Response:
