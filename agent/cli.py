@@ -45,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"maintd: config refused: {exc}", file=sys.stderr)
         return EX_CONFIG
     try:
-        check_dir(cfg.state.dir)
+        check_dir(cfg.state.dir, create=not args.once)
     except StateError as exc:
         print(f"maintd: {exc}", file=sys.stderr)
         return EX_CONFIG
@@ -109,9 +109,13 @@ def run_once(daemon: Any) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from agent.errors import StateError
+    from agent.state.state_file import check_dir
+
     try:
         cfg = config_mod.load(args.path)
-    except ConfigError as exc:
+        check_dir(config_mod.with_state_env(cfg).state.dir)
+    except (ConfigError, StateError) as exc:
         print(f"{exc}", file=sys.stderr)
         return 1
     print(f"{args.path}: OK ({_summary(cfg)})")

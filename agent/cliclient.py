@@ -2,7 +2,9 @@
 loopback TCP), and `events --history` from the audit journal.
 
 Kept apart from `agent.cli`, which imports it only to run one of `COMMANDS`: `maintd run` never
-loads it, and `requests` is imported only when a command reaches the daemon over TCP.
+loads it. The token never reaches a listener the CLI has not authenticated: over TCP it goes to a
+loopback port only when the kernel says root or maintd's user holds the listening end, or to the
+address the user named with `--url`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import http.client
 import json
 import os
 import socket
+import struct
 import sys
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -24,30 +28,35 @@ from agent.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class _Target:
-    """Where and how the CLI reaches the daemon: its unix socket first when there is one, else loopback TCP."""
+    """Where and how the CLI reaches the daemon: its unix socket first when there is one, else TCP; the token
+    is read only when a TCP listener is to get it (`asked`: the user named it with --url)."""
 
     url: str
     unix_socket: str | None = None
-    token: str | None = None
+    token_file: str | None = None
+    asked: bool = False
+
+    def token(self) -> str | None:
+        """$MAINTD_TOKEN, else the contents of server.token_file when this user can read it."""
+        return os.environ.get("MAINTD_TOKEN") or _read_token(self.token_file)
 
 
 def _target(args: argparse.Namespace) -> _Target:
     """--url as given (TCP only); else from the config: its unix socket, with loopback TCP behind it.
 
-    The token (sent over TCP only; on the socket the caller's uid decides) is $MAINTD_TOKEN, else the
-    contents of server.token_file when this user can read it.
+    The token goes over TCP only (on the socket the caller's uid decides): to --url, or to a loopback listener
+    the kernel says maintd's own user holds (`_listener_problem`).
     """
     try:
         server = config_mod.load(config_mod.path_from(args.config), check_perms=False).server
     except ConfigError as exc:
         server = _server_despite(exc, args)
-    token = os.environ.get("MAINTD_TOKEN") or _read_token(server.token_file)
     if args.url:
-        return _Target(args.url.rstrip("/"), token=token)
+        return _Target(args.url.rstrip("/"), token_file=server.token_file, asked=True)
     host, _, port = server.listen.rpartition(":")
     if host in ("0.0.0.0", "", "[::]", "::"):
         host = "127.0.0.1"
-    return _Target(f"http://{host}:{port}", server.unix_socket, token)
+    return _Target(f"http://{host}:{port}", server.unix_socket, server.token_file)
 
 
 def _server_despite(exc: ConfigError, args: argparse.Namespace) -> config_mod.ServerConfig:
@@ -97,9 +106,55 @@ class _Answer:
     fallback: str | None = None
 
 
+class _Stranger(Exception):
+    """The TCP listener is not maintd's: it was sent nothing (a message for the operator)."""
+
+
+def _listener_problem(sock: socket.socket) -> str | None:
+    """Why the listener at the other end of `sock` may not be sent anything (None: the kernel says root's, maintd's
+    user's or this user's process holds it): `SO_PEERCRED` on the unix socket, the owner of the accepting TCP
+    socket on loopback. One the kernel cannot name is not vouched for."""
+    from agent.http.peer_owner import PeerOwners
+    from agent.pathtrust import owner, trusted_uids
+
+    if sock.family == socket.AF_UNIX:
+        uid: int | None = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+        where = str(sock.getpeername())
+    else:
+        uid = PeerOwners().uid(sock)
+        where = "{}:{}".format(*sock.getpeername()[:2])
+    if uid in trusted_uids():
+        return None
+    who = owner(uid) if uid is not None else "a process the kernel does not name (not on this host's loopback)"
+    return (f"{where} is served by {who}, not by maintd (root or maintd's user): the CLI sent it neither the token "
+            "nor the request")
+
+
+def _tcp(target: _Target, method: str, path: str, data: bytes | None, headers: dict[str, str],
+         fallback: str | None) -> _Answer:
+    """One request over TCP; the token only to --url or to a listener maintd's user holds (else `_Stranger`)."""
+    url = urllib.parse.urlsplit(target.url)
+    kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    conn = kind(url.hostname or "127.0.0.1", url.port, timeout=10)
+    try:
+        conn.connect()
+        assert conn.sock is not None
+        problem = None if target.asked else _listener_problem(conn.sock)
+        if problem:
+            raise _Stranger("; ".join(filter(None, (fallback, problem))))
+        token = target.token()
+        if token:
+            headers = {**headers, "Authorization": f"Bearer {token}"}
+        conn.request(method, url.path.rstrip("/") + path, body=data, headers=headers)
+        answer = conn.getresponse()
+        return _Answer(answer.status, answer.read().decode("utf-8", "replace"), fallback)
+    finally:
+        conn.close()
+
+
 def _send(target: _Target, method: str, path: str, body: Any) -> _Answer:
-    """One request to the daemon: over the unix socket when it can be connected to, else TCP; raises OSError
-    (requests' errors are OSErrors) when the daemon is unreachable."""
+    """One request to the daemon: over the unix socket when it can be connected to, else TCP; raises OSError when
+    the daemon is unreachable, `_Stranger` when what listens on its socket or TCP port is not maintd."""
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"} if data is not None else {}
     fallback = None
@@ -113,28 +168,33 @@ def _send(target: _Target, method: str, path: str, body: Any) -> _Answer:
                         f"({exc.strerror or type(exc).__name__}) and asked {target.url} instead")
         else:
             try:
+                assert conn.sock is not None
+                problem = _listener_problem(conn.sock)
+                if problem:
+                    raise _Stranger(problem)
                 conn.request(method, path, body=data, headers=headers)
                 answer = conn.getresponse()
                 return _Answer(answer.status, answer.read().decode("utf-8", "replace"))
             finally:
                 conn.close()
-    import requests  # only the CLI's TCP path: the daemon never needs it for this
+    return _tcp(target, method, path, data, headers, fallback)
 
-    if target.token:
-        headers["Authorization"] = f"Bearer {target.token}"
-    session = requests.Session()
-    session.trust_env = False
-    response = session.request(method, target.url + path, data=data, headers=headers, timeout=10)
-    return _Answer(response.status_code, response.text, fallback)
+
+_DONE = {"/v1/drain": "drained", "/v1/undrain": "undrained", "/approve": "manual_approval"}
+"""What a change's answer says when maintd made it (by the end of its path): a 200 without it changed nothing."""
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
-    """The daemon's JSON answer; a failure to reach it or a non-200 answer ends the command with status 1 and
-    says why (and, when the unix socket could not be used, why not and what to do)."""
+    """The daemon's JSON answer; a failure to reach it, a non-200 answer or a change's answer that does not say it
+    was made ends the command with status 1 and says why (and, when the unix socket could not be used, why not
+    and what to do)."""
     target = _target(args)
     try:
         sent = _send(target, method, path, body)
-    except OSError as exc:
+    except _Stranger as exc:
+        raise SystemExit(f"maintd: {exc}. Is maintd running? (systemctl status maintd; sudo maintd ... uses the "
+                         "unix socket; --url sends the token to the address you name)") from None
+    except (OSError, ValueError, http.client.HTTPException) as exc:
         where = " or ".join(filter(None, (target.unix_socket, target.url + path)))
         raise SystemExit(f"maintd: cannot reach the daemon at {where} ({type(exc).__name__}); is it running? "
                          "(systemctl status maintd; or pass --url)") from None
@@ -146,6 +206,10 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
         message = answer.get("error") if isinstance(answer, dict) else answer
         why = f"\nmaintd: {sent.fallback}" if sent.fallback and sent.status in (401, 403) else ""
         raise SystemExit(f"maintd: the daemon answered {sent.status}: {message}{why}")
+    done = next((key for end, key in _DONE.items() if method == "POST" and path.endswith(end)), None)
+    if done and not (isinstance(answer, dict) and done in answer):
+        raise SystemExit(f"maintd: the answer does not say the change was made (no {done!r} in {sent.text[:200]!r}): "
+                         "nothing is known to have changed; check with maintd status")
     return answer
 
 
