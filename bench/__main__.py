@@ -9,7 +9,7 @@ import time
 
 from bench.common import write_summary
 
-ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "fleet", "silence")
+ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "fleet", "silence", "cli_watch")
 
 
 def main(argv: list[str] | None = None) -> int:
