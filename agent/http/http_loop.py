@@ -33,9 +33,10 @@ TURN_BUDGET = 64
 """Requests answered in one turn of the loop, all connections together, one request per connection at a time
 (round-robin): however many connections pipeline, a turn stays short, and a flood costs the flooder its own
 turns, never the load balancer's probe."""
-READ_AHEAD = 256 * 1024
-"""Bytes a connection in line to be served may hold unanswered before the loop stops reading it (until its
-turn comes: a pipelining client waits for its answers instead of filling the server's memory)."""
+RECV_SIZE = 16 * 1024
+"""Bytes read from a connection at a time. A connection in line to be served is not read until its turn comes,
+so a pipelining client holds about this much of the server's memory per connection, and waits for its answers
+(thousands of flooding connections stay within the buffer budget instead of being evicted one by one)."""
 MAX_BUFFERED = 32 * 1024 * 1024
 """Bytes of requests still arriving held by all connections together (at least four whole requests):
 beyond it the largest buffer is dropped, so many partial heads cannot hold the memory of thousands."""
@@ -216,11 +217,11 @@ class EventLoopServer:
     def _receive(self, conn: Conn) -> None:
         """Read what arrived, and put the connection in line to be served: first in line when it was idle (a
         probe on a new connection), behind the others when it still has requests waiting (a pipelining flood).
-        A connection in line with READ_AHEAD bytes waiting is not read until its requests are answered."""
-        if conn.scheduled and len(conn.buf) >= READ_AHEAD:
+        A connection in line is not read until its turn has come."""
+        if conn.scheduled:
             return
         try:
-            data = conn.sock.recv(65536)
+            data = conn.sock.recv(RECV_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
