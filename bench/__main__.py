@@ -9,7 +9,8 @@ import time
 
 from bench.common import write_summary
 
-ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "fleet", "silence", "cli_watch")
+ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "probe_flood", "server_cost",
+       "fleet", "silence", "cli_watch")
 
 
 def main(argv: list[str] | None = None) -> int:
