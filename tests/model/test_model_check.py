@@ -13,12 +13,14 @@ import pytest
 from agent.coordination import coordination_rules, coordinator
 from agent.coordination.approver import Approver
 from agent.coordination.coordination_rules import not_ready
-from tests.model.common import PAUSE
+from tests.model.common import LOST_ANSWER, PAUSE, POST_ERROR
 from tests.model.explorer import Result, explore
 from tests.model.peer_model import PeerModel
 from tests.model.store_model import StoreModel
 
 POSTED = {"a POST": lambda s: bool(s.imds.posted_by)}
+PAIRED = (PAUSE, POST_ERROR, LOST_ANSWER)
+"""The faults the two-fault run combines: a pause with a failed or lost POST."""
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +72,15 @@ def test_store_s2_one_vm_posts(store: Result):
 def test_store_records_of_any_shape_never_raise(store: Result):
     """Store backend: an odd approval record or marker is a problem to report, never an exception."""
     holds(store, "records")
+
+
+def test_store_a_pause_inside_the_retry_backoff_after_an_imds_500():
+    """Store backend, two faults on one path (the issue's run: the claimer's first POST gets a 500 and the pause
+    falls in its retry backoff; or a lost answer and a pause): still one VM POSTs, none early."""
+    result = explore(StoreModel(max_faults=2, kinds=PAIRED), outcomes=POSTED)
+    print(f"\nstore, two of {PAIRED}: {result.figures()}")
+    for prop in ("S1", "S2"):
+        holds(result, prop)
 
 
 def test_the_checker_finds_a_leader_whose_silence_waives_its_readiness(monkeypatch: pytest.MonkeyPatch):
