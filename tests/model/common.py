@@ -78,6 +78,19 @@ def post_lands(imds: Imds, vm: str, prepared: dict[str, bool]) -> Imds:
     return imds._replace(posted_by=imds.posted_by | {vm}, early=early)
 
 
+def post_outcomes(imds: Imds, vm: str, prepared: dict[str, bool],
+                  spend_one: Callable[[str], tuple[str, ...] | None]) -> list[tuple[str, Imds, tuple[str, ...] | None]]:
+    """What one send of `vm`'s POST may come to: (what happened, IMDS after, the faults spent or None when it
+    succeeded): a 200; with the budget, a lost answer (it landed) or an IMDS 500 (it did not)."""
+    landed = post_lands(imds, vm, prepared)
+    out: list[tuple[str, Imds, tuple[str, ...] | None]] = [("200", landed, None)]
+    for kind, after, what in ((LOST_ANSWER, landed, "it landed, the answer is lost"),
+                              (POST_ERROR, imds, "IMDS answers 500")):
+        if (faults := spend_one(kind)) is not None:
+            out.append((f"FAULT {what}", after, faults))
+    return out
+
+
 def imds_steps(imds: Imds) -> list[tuple[str, Imds]]:
     """IMDS starts the event a moment after a POST landed (before the next tick: it takes seconds)."""
     if imds.status == SCHEDULED and imds.posted_by:

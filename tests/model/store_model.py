@@ -73,7 +73,7 @@ from tests.model.common import (
     lapsed,
     older,
     order,
-    post_lands,
+    post_outcomes,
     retry_refuses,
     retry_stops,
     s1,
@@ -378,20 +378,18 @@ class StoreModel:
         if why is not None:
             yield f"{name} withholds the POST: {why}", _set(s, i, gave_up)
             return
-        landed = post_lands(s.imds, name, {VMS[j]: w.prepared for j, w in enumerate(s.vms)})
-        sent = v._replace(approver=("settle", etag, attempt, True), record=SENT, failed_age=None)
-        yield f"{name} POSTs StartRequests: 200", s._replace(vms=_vms(s, i, sent), imds=landed)
-        for kind, imds in ((LOST_ANSWER, landed), (POST_ERROR, s.imds)):
-            if (f := self._spend(s, kind)) is None:
-                continue
-            what = "it landed, the answer is lost" if kind == LOST_ANSWER else "IMDS answers 500"
-            if retry_stops(started, within, attempts + 1):
+        prepared = {VMS[j]: w.prepared for j, w in enumerate(s.vms)}
+        for what, imds, faults in post_outcomes(s.imds, name, prepared, lambda kind: self._spend(s, kind)):
+            if faults is None:
+                after = v._replace(approver=("settle", etag, attempt, True), record=SENT, failed_age=None)
+            elif retry_stops(started, within, attempts + 1):
                 after = v._replace(approver=("settle", etag, attempt, False), record=FAILED, failed_age=0)
                 what += "; the retries give up"
             else:
                 after = v._replace(approver=("post", etag, attempt, claimed, decided, started, within, attempts + 1),
                                    record=SENDING)
-            yield f"{name} POSTs StartRequests: FAULT {what}", s._replace(vms=_vms(s, i, after), imds=imds, faults=f)
+            yield f"{name} POSTs StartRequests: {what}", s._replace(vms=_vms(s, i, after), imds=imds,
+                                                                    faults=faults or s.faults)
 
     def _settle(self, s: State, i: int, v: Vm) -> Iterable[tuple[str, State]]:
         name = VMS[i]
