@@ -122,6 +122,12 @@ class Metrics:
                                     "largest input buffer when all connections' buffers together reached their budget; "
                                     "request_timeout: no whole request within server.read_timeout)",
                                     ["reason"], registry=r)
+        self.silences = Gauge("maintd_silences",
+                              "Alertmanager silences an alertmanager handler keeps now (one per event and replica, "
+                              "pending or active)", ["handler"], registry=r)
+        self.silence_failures = Counter("maintd_silence_failures_total",
+                                        "Requests to make, extend or expire an Alertmanager silence that failed "
+                                        "(after retries, per replica)", ["handler"], registry=r)
         self._initialise()
 
     def _initialise(self) -> None:

@@ -16,7 +16,9 @@ walking its target the same way, so every directory that could redirect the path
   next component (its owner, its mode) decides. sshd refuses `/tmp` outright; maintd's tests, its demo
   and a `mktemp -d` tree live under it.
 
-A path that does not exist yet is judged by the directories above it that do. A name still missing in a
+A path that does not exist yet is judged by the directories above it that do. A directory this user may
+not look into ends the walk without a verdict: a user's `maintd status` reads the config too, and root,
+who runs maintd, sees every component. A name still missing in a
 sticky directory could be created by anyone first: each use checks again (a hook before every run, and
 `maintd run` creates a missing state dir itself, exclusively, before checking it), so what another user
 made is refused by its owner.
@@ -79,7 +81,7 @@ def first_problem(path: str | os.PathLike[str], uids: frozenset[int] | None = No
         candidate = os.path.join(current, name)
         try:
             st = os.lstat(candidate)
-        except FileNotFoundError:
+        except (FileNotFoundError, PermissionError):  # missing: checked again when used; hidden: not ours to judge
             return None
         except OSError as exc:
             return f"{candidate} cannot be checked: {exc.strerror or exc}"

@@ -9,7 +9,7 @@ import time
 
 from bench.common import write_summary
 
-ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "fleet", "model")
+ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "fleet", "silence", "model")
 
 MODULES = {"model": "model_check"}
 """Benchmarks whose module is not named after them."""

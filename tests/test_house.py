@@ -19,7 +19,7 @@ WINGS = sorted(p.parent.name for p in AGENT.glob("*/__init__.py"))
 PURE = ("agent.model", "agent.windows", "agent.coordination.coordination_rules", "agent.coordination.peer_addressing",
         "agent.coordination.coordination_settings", "agent.prepare.prepare_plan", "agent.prepare.run_records",
         "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.jsonsafe",
-        "agent.coordination.store_protocol", "agent.clitext", "agent.cliviews")
+        "agent.coordination.store_protocol", "agent.clitext", "agent.cliviews", "agent.handlers.silences")
 """Modules (or whole wings) that decide and compute only: time is a parameter, nothing is read or sent."""
 IO = ("requests", "urllib3", "http.client", "http.server", "socket", "selectors", "subprocess", "os", "pathlib",
       "shutil", "tempfile", "io", "threading", "concurrent", "signal", "azure")

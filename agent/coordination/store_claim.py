@@ -23,6 +23,7 @@ from agent.coordination.store_protocol import (
     approval_blob,
     approval_record,
     parse_approval,
+    same_etag,
 )
 
 
@@ -109,7 +110,7 @@ class StoreClaims:
             return f"cannot confirm the claim: {self._as_store_error(exc, event_id, 'confirm')}"
         if found is None:
             return "the approval record is gone from the store"
-        if found[1] != claim.etag:
+        if not same_etag(found[1], claim.etag):
             return "the approval record changed since this VM claimed it: another VM took the claim over"
         return self._past(claim, within)
 
