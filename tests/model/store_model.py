@@ -131,13 +131,15 @@ def _items(markers: tuple[str | None, ...], approval: Record | None) -> list[Ite
         if m is not None:
             meta = marker_record(EVENT_ID, name, m) if m != ODD_MARKER else \
                 {**marker_record(EVENT_ID, name, READY), "state": "almost"}
-            items.append(Item(marker_blob(EVENT_ID, name), meta, f'"m-{name}"', now))
+            items.append(Item(marker_blob(EVENT_ID, name), meta, f"m-{name}", now))
     if approval is not None:
-        items.append(_item(approval))
+        items.append(_item(approval, quoted=False))
     return items
 
 
-def _item(r: Record) -> Item:
+def _item(r: Record, quoted: bool) -> Item:
+    """The approval blob as the store hands it over: ETags bare in a listing, quoted in a read's answer (as Azure
+    and Azurite give them)."""
     meta: dict[str, Any] = approval_record(EVENT_ID, r.by, r.state, r.attempt)
     modified: datetime | None = EPOCH + timedelta(seconds=at(r.age) or 0.0)
     if r.odd == ODD_SHAPES[0]:
@@ -146,7 +148,8 @@ def _item(r: Record) -> Item:
         modified = None
     elif r.odd == ODD_SHAPES[2]:
         meta["attempt"] = "x"
-    return Item(approval_blob(EVENT_ID), meta, f'"e{r.etag}"', modified)  # type: ignore[arg-type]
+    etag = f'"e{r.etag}"' if quoted else f"e{r.etag}"
+    return Item(approval_blob(EVENT_ID), meta, etag, modified)
 
 
 @functools.cache
@@ -190,8 +193,8 @@ class _ReadBack:
     def read(self, name: str) -> tuple[dict[str, str], str] | None:
         if self.record is None:
             return None
-        item = _item(self.record)
-        return dict(item.metadata), item.etag
+        item = _item(self.record, quoted=True)
+        return dict(item.metadata), item.etag or ""
 
 
 @functools.cache
