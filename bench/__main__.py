@@ -9,7 +9,7 @@ import time
 
 from bench.common import write_summary
 
-ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "fleet")
+ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "fleet", "store_chaos")
 
 
 def main(argv: list[str] | None = None) -> int:
