@@ -44,13 +44,14 @@ def scenarios(quick: bool) -> list[Scenario]:
     found: list[Scenario] = [
         (THREE, lost_answers),
         (THREE, throttled),
-        (THREE, latency),
+        (THREE, lambda f: latency(f, 0.5)),
+        (THREE, lambda f: latency(f, 1.5)),
         *[(THREE, lambda f, kind=kind: odd_record(f, kind)) for kind in ODD],
         (FOUR, paused_claimer),
         (FOUR, lambda f: paused_claimer(f, imds_500=True)),
         ((0.3, 0.5, 6.0), lambda f: paused_preparing(f, 3 * TAKEOVER)),
     ]
-    return found if quick else [*found, ((0.3,), big_listing)]
+    return found if quick else [*found, ((0.3,), lambda f: big_listing(f, limit=240.0))]
 
 
 @contextmanager

@@ -187,7 +187,7 @@ def poll_gap(fleet: Fleet, vm: str, since: float) -> float:
     return max((b - a for a, b in zip(polls, polls[1:], strict=False)), default=0.0)
 
 
-def latency(fleet: Fleet, delay: float = 1.5, limit: float = 60.0) -> Outcome:
+def latency(fleet: Fleet, delay: float, limit: float = 45.0) -> Outcome:
     """Every store request held `delay` seconds."""
     fleet.add(lambda vm: Rule("latency", delay=delay))
     start = time.time()
@@ -234,7 +234,7 @@ def _proc_kb(pid: int, field_name: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def big_listing(fleet: Fleet, size: int = 50 << 20, limit: float = 60.0) -> Outcome:
+def big_listing(fleet: Fleet, size: int = 50 << 20, limit: float = 45.0) -> Outcome:
     """The first listing answer of the fleet's first VM padded to `size` bytes of blobs under the event's folder
     (markers the protocol did not write): its RSS (before, peak, after), its log volume, its IMDS polls. In
     a fleet of one, the VM can approve only once it has read a listing."""
