@@ -323,7 +323,8 @@ class SimulatedFleet:
         def spec(vm: str, other: str) -> Callable[[], Agent]:
             peers = {other: self.bases[other], **{s: self.standin.peer_url(src[vm], s) for s in self.simulated}}
             return lambda: Agent(tmp / vm, self.emu.urls[vm], vm, agent_config(
-                kind, peers, tmp / vm, GO_HOOK, {"DIR": str(self.hooks)}, takeover_after=f"{takeover_after:g}s"),
+                kind, peers, tmp / vm, GO_HOOK, {"DIR": str(self.hooks)}, takeover_after=f"{takeover_after:g}s",
+                unreachable_peers="ignore", peer_timeout=f"{takeover_after:g}s"),  # the takeover POSTs only so (S1)
                 port=ports[vm])
 
         try:
@@ -398,6 +399,10 @@ def simulated_event(fleet: SimulatedFleet, rng: random.Random, spread: float) ->
 
 def takeover(fleet: SimulatedFleet, rng: random.Random, leader_ready: bool, takeover_after: float) -> dict[str, Any]:
     """Kill the leader once every simulated peer is ready, then let the follower (rank 1) become ready.
+
+    The fleet runs with `unreachable_peers: ignore` and `peer_timeout` = `takeover_after`: under the
+    default `wait` a taker never POSTs for a silent leader (S1, decision 0100), and this measures the
+    opt-out's takeover time.
 
     `leader_ready`: the leader's own hook has ended before the kill (it was waiting for the follower
     alone), or it is still preparing. The time is from the kill to the follower's POST at the emulator.

@@ -19,7 +19,7 @@ WINGS = sorted(p.parent.name for p in AGENT.glob("*/__init__.py"))
 PURE = ("agent.model", "agent.windows", "agent.coordination.coordination_rules", "agent.coordination.peer_addressing",
         "agent.coordination.coordination_settings", "agent.prepare.prepare_plan", "agent.prepare.run_records",
         "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.jsonsafe",
-        "agent.coordination.store_protocol")
+        "agent.coordination.store_protocol", "agent.clitext", "agent.cliviews")
 """Modules (or whole wings) that decide and compute only: time is a parameter, nothing is read or sent."""
 IO = ("requests", "urllib3", "http.client", "http.server", "socket", "selectors", "subprocess", "os", "pathlib",
       "shutil", "tempfile", "io", "threading", "concurrent", "signal", "azure")
@@ -123,8 +123,8 @@ def allowed(wing_name: str) -> set[str]:
 
 
 def is_base(node: str) -> bool:
-    return node not in WINGS and node not in ("agent.cli", "agent.cliclient", "agent.demo", "agent.docgen",
-                                              "agent.__main__")
+    return node not in WINGS and node not in ("agent.cli", "agent.cliclient", "agent.clitext", "agent.cliviews",
+                                              "agent.cliwatch", "agent.demo", "agent.docgen", "agent.__main__")
 
 
 @cache

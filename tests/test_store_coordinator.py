@@ -105,6 +105,8 @@ def test_the_fleet_gate_counts_health_from_the_markers_and_holds_before_the_clai
     other_ready(blobs)
     clock.advance(10)
     ticks(coord, t, gated)
+    clock.advance(5)  # a held gate is asked again at most every approval_retry_for / 12 (issue 28 #5)
+    ticks(coord, t, gated)
     assert sent == [[EVENT]]
 
 

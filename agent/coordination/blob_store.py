@@ -14,13 +14,13 @@ REQUESTS_CA_BUNDLE; the managed-identity token (`identity_token`) never does.
 
 from __future__ import annotations
 
-import email.utils
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import requests
 from azure.core import MatchConditions
 from azure.core.exceptions import (
     ClientAuthenticationError,
@@ -34,6 +34,7 @@ from azure.core.exceptions import (
 from azure.storage.blob import ContainerClient, LinearRetry
 
 from agent.coordination.store_protocol import Item, StoreError
+from agent.httpdates import parse_http_date
 
 CONNECT_TIMEOUT, READ_TIMEOUT = 5.0, 10.0
 """Seconds to connect to the store and to wait for one answer."""
@@ -42,6 +43,10 @@ RETRIES, RETRY_BACKOFF = 2, 1
 PAGE, MAX_PAGES = 250, 8
 """Blobs per page of a listing, and pages read (an event names at most 1000 VMs): a page of 5000 costs
 the SDK about 15 MB while it turns the XML into objects; 250 keep a 1000-VM listing near 5 MB."""
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+"""Bytes any one store answer may have (a page of 250 protocol records is about 0.3 MB). PAGE and MAX_PAGES
+bound what is asked; this and the entry count bound what comes back, read before requests keeps it whole."""
+CHUNK = 64 * 1024
 
 Expected = tuple[type[Exception], ...]
 Count = Callable[[str, str], None]
@@ -78,8 +83,32 @@ def outcome_of(exc: BaseException) -> StoreError:
 
 
 def _server_time(headers: Mapping[str, str], fallback: datetime) -> datetime:
-    when = email.utils.parsedate_to_datetime(headers["Date"]) if headers.get("Date") else None
-    return when.astimezone(UTC) if when is not None and when.tzinfo else fallback
+    return parse_http_date(headers.get("Date")) or fallback
+
+
+def bounded_answer(response: requests.Response, **_: Any) -> requests.Response:
+    """A response hook on the store's requests session, run before requests reads the body: read it here, at
+    most MAX_ANSWER_BYTES, and a listing page of at most PAGE blobs; else drop the connection and fail the
+    request (`too_large`, retried by maintd with backoff; never half a listing)."""
+    body = bytearray()
+    for chunk in response.raw.stream(CHUNK, decode_content=True):
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            response.close()
+            raise StoreError("too_large", f"a store answer over {MAX_ANSWER_BYTES // 2**20} MiB: not read further")
+    entries = body.count(b"<Blob>") if "comp=list" in (response.request.url or "") else 0
+    if entries > PAGE:
+        response.close()
+        raise StoreError("too_large", f"a listing page of {entries} blobs, asked for at most {PAGE}")
+    response._content = bytes(body)  # what requests would have read itself
+    setattr(response, "_content_consumed", True)  # noqa: B010 - private in requests, unknown to its stubs
+    return response
+
+
+def _session() -> requests.Session:
+    session = requests.Session()
+    session.hooks["response"].append(bounded_answer)
+    return session
 
 
 class BlobStore:
@@ -93,6 +122,7 @@ class BlobStore:
     def open(cls, settings: Settings, count: Count) -> BlobStore:
         """A store over the SDK's client: connection string (Azurite, tests) or a token credential."""
         options: dict[str, Any] = {"connection_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
+                                   "session": _session(),
                                    "retry_policy": LinearRetry(backoff=RETRY_BACKOFF, random_jitter_range=0,
                                                                retry_total=RETRIES)}
         if settings.connection_string is not None:
@@ -119,9 +149,11 @@ class BlobStore:
     def _blob(self, name: str) -> Any:
         return self.container.get_blob_client(name)
 
-    def put(self, name: str, metadata: Mapping[str, str]) -> None:
-        """Write a blob whoever wrote it before (a VM's own marker)."""
-        self._call("put", lambda: self._blob(name).upload_blob(b"", metadata=dict(metadata), overwrite=True))
+    def put(self, name: str, metadata: Mapping[str, str]) -> str | None:
+        """Write a blob whoever wrote it before (a VM's own marker): its new ETag (None if the answer had none)."""
+        result = self._call("put", lambda: self._blob(name).upload_blob(b"", metadata=dict(metadata), overwrite=True))
+        etag = result.get("etag") if isinstance(result, dict) else None
+        return etag if isinstance(etag, str) else None
 
     def list_folder(self, prefix: str) -> tuple[list[Item], datetime]:
         """Every blob under `prefix` with its metadata, and the store's clock when it answered."""
@@ -137,7 +169,7 @@ class BlobStore:
             for n, page in enumerate(itertools.islice(pages, MAX_PAGES)):
                 if n:
                     self.count("list", "ok")  # each further page is one more request (the first is counted below)
-                items += [Item(b.name, dict(b.metadata or {}), b.etag, b.last_modified) for b in page]
+                items += [Item(b.name, b.metadata or {}, b.etag, b.last_modified) for b in itertools.islice(page, PAGE)]
             return items
 
         items = self._call("list", listing)

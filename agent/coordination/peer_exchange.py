@@ -107,7 +107,7 @@ class PeerExchange:
         self.client = PeerClient(token_reader, s.request_timeout, s.max_concurrency)
         self.lock = threading.Lock()
         self.log = logs.get("coordinator")
-        self._lanes = Lanes(s.max_concurrency, "peer")
+        self._lanes = Lanes(s.max_concurrency, "peer", metrics.lane_errors.labels("peer").inc)
 
     # --- addressing ---------------------------------------------------------------------
 
@@ -156,7 +156,13 @@ class PeerExchange:
             if peer.in_flight:
                 return
             peer.in_flight, peer.last_asked, peer.hinted = True, now, False
-        self._lanes.submit(name.casefold(), functools.partial(self._ask, event_id, ex, name, peer))
+        self._lanes.submit(name.casefold(), functools.partial(self._ask, event_id, ex, name, peer),
+                           functools.partial(self._ask_failed, peer))
+
+    def _ask_failed(self, peer: PeerState, exc: Exception) -> None:
+        """An ask that raised (the lane logged and counted it): the peer may be asked again, as after silence."""
+        with self.lock:
+            peer.in_flight = False
 
     def peers_now(self, ex: Exchange) -> dict[str, PeerState]:
         """The event's peers as a dict of its own (taken under the lock: lanes add peers while the loop
@@ -193,7 +199,11 @@ class PeerExchange:
                 ex.pushing = False
                 ex.told = leader if ok else ex.told
 
-        self._lanes.submit(leader.casefold(), post)
+        def failed(exc: Exception) -> None:
+            with self.lock:
+                ex.pushing = False
+
+        self._lanes.submit(leader.casefold(), post, failed)
 
     def _peer(self, ex: Exchange, name: str) -> PeerState:
         with self.lock:

@@ -17,7 +17,8 @@ from agent import logs
 from agent.clock import Clock
 from agent.coordination.coordination_rules import OK, UNREACHABLE, peer_state
 from agent.coordination.coordination_settings import AzureBlobConfig
-from agent.coordination.store_exchange import Snapshot, Store, StoreExchange
+from agent.coordination.store_claim import StoreClaims
+from agent.coordination.store_exchange import FORGED, Snapshot, Store, StoreExchange
 from agent.coordination.store_protocol import (
     HEALTHY,
     PREPARING,
@@ -68,7 +69,9 @@ class StoreBackend:
         for op in STORE_OPS:
             metrics.store_requests.labels(op, "ok")
         self.exchange = StoreExchange(self._open, config.describe, clock, on_change=on_change, report=self._report,
-                                      takeover_after=takeover_after)
+                                      takeover_after=takeover_after,
+                                      count_error=metrics.lane_errors.labels("store").inc)
+        self.claims = StoreClaims(self.exchange)
         health.set(SOURCE, "store", HealthState.OK, f"{config.describe}: no request yet (none until an event "
                                                      "names this VM)")
 
@@ -88,7 +91,8 @@ class StoreBackend:
         self.metrics.store_requests.labels(op, outcome).inc()
 
     def _report(self, prop: str, ok: bool, description: str) -> None:
-        self.health.set(SOURCE, prop, HealthState.OK if ok else HealthState.WARNING, description)
+        state = HealthState.OK if ok else HealthState.ERROR if prop == FORGED else HealthState.WARNING
+        self.health.set(SOURCE, prop, state, description)
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -128,7 +132,7 @@ class StoreBackend:
                        post: Callable[[float], bool]) -> None:
         """The claim (the atomic step), the POST (`post(within)`, retried at most until the claim's deadline),
         and its outcome recorded on the claim: `approved`, or `released` for another VM to take."""
-        claim = self.exchange.claim(event_id, vm_name, step)
+        claim = self.claims.claim(event_id, vm_name, step)
         if not claim.won:
             self.log.info("store.claim_lost", event_id=event_id, reason=claim.reason)
             return
@@ -137,8 +141,16 @@ class StoreBackend:
         if left <= 0:
             self.log.warning("store.claim_too_old", event_id=event_id, effect="not sent: another VM takes it over",
                              reason="claiming took longer than half of takeover_after")
-        sent = left > 0 and post(min(retry_for, left))
-        self.exchange.settle(event_id, vm_name, claim, sent)
+        with self.claims.holding(event_id, claim):
+            sent = left > 0 and post(min(retry_for, left))
+        self.claims.settle(event_id, vm_name, claim, sent)
+
+    def claim_still_holds(self, event_id: str) -> str | None:
+        """The approver's check right before every send (the first and each retry): None while this VM's claim
+        holds (younger than half of `takeover_after` on the monotonic clock, and the store's record still at the
+        ETag the claim wrote: one read), else why not, and nothing is sent. What stays open: a pause between this
+        check and the POST reaching IMDS (IMDS takes no fencing token; see store_protocol.post_deadline)."""
+        return self.claims.holds(event_id, post_deadline(self.takeover_after()))
 
     # --- views ---------------------------------------------------------------------------------
 

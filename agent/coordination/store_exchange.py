@@ -5,7 +5,7 @@ touch them, all on the loop's thread). Requests run on worker lanes, one lane pe
 event's requests go in order, and hand back an immutable `Result` through a queue; `on_change`
 wakes the loop, which applies the results on its tick. The claim, the confirmation and the
 release run on the approver thread (right before and after the POST) and hand their results back
-the same way. The API reads `snapshot`, an immutable value the loop replaces on each tick. The
+the same way (`store_claim`). The API reads `snapshot`, an immutable value the loop replaces on each tick. The
 loop never waits on the store: `run` only queues.
 
 Traffic (see DESIGN.md, "Coordinating through a blob store"): a VM writes its marker when it first
@@ -31,22 +31,17 @@ from agent import logs
 from agent.clock import Clock
 from agent.coordination.store_protocol import (
     APPROVED,
-    CLAIMED,
-    RELEASED,
     Approval,
     Item,
     Listing,
     Step,
     StoreError,
-    approval_blob,
-    approval_record,
     event_folder,
     fleet_health,
     marker_blob,
     marker_record,
     next_step,
     not_ready,
-    parse_approval,
     parse_listing,
     recheck_delay,
     retry_delay,
@@ -57,18 +52,25 @@ from agent.lanes import Lanes
 
 Mark = tuple[str, str]
 """A marker's content: (state, health)."""
-STORE, RECORDS = "store", "store_records"
-"""The health reports (source `coordination`): the store's last answer, and records the protocol did not write."""
+STORE, RECORDS, FORGED = "store", "store_records", "store_marker"
+"""The health reports (source `coordination`): the store's last answer, records the protocol did not write, and a
+marker under this VM's name that it did not write (an Error: it holds the fleet gate)."""
 Report = Callable[[str, bool, str], None]
-"""(property, ok, description): a Warning when not ok."""
+"""(property, ok, description): a Warning when not ok (an Error for FORGED)."""
 OTHER = "(another VM)"
 """Who holds a claim this VM just lost, until the next listing says."""
+
+
+def internal_error(exc: Exception) -> StoreError:
+    """An exception no store code turned into a StoreError, as one."""
+    return StoreError("internal_error", f"internal error ({type(exc).__name__}: {str(exc)[:200]}); see maintd's log "
+                                        "(lane.internal_error); retried")
 
 
 class Store(Protocol):
     """What the exchange needs of `blob_store.BlobStore` (a fake in tests)."""
 
-    def put(self, name: str, metadata: Mapping[str, str]) -> None: ...
+    def put(self, name: str, metadata: Mapping[str, str]) -> str | None: ...
     def list_folder(self, prefix: str) -> tuple[list[Item], datetime]: ...
     def create(self, name: str, metadata: Mapping[str, str]) -> str | None: ...
     def replace(self, name: str, metadata: Mapping[str, str], etag: str) -> str | None: ...
@@ -92,6 +94,10 @@ class EventState:
     failures: int = 0
     error: StoreError | None = None
     problems: frozenset[str] = frozenset()
+    odd: int = 0
+    own_etag: str | None = None
+    """The ETag of this VM's last marker write for the event (None: unknown, e.g. after a failed request)."""
+    forged: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,17 +112,9 @@ class Result:
     approval: Approval | None = None
     error: StoreError | None = None
     relist: bool = False
-
-
-@dataclass(frozen=True)
-class Claim:
-    """The approver's claim: whether this VM holds it, the record's ETag, and when the request started."""
-
-    won: bool
-    etag: str
-    reason: str
-    started: float
-    attempt: int = 1
+    own_etag: str | None = None
+    seen: str | None = None
+    """This VM's marker as its own read found it, while preparing: its ETag, "" when absent (None: not read)."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +142,7 @@ class StoreExchange:
 
     def __init__(self, open_store: Callable[[], Store], describe: str, clock: Clock, *,
                  on_change: Callable[[], None], report: Report, takeover_after: Callable[[], float],
-                 max_workers: int = 4) -> None:
+                 count_error: Callable[[], None] = lambda: None, max_workers: int = 4) -> None:
         self.open_store = open_store
         self.takeover_after = takeover_after
         self.clock = clock
@@ -156,7 +154,8 @@ class StoreExchange:
         self._open_lock = threading.Lock()
         self._results: queue.SimpleQueue[Result] = queue.SimpleQueue()
         self._events: dict[str, EventState] = {}
-        self._lanes = Lanes(max_workers, "store")
+        self.count_error = count_error
+        self._lanes = Lanes(max_workers, "store", count_error)
         self._last: tuple[str, float | None] = ("no request yet", None)
         self._healthy: bool | None = None
 
@@ -185,81 +184,38 @@ class StoreExchange:
 
         self._lanes.submit("", open_quietly)
 
-    def _sync(self, event_id: str, resources: tuple[str, ...], me: str, write: Mark | None, lists: bool) -> None:
-        written = None
+    def _sync(self, event_id: str, resources: tuple[str, ...], me: str, write: Mark | None, lists: bool,
+              reads: bool) -> None:
+        written = etag = seen = None
         try:
             store = self.store()
             if write is not None:
-                store.put(marker_blob(event_id, me), marker_record(event_id, me, *write))
+                etag = store.put(marker_blob(event_id, me), marker_record(event_id, me, *write))
                 written = write
             listing = None
             if lists:
                 items, server_time = store.list_folder(event_folder(event_id))
                 listing = parse_listing(event_id, items, server_time, resources)
-            self._hand(Result(event_id, self.clock.monotonic(), marker=written, listing=listing))
+            elif reads:
+                found = store.read(marker_blob(event_id, me))
+                seen = "" if found is None else found[1]
+            self.hand(Result(event_id, self.clock.monotonic(), marker=written, listing=listing, own_etag=etag,
+                             seen=seen))
         except StoreError as exc:
-            self._hand(Result(event_id, self.clock.monotonic(), marker=written, error=exc))
+            self.hand(Result(event_id, self.clock.monotonic(), marker=written, error=exc))
 
-    def _hand(self, result: Result) -> None:
+    def hand(self, result: Result) -> None:
+        """Give the loop one result (from a worker lane or the approver thread) and wake it."""
         self._results.put(result)
         self.on_change()
-
-    def claim(self, event_id: str, me: str, step: Step) -> Claim:
-        """On the approver thread: the atomic step (create if absent, or If-Match the record seen)."""
-        started = self.clock.monotonic()
-        record = approval_record(event_id, me, CLAIMED, step.attempt)
-        name = approval_blob(event_id)
-        try:
-            store = self.store()
-            etag = store.create(name, record) if step.action == "claim" else store.replace(name, record, step.etag)
-            if etag is None:
-                etag = self._own_after_conflict(store, event_id, me, step.attempt)
-        except StoreError as exc:
-            self._hand(Result(event_id, self.clock.monotonic(), sync=False, error=exc))
-            return Claim(False, "", str(exc), started)
-        if etag is None:  # someone else won: block a second try until a fresh listing says who
-            lost = Approval(OTHER, CLAIMED, step.attempt, "", 0.0)
-            self._hand(Result(event_id, self.clock.monotonic(), sync=False, approval=lost, relist=True))
-            return Claim(False, "", "another VM claimed it first", started)
-        mine = Approval(me, CLAIMED, step.attempt, etag, 0.0)
-        self._hand(Result(event_id, self.clock.monotonic(), sync=False, approval=mine))
-        return Claim(True, etag, step.reason, started, step.attempt)
-
-    @staticmethod
-    def _own_after_conflict(store: Store, event_id: str, me: str, attempt: int) -> str | None:
-        """After a 409/412: the record's ETag if it is this VM's claim of this attempt (the SDK retried our own
-        success), else None."""
-        found = store.read(approval_blob(event_id))
-        if found is None:
-            return None
-        record = parse_approval(event_id, found[0], found[1], 0.0, frozenset({me.casefold()}))
-        return found[1] if isinstance(record, Approval) and record.state == CLAIMED and record.attempt == attempt \
-            else None
-
-    def settle(self, event_id: str, me: str, claim: Claim, approved: bool) -> bool:
-        """On the approver thread, after the POST: record `approved` (or `released` after a failed POST)
-        with If-Match on this VM's claim; False when the claim was taken over meanwhile or the store failed."""
-        state = APPROVED if approved else RELEASED
-        try:
-            etag = self.store().replace(approval_blob(event_id), approval_record(event_id, me, state, claim.attempt),
-                                        claim.etag)
-        except StoreError as exc:
-            self._hand(Result(event_id, self.clock.monotonic(), sync=False, error=exc))
-            return False
-        if etag is None:
-            self.log.warning("store.claim_taken_over", event_id=event_id, state=state,
-                             reason="another VM took the claim over before this VM recorded the outcome")
-            return False
-        self._hand(Result(event_id, self.clock.monotonic(), sync=False,
-                          approval=Approval(me, state, claim.attempt, etag, 0.0, self.clock.now())))
-        return True
 
     # --- loop side ---------------------------------------------------------------------------
 
     def run(self, event_id: str, resources: Sequence[str], me: str, marker: Mark, listing_wanted: bool,
             now: float) -> None:
         """Queue this tick's request for one event: write the marker if it changed; list after it and when due,
-        but only while `listing_wanted` (this VM could claim: a VM still preparing writes its marker only)."""
+        but only while `listing_wanted` (this VM could claim); a VM still preparing reads its own marker when due
+        instead, to notice one it did not write."""
         st = self._events.setdefault(event_id, EventState())
         st.resources, st.me = tuple(resources), me
         if listing_wanted and not st.wanted:
@@ -270,10 +226,17 @@ class StoreExchange:
         write = marker if marker != st.marker else None
         settled = st.listing is not None and st.listing.approval is not None and st.listing.approval.state == APPROVED
         lists = listing_wanted and not settled and (write is not None or now >= st.due)
-        if write is None and not lists:
+        reads = not listing_wanted and write is None and st.own_etag is not None and now >= st.due
+        if write is None and not lists and not reads:
             return
         st.busy = True
-        self._lanes.submit(event_id, functools.partial(self._sync, event_id, st.resources, me, write, lists))
+        self._lanes.submit(event_id, functools.partial(self._sync, event_id, st.resources, me, write, lists, reads),
+                           functools.partial(self._crashed, event_id))
+
+    def _crashed(self, event_id: str, exc: Exception) -> None:
+        """A request job raised (a bug, or an answer nothing foresaw): hand back a failure like any store error, so
+        the loop clears the busy flag, reports it and retries with backoff (the marker is written again)."""
+        self.hand(Result(event_id, self.clock.monotonic(), error=internal_error(exc)))
 
     def apply(self, now: float) -> None:
         """Take in every result handed back since the last tick; report failures and recoveries."""
@@ -289,11 +252,15 @@ class StoreExchange:
                 st.busy = False
             st.marker = r.marker or st.marker
             if r.error is not None:
+                st.own_etag = None if r.sync else st.own_etag  # a write may have landed unseen
                 self._failed(r.event_id, st, r.error, now)
                 continue
             self._answered(st, r)
+            st.own_etag = r.own_etag or st.own_etag
             if r.listing is not None:
                 self._listed(r.event_id, st, r.listing, now)
+            elif r.sync:
+                self._own_marker(r.event_id, st, r.seen, now)
             if r.approval is not None and st.listing is not None:
                 st.listing = dataclasses.replace(st.listing, approval=r.approval)
             if r.relist:
@@ -328,14 +295,36 @@ class StoreExchange:
         takeover = takeover_check_delay(listing, st.me, self.takeover_after(), n, random.random())
         st.due = now + min(recheck_delay(st.checks, n), takeover if takeover is not None else float("inf"))
         own = listing.markers.get(st.me.casefold())
+        if own is not None and own.etag:
+            self._own_marker(event_id, st, own.etag, None)
         if st.marker is not None and (own is None or (own.state, own.health) != st.marker):
             self.log.warning("store.marker_missing", event_id=event_id, expected=st.marker[0],
                              found=own.state if own else None, effect="written again")
             st.marker = None  # the store lost it (emptied, deleted by hand): the next tick writes it again
-        for problem in sorted(set(listing.problems) - st.problems):
-            self.log.warning("store.invalid_record", event_id=event_id, problem=problem,
+        if listing.odd and (frozenset(listing.problems), listing.odd) != (st.problems, st.odd):
+            self.log.warning("store.invalid_record", event_id=event_id, count=listing.odd,
+                             problem=listing.problems[0], more=list(listing.problems[1:]),
                              effect="not counted as ready or approved")
-        st.problems = frozenset(listing.problems)
+        st.problems, st.odd = frozenset(listing.problems), listing.odd
+
+    def _own_marker(self, event_id: str, st: EventState, seen: str | None, now: float | None) -> None:
+        """This VM's marker as the store showed it (its ETag; "" absent): one it did not write is forged. The
+        marker is written again and an Error holds the fleet gate until the event ends. `now`: after a read or
+        a write alone, when to read again (the listing's schedule otherwise)."""
+        if now is not None:
+            st.checks += 1
+            st.due = now + recheck_delay(st.checks, len(st.resources))
+        if seen is None or seen == st.own_etag:
+            return
+        st.marker = None  # written again on the next tick
+        if seen == "" or st.own_etag is None:
+            return
+        st.forged = f"event {event_id}: a marker under this VM's name that it did not write was found and rewritten"
+        self.log.error("store.marker_forged", event_id=event_id, vm=st.me, expected_etag=st.own_etag, found_etag=seen,
+                       effect="rewritten; Error health coordination/store_marker holds the fleet gate",
+                       hint="see README 'Per-VM identity' (an ABAC condition per VM)")
+        self.report(FORGED, False, st.forged)
+        st.own_etag = None
 
     def verdict(self, event_id: str, resources: Sequence[str], me: str, takeover_after: float,
                 need_all_ready: bool = True) -> tuple[list[str], Step]:
@@ -352,7 +341,8 @@ class StoreExchange:
     def forget(self, keep: set[str]) -> None:
         """Drop the events no longer pending (the loop's prune)."""
         for event_id in [e for e in self._events if e not in keep]:
-            del self._events[event_id]
+            if self._events.pop(event_id).forged and not any(st.forged for st in self._events.values()):
+                self.report(FORGED, True, "no marker under this VM's name that it did not write")
 
     def publish(self) -> Snapshot:
         """Replace the immutable snapshot the API reads."""

@@ -27,6 +27,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from agent.coordination.coordination_rules import UNREACHABLE
 from agent.errors import MaintdError
@@ -103,12 +104,13 @@ def approval_record(event_id: str, by: str, state: str, attempt: int) -> dict[st
 
 @dataclass(frozen=True)
 class Item:
-    """One listed blob, as the I/O edge hands it over."""
+    """One listed blob, as the I/O edge hands it over: whatever the answer held, so parsing may see any shape
+    (a None value, a missing Last-Modified or ETag, a naive time, a type nobody expected)."""
 
     name: str
-    metadata: Mapping[str, str]
-    etag: str
-    last_modified: datetime
+    metadata: Mapping[Any, Any]
+    etag: str | None
+    last_modified: datetime | None
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,8 @@ class Marker:
     state: str
     age: float
     health: str = HEALTHY
+    etag: str = ""
+    """As the listing said ("" when it said none): a VM knows the ETag of its own last write."""
 
 
 @dataclass(frozen=True)
@@ -134,29 +138,47 @@ class Approval:
 
 @dataclass(frozen=True)
 class Listing:
-    """One event as the store holds it: markers by lower-cased VM name, the approval, what was odd."""
+    """One event as the store holds it: markers by lower-cased VM name, the approval, what was odd.
+
+    `problems` keeps the first MAX_PROBLEMS descriptions; `odd` counts every blob that was a problem."""
 
     event_id: str
     markers: Mapping[str, Marker]
     approval: Approval | None
     problems: tuple[str, ...]
+    odd: int = 0
 
 
-def _fields(metadata: Mapping[str, str], expected: frozenset[str]) -> dict[str, str] | str:
+MAX_PROBLEMS = 5
+"""Problems a listing describes (the rest are counted): a 50 MB answer of junk is one summary, not 80,000 lines."""
+
+
+def _text(value: object, limit: int) -> str:
+    """A value from the store, quoted and cut for a problem description (any type)."""
+    return repr(value)[:limit] if not isinstance(value, str) else repr(value[:limit])
+
+
+def _fields(metadata: object, expected: frozenset[str]) -> dict[str, str] | str:
+    if not isinstance(metadata, Mapping):
+        return f"metadata is {type(metadata).__name__}, not fields"
+    odd = [k for k, v in metadata.items() if not isinstance(k, str) or not isinstance(v, str)]
+    if odd:
+        return f"field {_text(odd[0], 32)} has no text value"
     fields = {k.casefold(): v for k, v in metadata.items()}
     if len(fields) != len(metadata):
         return "a field appears twice"
     if set(fields) != expected:
         extra, missing = sorted(set(fields) - expected), sorted(expected - set(fields))
-        return "; ".join(x for x in (f"unknown field {', '.join(extra)}" if extra else "",
+        return "; ".join(x for x in (f"unknown field {', '.join(e[:32] for e in extra[:5])}" if extra else "",
                                      f"missing {', '.join(missing)}" if missing else "") if x)
     if fields["maintd"] != VERSION:
         return f"protocol version {fields['maintd'][:8]!r}, not {VERSION}"
     return fields
 
 
-def parse_marker(event_id: str, path_name: str, metadata: Mapping[str, str], age: float) -> Marker | str:
-    """The marker at events/{event}/vm/{path_name}, or why it does not count."""
+def parse_marker(event_id: str, path_name: str, metadata: Mapping[Any, Any], age: float,
+                 etag: str = "") -> Marker | str:
+    """The marker at events/{event}/vm/{path_name}, or why it does not count (metadata of any shape)."""
     fields = _fields(metadata, MARKER_FIELDS)
     if isinstance(fields, str):
         return fields
@@ -168,12 +190,12 @@ def parse_marker(event_id: str, path_name: str, metadata: Mapping[str, str], age
         return f"unknown state {fields['state'][:16]!r}"
     if fields["health"] not in (HEALTHY, UNHEALTHY):
         return f"unknown health {fields['health'][:16]!r}"
-    return Marker(fields["vm"], fields["state"], age, fields["health"])
+    return Marker(fields["vm"], fields["state"], age, fields["health"], etag)
 
 
-def parse_approval(event_id: str, metadata: Mapping[str, str], etag: str, age: float,
+def parse_approval(event_id: str, metadata: Mapping[Any, Any], etag: str, age: float,
                    names: frozenset[str], at: datetime | None = None) -> Approval | str:
-    """The approval record, or why it is unreadable (`names`: the lower-cased Resources)."""
+    """The approval record, or why it is unreadable (`names`: the lower-cased Resources; metadata of any shape)."""
     fields = _fields(metadata, APPROVAL_FIELDS)
     if isinstance(fields, str):
         return fields
@@ -184,41 +206,68 @@ def parse_approval(event_id: str, metadata: Mapping[str, str], etag: str, age: f
     if fields["state"] not in (CLAIMED, APPROVED, RELEASED):
         return f"unknown state {fields['state'][:16]!r}"
     attempt = fields["attempt"]
-    if not attempt.isdigit() or not 1 <= int(attempt) <= MAX_ATTEMPT:
+    if not (attempt.isascii() and attempt.isdigit() and len(attempt) <= 7 and 1 <= int(attempt) <= MAX_ATTEMPT):
         return f"attempt {attempt[:16]!r} is not a count"
     return Approval(fields["by"], fields["state"], int(attempt), etag, age, at)
 
 
-def age_of(item: Item, server_time: datetime) -> float:
-    """Seconds since the blob was last written, on the store's own clock (never negative)."""
-    return max(0.0, (server_time - item.last_modified).total_seconds())
+def _aware(value: object) -> datetime | None:
+    return value if isinstance(value, datetime) and value.utcoffset() is not None else None
+
+
+def age_of(item: Item, server_time: datetime) -> float | None:
+    """Seconds since the blob was last written, on the store's own clock (never negative); None when the answer
+    gave no usable Last-Modified (or no usable clock)."""
+    written, now = _aware(item.last_modified), _aware(server_time)
+    return None if written is None or now is None else max(0.0, (now - written).total_seconds())
+
+
+def _parse_item(event_id: str, folder: str, item: Item, server_time: datetime,
+                names: frozenset[str]) -> tuple[Marker | Approval | None, str | None]:
+    """One listed blob: (what it is, or None; why it is odd, or None)."""
+    if not isinstance(item.name, str):
+        return None, f"a blob named {_text(item.name, 40)}"
+    rest = item.name[len(folder):] if item.name.startswith(folder) else None
+    etag = item.etag if isinstance(item.etag, str) else ""
+    age = age_of(item, server_time)
+    if rest == "approval":
+        at = _aware(item.last_modified)
+        lacks = [what for what, missing in (("ETag", not etag), ("Last-Modified", age is None)) if missing]
+        unknown = f"no {' or '.join(lacks)} in the listing, so it is not taken over" if lacks else None
+        parsed = parse_approval(event_id, item.metadata, etag, age or 0.0, names, at)
+        if isinstance(parsed, str):
+            why = "; ".join(x for x in (parsed, unknown) if x)
+            return Approval("", UNREADABLE, 0, etag, age or 0.0, at), f"approval record: {why}"
+        return parsed, unknown and f"approval record: {unknown}"
+    if rest is not None and rest.startswith("vm/") and rest[3:] in names:
+        marker = parse_marker(event_id, rest[3:], item.metadata, age or 0.0, etag)
+        return (None, f"marker {rest[3:]}: {marker}") if isinstance(marker, str) else (marker, None)
+    return None, f"blob {item.name[:120]!r} is not part of the protocol for this event"
 
 
 def parse_listing(event_id: str, items: Sequence[Item], server_time: datetime, resources: Sequence[str]) -> Listing:
-    """What one list of an event's folder says; each odd blob is a problem, never a ready VM or an approval."""
+    """What one list of an event's folder says; each odd blob is a problem, never a ready VM or an approval.
+
+    Total: any item of any shape is parsed or described, never raised on. An approval record without a usable
+    ETag or Last-Modified keeps age 0 and no ETag, so it is never taken over on that listing (only one that
+    shows both can be)."""
     names = frozenset(n.casefold() for n in resources)
     folder = event_folder(event_id)
     markers: dict[str, Marker] = {}
     approval: Approval | None = None
     problems: list[str] = []
+    odd = 0
     for item in items:
-        rest = item.name[len(folder):] if item.name.startswith(folder) else None
-        age = age_of(item, server_time)
-        if rest == "approval":
-            parsed_approval = parse_approval(event_id, item.metadata, item.etag, age, names, item.last_modified)
-            if isinstance(parsed_approval, str):
-                problems.append(f"approval record: {parsed_approval}")
-                parsed_approval = Approval("", UNREADABLE, 0, item.etag, age, item.last_modified)
-            approval = parsed_approval
-        elif rest is not None and rest.startswith("vm/") and rest[3:] in names:
-            marker = parse_marker(event_id, rest[3:], item.metadata, age)
-            if isinstance(marker, str):
-                problems.append(f"marker {rest[3:]}: {marker}")
-            else:
-                markers[rest[3:]] = marker
-        else:
-            problems.append(f"blob {item.name[:120]!r} is not part of the protocol for this event")
-    return Listing(event_id, markers, approval, tuple(problems))
+        parsed, problem = _parse_item(event_id, folder, item, server_time, names)
+        if isinstance(parsed, Approval):
+            approval = parsed
+        elif isinstance(parsed, Marker):
+            markers[parsed.vm.casefold()] = parsed
+        if problem is not None:
+            odd += 1
+            if len(problems) < MAX_PROBLEMS:
+                problems.append(problem)
+    return Listing(event_id, markers, approval, tuple(problems), odd)
 
 
 # --- decisions ----------------------------------------------------------------------------------
@@ -255,10 +304,21 @@ def next_step(listing: Listing, resources: Sequence[str], me: str, takeover_afte
               need_all_ready: bool = True) -> Step:
     """The protocol's decision from one listing; the caller has already decided this VM may approve.
 
-    Never a claim while a VM named in Resources is not recorded ready (unless `need_all_ready` is
-    off: `immediate` by policy). A claim that did not turn into an approval within `takeover_after`
-    (on the store's clock), a released claim, an unreadable record and this VM's own earlier claim
-    (a restart) are taken over with If-Match, so only one of any number of racers wins.
+    Pure and total: the same inputs give the same `Step`, nothing is read or written, nothing
+    raises (the listing comes from `parse_listing`, whatever the store held). Actions:
+
+    - `done`: the record says approved (by anyone); nobody claims again.
+    - `wait`: a VM named in Resources has no readable `ready` marker (unless `need_all_ready` is off:
+      `immediate` by policy), or another VM's claim is younger than `takeover_after` on the store's
+      clock, or the record came without an ETag (nothing to If-Match).
+    - `claim`: every VM named is ready and there is no record: create it with If-None-Match: *.
+    - `take_over` (`etag`, `attempt`): rewrite the record with If-Match on `etag` — a claim that did
+      not become an approval within `takeover_after`, a released claim, an unreadable record of that
+      age, or this VM's own earlier claim (a restart).
+
+    So `claim`/`take_over` never come while a VM is not ready (with `need_all_ready`), and each is an
+    atomic step of which only one of any number of racers wins; what follows (one POST) is
+    `post_deadline`'s and the claim check's business.
     """
     approval = listing.approval
     if approval is not None and approval.state == APPROVED:
@@ -269,6 +329,8 @@ def next_step(listing: Listing, resources: Sequence[str], me: str, takeover_afte
         return Step("wait", f"waiting for {', '.join(waiting[:5])}{more}")
     if approval is None:
         return Step("claim", "every VM named is ready" if need_all_ready else "immediate by policy")
+    if not approval.etag:
+        return Step("wait", "the approval record came without an ETag: nothing to take it over with")
     reason = takeover_reason(approval, me, takeover_after)
     if reason is None:
         return Step("wait", f"claimed by {approval.by or 'an unreadable record'} {approval.age:.0f}s ago; "
@@ -289,11 +351,18 @@ def takeover_reason(approval: Approval, me: str, takeover_after: float) -> str |
 
 
 def post_deadline(takeover_after: float) -> float:
-    """Seconds after its claim within which the claimer may still POST: half of `takeover_after`.
+    """Seconds after its claim within which the claimer may still send a POST: half of `takeover_after`.
 
     Measured on the claimer's own monotonic clock from before its claim request, which is no later
     than the store's Last-Modified of that claim; another VM takes over only once the store says the
-    claim is `takeover_after` old, so the two can never both be posting.
+    claim is `takeover_after` old. Right before every send (the first and each retry) the claimer
+    checks this deadline and that the store still holds its claim's ETag (`claim_still_holds`).
+
+    That narrows the overlap to a window, it does not close it: a claimer paused (SIGSTOP, a VM
+    freeze, a live migration) after its last check and before its POST reaches IMDS may send once
+    more after a taker has posted, and IMDS takes no fencing token to refuse it. The window is the
+    time between that check and the send, plus a freeze the monotonic clock does not count (the
+    ETag read catches a takeover that landed before the check).
     """
     return takeover_after / 2
 
