@@ -39,7 +39,7 @@ def test_lost_answers_after_the_write_landed_cost_one_post_in_all(fleet: Fleet) 
     """The first answer to each VM's marker write, listing, claim and outcome record is lost after the
     write landed: the fleet still approves once, after the last hook."""
     result = lost_answers(fleet)
-    assert result.figures["answers_lost"] >= 3 * len(fleet.vms), result
+    assert result.figures["answers_lost"] >= 2 * len(fleet.vms) + 2, result  # markers, lists, claim, outcome
     assert (result.approvals, result.early) == (1, 0), result
 
 
