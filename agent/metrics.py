@@ -19,7 +19,7 @@ from agent.model.outcomes import OUTCOMES
 EVENT_TYPES = (*KNOWN_TYPES, "Other")
 IMDS_ENDPOINTS = ("scheduledevents", "compute", "approve", "identity")
 STORE_OPS = ("put", "list", "create", "replace", "read")
-"""Requests to the coordination store (backend azure_blob): see agent.coordination.blob_store."""
+"""Requests to the coordination store (backend azure_blob): see agent.coordination.store.blob_store."""
 APPROVAL_OUTCOMES = ("sent", "failed", "skipped")
 PEER_OUTCOMES = ("ready", "not_ready", "unreachable", "invalid", "pushed", "push_failed")
 GATE_NAMES = ("fleet", "prometheus")
