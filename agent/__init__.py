@@ -1,3 +1,3 @@
 """maintd: turns Azure Scheduled Events into safe, automatic preparation for maintenance."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -8,12 +8,13 @@ import gc
 import json
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from agent import __version__
 from agent.config import config as config_mod
 from agent.coordination.coordination_settings import CoordinationConfig
-from agent.coordination.peers_file import PeersFile
+from agent.coordination.peers.peers_file import PeersFile
 from agent.errors import ConfigError
 
 EX_CONFIG = 78
@@ -44,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"maintd: config refused: {exc}", file=sys.stderr)
         return EX_CONFIG
     try:
-        check_dir(cfg.state.dir)
+        check_dir(cfg.state.dir, create=not args.once)
     except StateError as exc:
         print(f"maintd: {exc}", file=sys.stderr)
         return EX_CONFIG
@@ -108,9 +109,13 @@ def run_once(daemon: Any) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from agent.errors import StateError
+    from agent.state.state_file import check_dir
+
     try:
         cfg = config_mod.load(args.path)
-    except ConfigError as exc:
+        check_dir(config_mod.with_state_env(cfg).state.dir)
+    except (ConfigError, StateError) as exc:
         print(f"{exc}", file=sys.stderr)
         return 1
     print(f"{args.path}: OK ({_summary(cfg)})")
@@ -155,6 +160,14 @@ def cmd_client(args: argparse.Namespace) -> int:
     return COMMANDS[args.command](args)
 
 
+def cmd_watch(args: argparse.Namespace) -> int:
+    """`maintd watch`: the live view, redrawn every second until Ctrl-C."""
+    from agent.cliclient import watch_answers
+    from agent.cliwatch import run
+
+    return run(lambda: watch_answers(args))
+
+
 def cmd_emulate(args: argparse.Namespace) -> int:
     from agent.emulator.cli import main as emulate_main
 
@@ -168,6 +181,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # --- parser ---------------------------------------------------------------------------------
+
+def _since(value: str) -> datetime:
+    """`--since`: a span back from now or an ISO time (argparse says what is wrong with anything else)."""
+    from agent.clitext import since
+
+    try:
+        return since(value, datetime.now(UTC))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser (also the source of `maintd --help`)."""
@@ -200,6 +223,11 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("event_id", nargs="?")
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--history", action="store_true", help="read the audit journal instead of asking the daemon")
+    ev.add_argument("--since", type=_since, metavar="WHEN",
+                    help="with --history: entries from WHEN on: a span back from now (7d, 2h, 30m) or an ISO time")
+    ev.add_argument("--type", metavar="EVENT_TYPE",
+                    help="with --history: only events of this type (Reboot, Freeze, ...)")
+    ev.add_argument("--event", metavar="EVENT_ID", help="only this event (the same as EVENT_ID)")
 
     dr = client("drain", "take this VM out of the load balancer's rotation")
     dr.add_argument("--reason", default="manual drain")
@@ -213,6 +241,9 @@ def parser() -> argparse.ArgumentParser:
 
     he = client("health", "aggregated health and every report")
     he.add_argument("--json", action="store_true")
+
+    client("watch", "a live view: rotation, each event, its handlers, the approval, the peers or the store "
+                    "(every second until Ctrl-C)").set_defaults(fn=cmd_watch)
 
     em = sub.add_parser("emulate", help="run the IMDS Scheduled Events emulator (see maintd emulate --help)",
                         add_help=False)

@@ -2,7 +2,9 @@
 loopback TCP), and `events --history` from the audit journal.
 
 Kept apart from `agent.cli`, which imports it only to run one of `COMMANDS`: `maintd run` never
-loads it, and `requests` is imported only when a command reaches the daemon over TCP.
+loads it. The token never reaches a listener the CLI has not authenticated: over TCP it goes to a
+loopback port only when the kernel says root or maintd's user holds the listening end, or to the
+address the user named with `--url`.
 """
 
 from __future__ import annotations
@@ -13,40 +15,62 @@ import http.client
 import json
 import os
 import socket
+import struct
 import sys
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
+from agent import cliviews
 from agent.config import config as config_mod
 from agent.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
 class _Target:
-    """Where and how the CLI reaches the daemon: its unix socket first when there is one, else loopback TCP."""
+    """Where and how the CLI reaches the daemon: its unix socket first when there is one, else TCP; the token
+    is read only when a TCP listener is to get it (`asked`: the user named it with --url)."""
 
     url: str
     unix_socket: str | None = None
-    token: str | None = None
+    token_file: str | None = None
+    asked: bool = False
+
+    def token(self) -> str | None:
+        """$MAINTD_TOKEN, else the contents of server.token_file when this user can read it."""
+        return os.environ.get("MAINTD_TOKEN") or _read_token(self.token_file)
 
 
 def _target(args: argparse.Namespace) -> _Target:
     """--url as given (TCP only); else from the config: its unix socket, with loopback TCP behind it.
 
-    The token (sent over TCP only; on the socket the caller's uid decides) is $MAINTD_TOKEN, else the
-    contents of server.token_file when this user can read it.
+    The token goes over TCP only (on the socket the caller's uid decides): to --url, or to a loopback listener
+    the kernel says maintd's own user holds (`_listener_problem`).
     """
     try:
         server = config_mod.load(config_mod.path_from(args.config), check_perms=False).server
-    except ConfigError:
-        server = config_mod.ServerConfig(listen="127.0.0.1:8088")
-    token = os.environ.get("MAINTD_TOKEN") or _read_token(server.token_file)
+    except ConfigError as exc:
+        server = _server_despite(exc, args)
     if args.url:
-        return _Target(args.url.rstrip("/"), token=token)
+        return _Target(args.url.rstrip("/"), token_file=server.token_file, asked=True)
     host, _, port = server.listen.rpartition(":")
     if host in ("0.0.0.0", "", "[::]", "::"):
         host = "127.0.0.1"
-    return _Target(f"http://{host}:{port}", server.unix_socket, token)
+    return _Target(f"http://{host}:{port}", server.unix_socket, server.token_file)
+
+
+def _server_despite(exc: ConfigError, args: argparse.Namespace) -> config_mod.ServerConfig:
+    """The default addresses when there is no config to read here (none installed, or not this user's to read);
+    a config maintd refuses (or one named by --config or $MAINTD_CONFIG that cannot be read) ends the command
+    with status 1 saying why, unless --url says where the daemon is."""
+    chosen = bool(args.config or os.environ.get("MAINTD_CONFIG"))
+    if not chosen and not os.access(exc.path, os.R_OK):
+        return config_mod.ServerConfig(listen="127.0.0.1:8088")
+    if args.url:
+        print(f"maintd: config refused: {exc}; asking {args.url} without it", file=sys.stderr)
+        return config_mod.ServerConfig(listen="127.0.0.1:8088")
+    raise SystemExit(f"maintd: config refused: {exc}\nmaintd: fix it (`maintd check-config {exc.path}` checks it), "
+                     "or pass --url to ask the daemon at a given address")
 
 
 def _read_token(path: str | None) -> str | None:
@@ -82,9 +106,55 @@ class _Answer:
     fallback: str | None = None
 
 
+class _Stranger(Exception):
+    """The TCP listener is not maintd's: it was sent nothing (a message for the operator)."""
+
+
+def _listener_problem(sock: socket.socket) -> str | None:
+    """Why the listener at the other end of `sock` may not be sent anything (None: the kernel says root's, maintd's
+    user's or this user's process holds it): `SO_PEERCRED` on the unix socket, the owner of the accepting TCP
+    socket on loopback. One the kernel cannot name is not vouched for."""
+    from agent.http.peer_owner import PeerOwners
+    from agent.pathtrust import owner, trusted_uids
+
+    if sock.family == socket.AF_UNIX:
+        uid: int | None = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+        where = str(sock.getpeername())
+    else:
+        uid = PeerOwners().uid(sock)
+        where = "{}:{}".format(*sock.getpeername()[:2])
+    if uid in trusted_uids():
+        return None
+    who = owner(uid) if uid is not None else "a process the kernel does not name (not on this host's loopback)"
+    return (f"{where} is served by {who}, not by maintd (root or maintd's user): the CLI sent it neither the token "
+            "nor the request")
+
+
+def _tcp(target: _Target, method: str, path: str, data: bytes | None, headers: dict[str, str],
+         fallback: str | None) -> _Answer:
+    """One request over TCP; the token only to --url or to a listener maintd's user holds (else `_Stranger`)."""
+    url = urllib.parse.urlsplit(target.url)
+    kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    conn = kind(url.hostname or "127.0.0.1", url.port, timeout=10)
+    try:
+        conn.connect()
+        assert conn.sock is not None
+        problem = None if target.asked else _listener_problem(conn.sock)
+        if problem:
+            raise _Stranger("; ".join(filter(None, (fallback, problem))))
+        token = target.token()
+        if token:
+            headers = {**headers, "Authorization": f"Bearer {token}"}
+        conn.request(method, url.path.rstrip("/") + path, body=data, headers=headers)
+        answer = conn.getresponse()
+        return _Answer(answer.status, answer.read().decode("utf-8", "replace"), fallback)
+    finally:
+        conn.close()
+
+
 def _send(target: _Target, method: str, path: str, body: Any) -> _Answer:
-    """One request to the daemon: over the unix socket when it can be connected to, else TCP; raises OSError
-    (requests' errors are OSErrors) when the daemon is unreachable."""
+    """One request to the daemon: over the unix socket when it can be connected to, else TCP; raises OSError when
+    the daemon is unreachable, `_Stranger` when what listens on its socket or TCP port is not maintd."""
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"} if data is not None else {}
     fallback = None
@@ -98,31 +168,42 @@ def _send(target: _Target, method: str, path: str, body: Any) -> _Answer:
                         f"({exc.strerror or type(exc).__name__}) and asked {target.url} instead")
         else:
             try:
+                assert conn.sock is not None
+                problem = _listener_problem(conn.sock)
+                if problem:
+                    raise _Stranger(problem)
                 conn.request(method, path, body=data, headers=headers)
                 answer = conn.getresponse()
                 return _Answer(answer.status, answer.read().decode("utf-8", "replace"))
             finally:
                 conn.close()
-    import requests  # only the CLI's TCP path: the daemon never needs it for this
+    try:
+        return _tcp(target, method, path, data, headers, fallback)
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        if fallback:
+            exc.add_note(fallback)  # why the unix socket was passed over, for the message
+        raise
 
-    if target.token:
-        headers["Authorization"] = f"Bearer {target.token}"
-    session = requests.Session()
-    session.trust_env = False
-    response = session.request(method, target.url + path, data=data, headers=headers, timeout=10)
-    return _Answer(response.status_code, response.text, fallback)
+
+_DONE = {"/v1/drain": "drained", "/v1/undrain": "undrained", "/approve": "manual_approval"}
+"""What a change's answer says when maintd made it (by the end of its path): a 200 without it changed nothing."""
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
-    """The daemon's JSON answer; a failure to reach it or a non-200 answer ends the command with status 1 and
-    says why (and, when the unix socket could not be used, why not and what to do)."""
+    """The daemon's JSON answer; a failure to reach it, a non-200 answer or a change's answer that does not say it
+    was made ends the command with status 1 and says why (and, when the unix socket could not be used, why not
+    and what to do)."""
     target = _target(args)
     try:
         sent = _send(target, method, path, body)
-    except OSError as exc:
+    except _Stranger as exc:
+        raise SystemExit(f"maintd: {exc}. Is maintd running? (systemctl status maintd; sudo maintd ... uses the "
+                         "unix socket; --url sends the token to the address you name)") from None
+    except (OSError, ValueError, http.client.HTTPException) as exc:
         where = " or ".join(filter(None, (target.unix_socket, target.url + path)))
+        why = "".join(f"\nmaintd: {note}" for note in getattr(exc, "__notes__", ()))
         raise SystemExit(f"maintd: cannot reach the daemon at {where} ({type(exc).__name__}); is it running? "
-                         "(systemctl status maintd; or pass --url)") from None
+                         f"(systemctl status maintd; or pass --url){why}") from None
     try:
         answer = json.loads(sent.text)
     except ValueError:
@@ -131,6 +212,10 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
         message = answer.get("error") if isinstance(answer, dict) else answer
         why = f"\nmaintd: {sent.fallback}" if sent.fallback and sent.status in (401, 403) else ""
         raise SystemExit(f"maintd: the daemon answered {sent.status}: {message}{why}")
+    done = next((key for end, key in _DONE.items() if method == "POST" and path.endswith(end)), None)
+    if done and not (isinstance(answer, dict) and done in answer):
+        raise SystemExit(f"maintd: the answer does not say the change was made (no {done!r} in {sent.text[:200]!r}): "
+                         "nothing is known to have changed; check with maintd status")
     return answer
 
 
@@ -143,76 +228,40 @@ def cmd_status(args: argparse.Namespace) -> int:
     body = _call(args, "GET", "/v1/status")
     if args.json:
         return _print_json(body)
-    for key, value in body.items():
-        if key == "peers" and isinstance(value, dict):
-            for event_id, peers in value.items():
-                print(f"peers of {event_id}")
-                for name, how in (peers.items() if isinstance(peers, dict) else ()):
-                    print(f"  {name:22} {how}")
-            continue
-        if isinstance(value, dict):
-            value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
-        print(f"{key:24} {value}")
+    print(cliviews.status_text(body))
     return 0
-
-
-def _approval_cell(event: dict[str, Any]) -> str:
-    """sent/failed, `held: <gate>` while a gate holds it, else -."""
-    held = event.get("approval_held")
-    if held:
-        return f"held: {held.get('gate')}"
-    approval = event.get("approval")
-    return str(approval.get("status", "-")) if isinstance(approval, dict) else "-"
-
-
-def _plan_cells(event: dict[str, Any]) -> tuple[str, str]:
-    """PREPARE and APPROVE FROM of the plan (timing): `<time> (<reason>)` while held, `started`, `-` without a plan."""
-    plan = event.get("plan")
-    if not isinstance(plan, dict):
-        return "-", "-"
-    def short(t: Any) -> str:
-        return str(t)[:16] + "Z" if t else "-"
-    prepare = "started" if plan.get("preparation") == "started" else \
-        f"{short(plan.get('prepare_at'))} ({plan.get('prepare_reason')})"
-    reason = plan.get("approve_reason")
-    approve = f"{short(plan.get('approve_not_before'))} (window)" if reason == "window" else str(reason)
-    return prepare, approve
-
-
-def _events_table(events: list[dict[str, Any]]) -> str:
-    rows = [("EVENT ID", "TYPE", "STATUS", "NOT BEFORE", "THIS VM", "RANK", "READY", "PREPARE", "APPROVE FROM",
-             "APPROVAL", "RESOURCES")]
-    for e in events:
-        rows.append((e["EventId"], e["EventType"], e["EventStatus"], e.get("NotBefore") or "-",
-                     "yes" if e.get("names_self") else "no", str(e.get("rank") if e.get("rank") is not None else "-"),
-                     "yes" if e.get("ready") else "no", *_plan_cells(e), _approval_cell(e),
-                     ",".join(e.get("Resources", []))[:40]))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    why = [f"{e['EventId']} not ready: {reason}" for e in events for reason in e.get("not_ready") or []]
-    return "\n".join(table + ([""] + why if why else []))
 
 
 def cmd_events(args: argparse.Namespace) -> int:
     if args.history:
-        from agent.state.journal import read_journal
-
-        try:
-            cfg = config_mod.load(config_mod.path_from(args.config), check_perms=False)
-            directory = config_mod.with_state_env(cfg).state.dir
-        except ConfigError as exc:
-            print(f"maintd: {exc}", file=sys.stderr)
-            return 1
-        entries = [e for e in read_journal(directory) if not args.event_id or e.get("event_id") == args.event_id]
-        for entry in entries:
-            print(json.dumps(entry) if args.json else
-                  f"{entry.get('t', '?')}  {entry.get('kind', '?'):28} {entry.get('event_id', '')}  "
-                  + " ".join(f"{k}={v}" for k, v in entry.items() if k not in ("t", "kind", "event_id")))
-        return 0
-    body = _call(args, "GET", f"/v1/events/{args.event_id}" if args.event_id else "/v1/events")
-    if args.json or args.event_id:
+        return _history(args)
+    if args.since or args.type:
+        raise SystemExit("maintd: --since and --type choose entries of the audit journal: add --history")
+    event_id = args.event or args.event_id
+    body = _call(args, "GET", f"/v1/events/{event_id}" if event_id else "/v1/events")
+    if args.json:
         return _print_json(body)
-    print(_events_table(body) if body else "no events")
+    print(cliviews.event_text(body) if event_id else cliviews.events_text(body))
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    """`events --history`: the audit journal, read from the state directory (the daemon may be down)."""
+    from agent.state.journal import read_journal
+
+    try:
+        cfg = config_mod.load(config_mod.path_from(args.config), check_perms=False)
+        directory = config_mod.with_state_env(cfg).state.dir
+    except ConfigError as exc:
+        print(f"maintd: {exc}", file=sys.stderr)
+        return 1
+    entries = cliviews.select_history(list(read_journal(directory)), args.since, args.type,
+                                      args.event or args.event_id)
+    if args.json:
+        for entry in entries:
+            print(json.dumps(entry))
+        return 0
+    print(cliviews.history_text(entries))
     return 0
 
 
@@ -234,42 +283,31 @@ def cmd_undrain(args: argparse.Namespace) -> int:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
-    return _print_json(_call(args, "POST", f"/v1/events/{args.event_id}/approve"))
+    body = _call(args, "POST", f"/v1/events/{args.event_id}/approve")
+    print(f"manual approval of {body.get('event_id', args.event_id)} recorded; "
+          f"`maintd events {args.event_id}` shows when it is sent")
+    return 0
 
 
 def cmd_health(args: argparse.Namespace) -> int:
     body = _call(args, "GET", "/v1/health")
     if args.json:
         return _print_json(body)
-    print(f"aggregated: {body.get('AggregatedHealthState')}")
-    for ev in body.get("HealthEvents", []):
-        print(f"  {ev.get('HealthState', '?'):8} {ev.get('SourceId')}/{ev.get('Property')}: "
-              f"{ev.get('Description', '')}")
+    print(cliviews.health_text(body))
     return 0 if body.get("AggregatedHealthState") != "Error" else 2
-
-
-def _fleet_lines(event: dict[str, Any]) -> list[str]:
-    """One event of `maintd fleet`: who approved (or holds the claim) and when, then each VM and its state."""
-    a = event.get("approval")
-    approval = (f"{a.get('state')} by {a.get('by')}" + (f" at {a['at']}" if a.get("at") else "")) if a else "none yet"
-    lines = [f"{event.get('event_id')}  (from the {event.get('source')}; approval: {approval})"]
-    if event.get("store_error"):
-        lines.append(f"  store: {event['store_error']}")
-    lines += [f"  {v.get('name', '?'):28} {v.get('state')}" for v in event.get("vms", [])]
-    lines += [f"  problem: {p}" for p in event.get("problems", [])]
-    return lines
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
     body = _call(args, "GET", "/v1/fleet")
     if args.json:
         return _print_json(body)
-    events = body.get("events", [])
-    if not events:
-        print(f"no pending event names {body.get('vm_name')} (backend {body.get('backend')})")
-    for event in events:
-        print("\n".join(_fleet_lines(event)))
+    print(cliviews.fleet_text(body))
     return 0
+
+
+def watch_answers(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """What `maintd watch` shows, asked anew each second: the status, the events, the fleet."""
+    return _call(args, "GET", "/v1/status"), _call(args, "GET", "/v1/events"), _call(args, "GET", "/v1/fleet")
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -7,6 +7,11 @@ parallel. A lane takes one pool worker for as long as its key has queued work, s
 follow the number of keys busy at once: the runner keys by event (an event's phases run in order,
 events in parallel), the coordinator by peer (one request at a time to each peer, on its keep-alive
 connection, however many events are asking it).
+
+A job that raises never leaves its work stuck: the lane logs `lane.internal_error`, counts it
+(`on_error`, the lane's metric), then runs the job's own `failed` callback with the exception, so the
+user puts its state back (clears its busy flag, hands back a failure to retry with backoff), and goes
+on with the key's next job. A `failed` callback that raises is logged and counted the same way.
 """
 
 from __future__ import annotations
@@ -18,26 +23,31 @@ from collections.abc import Callable, Hashable
 
 from agent import logs
 
+Job = Callable[[], None]
+Failed = Callable[[Exception], None]
+
 
 class Lanes:
     """Per-key FIFO queues drained on at most `max_workers` threads; thread-safe."""
 
-    def __init__(self, max_workers: int, name: str) -> None:
+    def __init__(self, max_workers: int, name: str, on_error: Callable[[], None] = lambda: None) -> None:
         self.name = name
+        self.on_error = on_error
         self.log = logs.get(name)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._queues: dict[Hashable, collections.deque[Callable[[], None]]] = {}
+        self._queues: dict[Hashable, collections.deque[tuple[Job, Failed | None]]] = {}
 
-    def submit(self, key: Hashable, job: Callable[[], None]) -> None:
-        """Run `job` after every job already queued for `key` (at once if the lane is free)."""
+    def submit(self, key: Hashable, job: Job, failed: Failed | None = None) -> None:
+        """Run `job` after every job already queued for `key` (at once if the lane is free); if it raises,
+        `failed(exception)` runs next on the same lane (see the module docstring)."""
         with self._lock:
             queue = self._queues.get(key)
             if queue is not None:
-                queue.append(job)
+                queue.append((job, failed))
                 return
-            self._queues[key] = collections.deque([job])
+            self._queues[key] = collections.deque([(job, failed)])
         try:
             self._pool.submit(self._drain, key)
         except RuntimeError:  # shut down: the job is dropped, as a stopping daemon drops queued work
@@ -53,11 +63,24 @@ class Lanes:
                     del self._queues[key]
                     self._idle.notify_all()
                     return
-                job = queue.popleft()
+                job, failed = queue.popleft()
             try:
                 job()
             except Exception as exc:  # a job should handle its own errors; the lane must outlive one that did not
-                self.log.error("lane.internal_error", lane=self.name, key=str(key), error=repr(exc), exc_info=True)
+                self._internal_error(key, exc, "job")
+                if failed is not None:
+                    try:
+                        failed(exc)
+                    except Exception as again:
+                        self._internal_error(key, again, "failed callback")
+
+    def _internal_error(self, key: Hashable, exc: Exception, where: str) -> None:
+        self.log.error("lane.internal_error", lane=self.name, key=str(key)[:120], where=where, error=repr(exc)[:500],
+                       exc_info=True)
+        try:
+            self.on_error()
+        except Exception:  # counting must never be what stops a lane
+            pass
 
     def busy(self) -> list[Hashable]:
         """Keys with queued or running work."""

@@ -19,7 +19,7 @@ from agent.model.outcomes import OUTCOMES
 EVENT_TYPES = (*KNOWN_TYPES, "Other")
 IMDS_ENDPOINTS = ("scheduledevents", "compute", "approve", "identity")
 STORE_OPS = ("put", "list", "create", "replace", "read")
-"""Requests to the coordination store (backend azure_blob): see agent.coordination.blob_store."""
+"""Requests to the coordination store (backend azure_blob): see agent.coordination.store.blob_store."""
 APPROVAL_OUTCOMES = ("sent", "failed", "skipped")
 PEER_OUTCOMES = ("ready", "not_ready", "unreachable", "invalid", "pushed", "push_failed")
 GATE_NAMES = ("fleet", "prometheus")
@@ -91,6 +91,10 @@ class Metrics:
                                       "Requests to the coordination store (backend azure_blob) by operation and "
                                       "outcome (ok; conflict and absent are expected answers; the rest failures)",
                                       ["op", "outcome"], registry=r)
+        self.lane_errors = Counter("maintd_lane_errors_total",
+                                   "Jobs on a worker lane that raised instead of handling their own failure, by lane "
+                                   "(store, peer); each is logged as lane.internal_error and its work put "
+                                   "back to be retried", ["lane"], registry=r)
         self.profile_active = Gauge("maintd_profile_active", "1 for the profile in force", ["profile"], registry=r)
         self.gate_blocked = Gauge("maintd_approval_gate_blocked", "1 while an approval gate holds an approval",
                                   ["gate"], registry=r)
@@ -120,6 +124,12 @@ class Metrics:
                                     "internal_error: a bug while serving it, answered 500 and logged as "
                                     "http.internal_error)",
                                     ["reason"], registry=r)
+        self.silences = Gauge("maintd_silences",
+                              "Alertmanager silences an alertmanager handler keeps now (one per event and replica, "
+                              "pending or active)", ["handler"], registry=r)
+        self.silence_failures = Counter("maintd_silence_failures_total",
+                                        "Requests to make, extend or expire an Alertmanager silence that failed "
+                                        "(after retries, per replica)", ["handler"], registry=r)
         self._initialise()
 
     def _initialise(self) -> None:

@@ -1,17 +1,22 @@
 """Secret files (bearer tokens): read safely, refused when others could read them, problems told once.
 
 A token file is re-read when it changes (a rotated token needs no restart): one `os.stat` per use,
-a read only when the file's identity, size, mtime or ctime moved. What a security-minded operator
+a read only when the file's identity, size, mtime or ctime moved, or while it is refused (the fix
+may be to a directory above it). What a security-minded operator
 of a fleet expects, and what this does:
 
 - **Fail closed.** A configured token file that is missing, empty, unreadable, a directory, not
-  UTF-8, holds spaces or control characters, or is readable by others never means "no token":
-  `read()` answers a random value nobody holds, so what the token guards refuses every remote
-  caller (loopback clients keep what the server grants them) and peers are sent a token they
-  refuse. A file that is not configured is `None`, as before.
+  UTF-8, holds spaces or control characters, or is readable by others never means "no token
+  needed": `read()` answers `REFUSED`, an empty token that matches no caller's (what the token
+  guards refuses every remote caller; loopback clients keep what the server grants them) and
+  that no client sends (peers are sent no token, never a placeholder they could replay). A file
+  that is not configured is `None`, as before.
 - **Others must not read it.** Readable by others, or writable by group or others: refused.
   Readable by its group only when that group is maintd's own (`root:maintd 0640`, the usual way to
   hand a secret to a service user).
+- **Others must not choose it.** Owned by someone other than root or maintd's user, or in a
+  directory another user could change (`agent.pathtrust`, as for the config): refused, since whoever
+  writes the server token may drain and approve.
 - **Told once.** A problem is logged once (`secret.unusable`, error, with the fix) and shown as the
   health report `config/<key>` (Error) until it is fixed (`secret.usable`); never an exception.
 """
@@ -21,17 +26,21 @@ from __future__ import annotations
 import errno
 import os
 import re
-import secrets
 import stat
 import threading
 from collections.abc import Callable
 
 from agent import logs
+from agent.pathtrust import component_problem, first_problem, trusted_uids
 
 MAX_SECRET_BYTES = 64 * 1024
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what an HTTP header value can carry as is
 
 Signature = tuple[int, ...]
+
+REFUSED = ""
+"""What `SecretFiles.read` answers for a configured token file it refuses: no token. `token_ok` matches no
+caller against it and the peer client sends no `Authorization` with it (both treat an empty token as none)."""
 
 
 def signature(path: str) -> Signature:
@@ -57,7 +66,8 @@ def read_token(path: str) -> tuple[str | None, str | None]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return None, "is not a regular file"
-        problem = mode_problem(path, st)
+        uids = trusted_uids()
+        problem = mode_problem(path, st) or component_problem(path, st, uids) or first_problem(path, uids)
         if problem:
             return None, problem
         raw = os.read(fd, MAX_SECRET_BYTES + 1)
@@ -103,10 +113,9 @@ class SecretFiles:
         self._lock = threading.Lock()
         # key: path, signature, value, problem
         self._seen: dict[str, tuple[str, Signature, str | None, str | None]] = {}
-        self._nobody = secrets.token_urlsafe(32)
 
     def read(self, key: str, path: str | None) -> str | None:
-        """The token for config `key` (None when unset; a value nobody holds when the file is unusable)."""
+        """The token for config `key` (None when unset; `REFUSED` when the file is unusable)."""
         with self._lock:
             seen = self._seen.get(key)
             if not path:
@@ -115,11 +124,11 @@ class SecretFiles:
                     self.report(key, None)
                 return None
             sig = signature(path)
-            if seen is None or seen[:2] != (path, sig):
+            if seen is None or seen[:2] != (path, sig) or seen[3]:  # refused: read again (the fix may be above it)
                 value, problem = read_token(path)
                 self._tell(key, path, problem, seen[3] if seen else None)
                 seen = self._seen[key] = (path, sig, value, problem)
-            return self._nobody if seen[3] else seen[2]
+            return REFUSED if seen[3] else seen[2]
 
     def _tell(self, key: str, path: str, problem: str | None, before: str | None) -> None:
         if problem and problem != before:

@@ -98,3 +98,16 @@ def test_root_cli_shows_the_token_file_when_loopback_needs_a_token(write_config,
         assert backend.by == ["127.0.0.1 (token)"]
     finally:
         srv.close()
+
+
+def test_a_refused_config_is_said_with_its_line_and_exits_1(write_config):
+    """`maintd status --config FILE` with a file maintd refuses says so (file:line) instead of asking the default
+    addresses; the same for a --config that does not exist."""
+    bad = write_config("server:\n  listen: 127.0.0.1:8088\n  unix_sockett: /tmp/x.sock\n", "bad.yaml")
+    for command in ("status", "events", "fleet", "health", "drain", "watch"):
+        done = maintd(command, "--config", str(bad))
+        assert done.returncode == 1, (command, done.stderr)
+        assert "config refused" in done.stderr and "bad.yaml:3" in done.stderr, (command, done.stderr)
+        assert "/run/maintd/maintd.sock" not in done.stderr and "8088" not in done.stderr, done.stderr
+    missing = maintd("status", "--config", str(bad.parent / "nope.yaml"))
+    assert missing.returncode == 1 and "nope.yaml: no such file" in missing.stderr, missing.stderr

@@ -20,6 +20,7 @@ from agent.coordination.coordination_rules import (
 )
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
+from agent.health.health_store import HealthStore
 from agent.metrics import Metrics
 from agent.model.events import Event
 from agent.model.tracker import Tracked
@@ -40,13 +41,14 @@ def peers():
         yield rsps
 
 
-def make_coordinator(tmp_path, clock, **settings):
+def make_coordinator(tmp_path, clock, health=None, **settings):
     """A coordinator on a fresh store, with the approvals it sends (named so pytest 7 never takes it
     for a nose `setup`)."""
     sent: list[list[str]] = []
     cfg = CoordinationConfig(peer_url="http://{name}.peers.invalid:8088", takeover_after=60.0, **settings)
     store = Store(tmp_path, clock)
-    coord = Coordinator(cfg, approve=sent.append, store=store, clock=clock, metrics=Metrics(), poll_interval=1.0)
+    coord = Coordinator(cfg, approve=sent.append, store=store, clock=clock, metrics=Metrics(), poll_interval=1.0,
+                        health=health)
     return coord, sent, store
 
 
@@ -121,17 +123,37 @@ def test_non_leader_never_approves_while_the_leader_answers(tmp_path, clock, pee
     assert sent == [] and "not the leader" in coord.view("E1")["approval_decision"]
 
 
-def test_rank_1_takes_over_after_the_leader_is_unreachable_for_takeover_after(tmp_path, clock, peers):
-    """vm1 down: vm2 approves only once vm1 has been unreachable for 60 s and vm3 is ready."""
-    coord, sent, _ = make_coordinator(tmp_path, clock)
+def vm1_silent_for(seconds: int, tmp_path, clock, peers, **settings):
+    """vm2's view of E1 over `seconds` (a tick every 10 s): vm1 silent from the start, vm3 ready."""
+    coord, sent, _ = make_coordinator(tmp_path, clock, **settings)
     t = tracked(clock, ["vm1", "vm2", "vm3"])
     answer(peers, "vm1", status=0)
     answer(peers, "vm3", ready=True)
-    step(coord, t, "vm2")
-    clock.advance(30)
-    step(coord, t, "vm2")
+    for _ in range(seconds // 10):
+        step(coord, t, "vm2")
+        clock.advance(10)
+    return coord, sent, t
+
+
+def test_a_silent_leader_is_taken_over_but_its_readiness_is_never_assumed(tmp_path, clock, peers, logs):
+    """S1: vm1 silent (down, wedged, partitioned): vm2 leads after takeover_after, but with
+    unreachable_peers: wait it never POSTs without vm1's `ready`; it says so in the log and in health."""
+    health = HealthStore(clock)
+    coord, sent, _ = vm1_silent_for(200, tmp_path, clock, peers, health=health)
     assert sent == []
-    clock.advance(31)
+    assert "waiting for peers: vm1" in coord.view("E1")["approval_decision"]
+    assert [e["peers"] for e in logs if e["event"] == "approval.leader_silent"] == [["vm1"]]
+    [report] = [r for r in health.to_json()["HealthEvents"] if r["Property"] == "takeover/E1"]
+    assert report["HealthState"] == "Warning" and "NotBefore" in report["Description"]
+    step(coord, {}, "vm2")
+    assert not [r for r in health.to_json()["HealthEvents"] if r["Property"] == "takeover/E1"]
+
+
+def test_with_ignore_the_taker_approves_once_the_silent_leader_is_past_peer_timeout(tmp_path, clock, peers):
+    """The explicit opt-out: unreachable_peers: ignore waives the silent leader after peer_timeout (120 s)."""
+    coord, sent, t = vm1_silent_for(110, tmp_path, clock, peers, unreachable_peers="ignore", peer_timeout=120.0)
+    assert sent == []
+    clock.advance(11)
     step(coord, t, "vm2")
     step(coord, t, "vm2")
     assert sent == [["E1"]]
@@ -278,3 +300,23 @@ def test_coordination_rules_cadence_and_chain():
     assert push_due("a", None, None, float("-inf"), 0.0, 5.0)
     assert not push_due("a", None, "a", 0.0, 1.0, 5.0) and push_due("a", None, "a", 0.0, 5.0, 5.0)
     assert not push_due("a", "a", "a", 0.0, 99.0, 5.0) and push_due("b", "a", "a", 0.0, 1.0, 5.0)
+
+
+def test_s1_rule_needs_a_current_ready_from_every_vm_named_lower_ranked_included():
+    """The pure S1 rule the model checker calls: a taker needs vm1's ready as much as vm3's; a lower-ranked
+    peer's ready counts only while it answers; `ignore` waives any peer silent for peer_timeout."""
+    from agent.coordination.coordination_rules import may_post, readiness_missing, silent_leaders
+    silent_ready = PeerState(ready=True, last_ok=0.0, failing_since=10.0)
+    ready = PeerState(ready=True, last_ok=99.0)
+    rules = {"takeover_after": 60.0, "peer_timeout": 120.0}
+    for peers, wait_ok, ignore_ok in (
+            ({"vm1": PeerState(failing_since=0.0), "vm3": ready}, False, True),
+            ({"vm1": silent_ready, "vm3": ready}, False, True),
+            ({"vm1": silent_ready, "vm3": PeerState(failing_since=0.0)}, False, True),
+            ({"vm1": silent_ready, "vm3": PeerState(last_ok=99.0)}, False, False)):
+        assert may_post(["vm1"], ["vm3"], peers, 200.0, unreachable_peers="wait", **rules) is wait_ok
+        assert may_post(["vm1"], ["vm3"], peers, 200.0, unreachable_peers="ignore", **rules) is ignore_ok
+    assert readiness_missing(["vm1"], ["vm3"], {"vm1": silent_ready, "vm3": ready}, 100.0, "wait", 120.0) == ["vm1"]
+    assert silent_leaders(["vm1"], {"vm1": silent_ready}, 100.0, 60.0, "wait", 120.0) == ["vm1"]
+    assert silent_leaders(["vm1"], {"vm1": silent_ready}, 50.0, 60.0, "wait", 120.0) == []
+    assert may_post([], ["vm2"], {"vm2": ready}, 0.0, unreachable_peers="wait", **rules)

@@ -12,17 +12,20 @@ import os
 import tempfile
 from pathlib import Path
 
+import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.clock import FakeClock
 from agent.config.config import load, loads
+from agent.coordination.peers.peer_client import PeerClient
 from agent.errors import ConfigError
 from agent.health.health_store import HealthState
 from agent.loop.daemon import Daemon
 from agent.state.journal import read_journal
 from agent.state.state_store import Store
 from agent.systemd import Notifier
+from tests.imds_server import FakeImds
 
 VALID_STATE = json.dumps({"version": 1, "events": {"E1": {
     "event": {"EventId": "E1", "EventType": "Reboot", "EventStatus": "Scheduled", "Resources": ["vm1"]},
@@ -101,10 +104,52 @@ def test_the_daemon_reports_unusable_token_files_and_never_opens_reads(tmp_path,
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path / 'state'}}}\n"
                 f"coordination: {{token_file: {peer}}}\nserver: {{token_file: {server}}}\n")
     d = Daemon(cfg, clock, boot_id="b", notifier=Notifier({}))
-    assert d.parts.peer_token() not in (None, "") and d.parts.server_token() not in (None, "s3cret")
+    assert d.parts.peer_token() is not None and d.parts.server_token() not in (None, "s3cret")
     errors = {e.report.property for e in d.health.snapshot()
               if e.report.source_id == "config" and e.state == HealthState.ERROR}
     assert errors == {"coordination.token_file", "server.token_file"}
+
+
+def test_refused_token_files_send_nothing_a_replay_could_use(tmp_path, clock):
+    """Both token files refused (mode 644): a peer asked by this VM is sent no token, and replaying whatever it
+    was sent (and the old placeholder, if any) from another address is refused for drain and approve."""
+    peer_file, server_file = tmp_path / "peer-token", tmp_path / "server-token"
+    for f in (peer_file, server_file):
+        f.write_text("s3cret\n")
+        os.chmod(f, 0o644)
+    imds, peer = FakeImds(), FakeImds()
+    imds.get("/metadata/scheduledevents", json={"DocumentIncarnation": 1, "Events": [
+        {"EventId": "E1", "EventType": "Reboot", "ResourceType": "VirtualMachine", "Resources": ["vm1", "vm2"],
+         "EventStatus": "Scheduled", "NotBefore": "", "Description": "", "EventSource": "Platform",
+         "DurationInSeconds": -1}]})
+    peer.get("/v1/events/E1", json={"EventId": "E1", "ready": False})
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path / 'state'}}}\nimds: {{endpoint: '{imds.url}'}}\n"
+                f"server: {{listen: '127.0.0.1:0', unix_socket: null, token_file: {server_file}}}\n"
+                f"coordination: {{token_file: {peer_file}, peers: {{vm2: '{peer.url}'}}}}\n")
+    d = Daemon(cfg, clock, boot_id="b", notifier=Notifier({}))
+    try:
+        d.start()
+        d.tick()
+        PeerClient(d.parts.peer_token, 5, 1).ask(peer.url, "E1", "vm2", 2)
+        sent = {c.headers.get("authorization") for c in peer.calls}
+        assert sent == {None}, "a refused token file must send no token"
+        d.serve()
+        remote = requests.Session()
+        remote.trust_env = False
+        adapter = requests.adapters.HTTPAdapter()
+        adapter.init_poolmanager(2, 2, source_address=("127.0.0.2", 0))
+        remote.mount("http://", adapter)
+        for header in sent | {f"Bearer {d.parts.peer_token()}", f"Bearer {d.parts.server_token()}", "Bearer "}:
+            headers = {"Authorization": header} if header else {}
+            assert remote.post(d.server.url + "/v1/drain", json={"reason": "x"}, headers=headers,
+                               timeout=5).status_code in (401, 403)
+            assert remote.post(d.server.url + "/v1/events/E1/approve", headers=headers,
+                               timeout=5).status_code in (401, 403)
+        assert d.parts.rotation.verdict().in_rotation
+    finally:
+        d.shutdown()
+        imds.close()
+        peer.close()
 
 
 def test_a_reload_onto_a_damaged_config_file_keeps_the_running_config(tmp_path, clock):

@@ -8,7 +8,7 @@ import responses
 
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.peer_client import INVALID
+from agent.coordination.peers.peer_client import INVALID
 from agent.health.health_store import HealthStore
 from agent.metrics import Metrics
 from agent.state.state_store import Store
@@ -60,9 +60,23 @@ def test_a_follower_asks_only_the_leader_and_only_every_few_seconds(tmp_path, cl
     assert sum(1 for c in peers.calls if c.request.method == "POST") == 1, "one push to the leader"
 
 
-def test_a_follower_takes_over_within_takeover_after_of_the_leaders_last_answer(tmp_path, clock, peers):
-    """The leader answers, then dies: vm2 approves takeover_after (60 s) after its last answer, not later."""
+def test_a_ready_said_by_a_leader_now_silent_is_no_licence_to_post(tmp_path, clock, peers):
+    """The leader answers ready, then falls silent (it may be alive and posting behind a one-way
+    partition): with `wait`, vm2 takes over but never POSTs on that old answer (S2)."""
     coord, sent, _ = make_coordinator(tmp_path, clock)
+    t = tracked(clock, ["vm1", "vm2"])
+    answer(peers, "vm1", ready=True)
+    peers.add(responses.POST, f"{peer('vm1')}/v1/events/E1/peer-ready", json={})
+    run(coord, t, "vm2", clock, 10)
+    peers.replace(responses.GET, f"{peer('vm1')}/v1/events/E1", body=requests.ConnectionError("down"))
+    run(coord, t, "vm2", clock, 200)
+    assert sent == [] and coord.view("E1")["acting_leader"] is None
+
+
+def test_with_ignore_a_follower_takes_over_within_peer_timeout_of_the_leaders_last_answer(tmp_path, clock, peers):
+    """The leader answers, then dies: with ignore (peer_timeout = takeover_after = 60 s) vm2 approves
+    60 s after its last answer, not later."""
+    coord, sent, _ = make_coordinator(tmp_path, clock, unreachable_peers="ignore", peer_timeout=60.0)
     t = tracked(clock, ["vm1", "vm2"])
     answer(peers, "vm1", ready=True)
     peers.add(responses.POST, f"{peer('vm1')}/v1/events/E1/peer-ready", json={})
@@ -188,8 +202,9 @@ def test_peers_file_problems_are_reported_in_health_and_a_fix_is_used_at_once(tm
 
 def test_a_leader_blip_starts_no_storm_but_a_long_outage_warms_the_next_leader(tmp_path, clock, peers):
     """vm2 sees the leader fail once: it asks nobody else. Only after half of takeover_after does it
-    start asking the higher-ranked peers, so it knows who is ready when it takes over."""
-    coord, sent, _ = make_coordinator(tmp_path, clock)
+    start asking the higher-ranked peers, so it knows who is ready when it takes over (here with
+    `ignore`, peer_timeout = takeover_after, the one setting in which a taker posts for a silent leader)."""
+    coord, sent, _ = make_coordinator(tmp_path, clock, unreachable_peers="ignore", peer_timeout=60.0)
     t = tracked(clock, VMS)
     answer(peers, "vm1", status=0)
     for name in VMS[2:]:

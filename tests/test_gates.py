@@ -16,7 +16,7 @@ from agent.coordination.coordination_rules import (
 )
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.peer_client import PeerClient
+from agent.coordination.peers.peer_client import PeerClient
 from agent.errors import ConfigError
 from agent.metrics import Metrics
 from agent.model.gate_specs import FleetGate, Gates, PrometheusGate
@@ -161,6 +161,7 @@ def test_a_held_approval_is_visible_and_goes_out_once_the_gate_opens(tmp_path, c
     step(coord, t, "vm1", profile=profile)
     assert sample(metrics, "maintd_approval_gate_blocked", gate="prometheus") == 1
     responses.replace(responses.GET, f"{PROM}/api/v1/alerts", json={"data": {"alerts": []}})
+    clock.advance(5)  # a held approval's gates are asked again after gate_recheck_delay (5 s by default)
     step(coord, t, "vm1", profile=profile)
     assert sent == [["E1"]] and coord.view("E1")["approval_held"] is None
     step(coord, t, "vm1", profile=profile)
@@ -178,6 +179,7 @@ def test_a_profile_without_gates_overrides_nothing_and_one_with_gates_replaces_t
                      gates=Gates(prometheus=PrometheusGate(url=PROM, alerts=("Freeze",))))
     step(coord, tracked(clock, ["vm1"]), "vm1", profile=strict)
     assert sent == []
+    clock.advance(5)
     step(coord, tracked(clock, ["vm1"]), "vm1", profile=Profile(name="default", approval="auto"))
     assert sent == [["E1"]]
 
@@ -207,7 +209,7 @@ def test_a_peer_health_state_that_is_a_list_makes_it_unhealthy_not_a_crash():
     assert held and "vm2 (unhealthy)" in held.reason
 
 
-def test_a_gate_that_raises_holds_the_approval_and_is_asked_again_on_the_next_tick(tmp_path, clock, logs):
+def test_a_gate_that_raises_holds_the_approval_and_is_asked_again_shortly(tmp_path, clock, logs):
     """Anything unforeseen while reading a gate: held, logged, counted; once it answers, the POST goes out."""
     sent: list[list[str]] = []
     metrics = Metrics()
@@ -227,5 +229,36 @@ def test_a_gate_that_raises_holds_the_approval_and_is_asked_again_on_the_next_ti
     assert sample(metrics, "maintd_gate_check_failures_total", gate="fleet") == 1
     assert any(e["event"] == "gate.check_failed" for e in logs)
     failing[0] = False
+    clock.advance(5)
     step(coord, t, "vm1")
     assert sent == [["E1"]]
+
+
+# --- issue 28 #5: a held gate is asked at a bounded pace ----------------------------------------
+
+@responses.activate
+@pytest.mark.parametrize("answer", [{"json": {"data": {"alerts": [{"labels": {"alertname": "NodeDown"},
+                                                                     "state": "firing"}]}}},
+                                    {"body": requests.ConnectionError("refused")}], ids=["firing", "failing"])
+def test_a_held_gate_is_asked_at_most_once_per_recheck_interval_however_often_the_loop_is_woken(
+        tmp_path, clock, logs, answer):
+    """The daemon ticks after every poll and at once when woken (the approver wakes it after each
+    outcome). 20 s of a firing alert (or a failing Prometheus): at most one query every 5 s
+    (approval_retry_for 60 s / 12), not hundreds a second, and one gate.check_failed line."""
+    woken = []
+    coord = Coordinator(CoordinationConfig(), approve=lambda ids: None, store=Store(tmp_path, clock), clock=clock,
+                        metrics=Metrics(), on_change=lambda: woken.append(1),
+                        gates=Gates(prometheus=PrometheusGate(url=PROM, alerts=("NodeDown",))))
+    responses.add(responses.GET, f"{PROM}/api/v1/alerts", **answer)
+    t = tracked(clock, ["vm1"])
+    profile = Profile(name="default", approval="auto")
+    for _ in range(20):
+        step(coord, t, "vm1", profile=profile)
+        for _ in range(50):  # as the daemon does: a wake right after a poll decides again at once
+            if not woken:
+                break
+            woken.clear()
+            step(coord, t, "vm1", profile=profile)
+        clock.advance(1)
+    assert 3 <= len(responses.calls) <= 5
+    assert len([e for e in logs if e["event"] == "gate.check_failed"]) == (1 if "body" in answer else 0)

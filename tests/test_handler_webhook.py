@@ -3,6 +3,7 @@ url_file rotation, secrets kept out of logs and results, retries only where they
 
 from __future__ import annotations
 
+import email.utils
 import json
 import threading
 from datetime import UTC, datetime, timedelta
@@ -295,6 +296,31 @@ def test_a_redirect_is_not_followed_so_secret_headers_stay_with_the_configured_h
 def test_429_waits_as_long_as_retry_after_says(make, clock):
     """Slack's 429 carries Retry-After: the next try waits at least that long."""
     responses.add(responses.POST, HOOK_URL, status=429, headers={"Retry-After": "7"})
+    responses.add(responses.POST, HOOK_URL, status=200)
+    h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", preset: slack}}')
+    t0 = clock.monotonic()
+    assert h.run(context(clock)).outcome == OK
+    assert 7 <= clock.monotonic() - t0 < 8
+
+
+@responses.activate
+@pytest.mark.parametrize("value", ["²", "١٢", "1²", "soon"])
+def test_a_retry_after_of_unicode_digits_is_ignored_and_the_retry_goes_on(make, clock, value):
+    """`Retry-After: ²` passes str.isdigit and float() refuses it: the 429 is retried on the usual backoff and
+    the run ends OK, never a ValueError out of the wait (issue 28, LOW 8)."""
+    responses.add(responses.POST, HOOK_URL, status=429, headers={"Retry-After": value})
+    responses.add(responses.POST, HOOK_URL, status=200)
+    h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", preset: slack}}')
+    t0 = clock.monotonic()
+    assert h.run(context(clock)).outcome == OK and len(responses.calls) == 2
+    assert clock.monotonic() - t0 < 5
+
+
+@responses.activate
+def test_a_retry_after_http_date_is_honoured_like_imds_does(make, clock):
+    """Retry-After as an HTTP-date 7 s ahead waits 7 s, as IMDS's client reads it: one parser for both."""
+    when = email.utils.format_datetime(clock.now() + timedelta(seconds=7), usegmt=True)
+    responses.add(responses.POST, HOOK_URL, status=503, headers={"Retry-After": when})
     responses.add(responses.POST, HOOK_URL, status=200)
     h = make(f'{{name: ops, type: webhook, phases: [scheduled], url: "{HOOK_URL}", preset: slack}}')
     t0 = clock.monotonic()

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.errors import ImdsError, ImdsRequestRejected, ImdsUnavailable
-from agent.imds.imds_client import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult, parse_retry_after
+from agent.httpdates import retry_after
+from agent.imds.imds_client import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult
 from agent.loop.cadence import next_poll_delay
 from agent.metrics import Metrics
 from agent.model.identity import Identity
@@ -380,6 +381,10 @@ def test_backoff_grows_caps_and_honours_retry_after():
     assert next_poll_delay(2, 1, 10, 30, mid) == 30
     lows = [next_poll_delay(3, 1, 10, None, lambda: 0.0), next_poll_delay(3, 1, 10, None, lambda: 0.999)]
     assert 3 <= lows[0] < 4 < lows[1] <= 5
+
+
+def parse_retry_after(value, now):
+    return retry_after(value, now, MAX_RETRY_AFTER)
 
 
 def test_retry_after_accepts_seconds_and_http_dates():

@@ -50,3 +50,47 @@ def test_work_submitted_after_shutdown_is_dropped_quietly():
     lanes.shutdown()
     lanes.submit("k", lambda: None)
     assert lanes.wait_idle(1) and lanes.busy() == []
+
+
+def test_a_job_that_raises_runs_its_failed_callback_and_is_counted(logs: list[dict]) -> None:
+    """The job's `failed` callback gets the exception (so its user can clear a busy flag and retry), the error is
+    counted and logged once as lane.internal_error; a callback that raises too does not stop the lane."""
+    errors: list[int] = []
+    lanes = Lanes(2, "t", lambda: errors.append(1))
+    got: list[Exception] = []
+    ran = threading.Event()
+    lanes.submit("k", lambda: 1 / 0, got.append)
+    lanes.submit("k", lambda: [][1], lambda exc: 1 / 0)
+    lanes.submit("k", ran.set)
+    assert ran.wait(5) and lanes.wait_idle(5)
+    assert [type(e) for e in got] == [ZeroDivisionError]
+    assert len(errors) == 3
+    assert [e.get("where") for e in logs if e["event"] == "lane.internal_error"] == ["job", "job", "failed callback"]
+    lanes.shutdown()
+
+
+def test_a_peer_ask_that_raises_is_asked_again_not_stuck_in_flight(clock) -> None:
+    """The peer lane's user puts its state back: an ask that raised leaves the peer askable at the next liveness
+    interval, and the error is counted (today: the peer stays `in_flight` and is never asked again)."""
+    from agent.coordination.coordination_settings import CoordinationConfig
+    from agent.coordination.peers.peer_exchange import Exchange, PeerExchange
+    from agent.metrics import Metrics
+
+    metrics = Metrics()
+    peers = PeerExchange(lambda: CoordinationConfig(), lambda: 1.0, clock, token_reader=lambda: None,
+                         metrics=metrics, on_change=lambda: None, health=None)
+    asked: list[str] = []
+
+    def address(name: str):
+        asked.append(name)
+        raise RuntimeError("a bug in addressing")
+
+    peers.address = address  # type: ignore[method-assign]
+    ex = Exchange()
+    for _ in range(3):
+        peers.run("e1", ex, "web_b", ["web_a"], [], False, False, clock.monotonic())
+        assert peers.wait_idle(5)
+        clock.advance(60)
+    assert asked == ["web_a"] * 3
+    assert metrics.lane_errors.labels("peer")._value.get() == 3
+    peers.stop()

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from agent.cliclient import _events_table
+from agent.cliviews import events_text
 from agent.config.config import loads
 from agent.loop.daemon import Daemon
 from agent.systemd import Notifier
@@ -48,4 +48,4 @@ def test_a_blocking_failure_says_how_to_get_out(api):
     view = api("/v1/events/E1")
     assert view["ready"] is False and view["not_ready"] == [WAY_OUT]
     assert api("/v1/status")["not_ready"] == {"E1": [WAY_OUT]}
-    assert f"E1 not ready: {WAY_OUT}" in _events_table(api("/v1/events")).splitlines()
+    assert f"E1 not ready: {WAY_OUT}" in events_text(api("/v1/events")).splitlines()

@@ -15,7 +15,7 @@ import responses
 from agent.clock import FakeClock
 from agent.config.config import loads
 from agent.coordination.approval_gates import GateChecker
-from agent.coordination.peer_client import INVALID, NOT_READY, READY, UNREACHABLE, PeerClient, readiness
+from agent.coordination.peers.peer_client import INVALID, NOT_READY, READY, UNREACHABLE, PeerClient, readiness
 from agent.errors import AnswerTooLarge, ExchangeTimeout
 from agent.handlers.base import FAILED
 from agent.handlers.registry import instantiate
@@ -244,8 +244,9 @@ def test_a_leader_answering_503_to_every_ask_is_never_taken_over(tmp_path, clock
     assert coord.view("E1")["peers"]["vm1"]["unreachable_seconds"] == 0
 
 
-def test_a_leader_that_falls_silent_is_still_taken_over(tmp_path, clock, peers):
-    """Silence (connection refused) past takeover_after still hands approval to rank 1."""
+def test_a_leader_that_falls_silent_is_taken_over_yet_never_approved_for(tmp_path, clock, peers):
+    """Silence (connection refused) past takeover_after hands rank 1 the right to post, never vm1's
+    readiness: with `wait`, no POST."""
     coord, sent, _ = make_coordinator(tmp_path, clock)
     t = tracked(clock, ["vm1", "vm2", "vm3"])
     peers.add(responses.GET, f"{peer('vm1')}/v1/events/E1", body=ConnectionRefusedError("refused"))
@@ -253,7 +254,8 @@ def test_a_leader_that_falls_silent_is_still_taken_over(tmp_path, clock, peers):
     for _ in range(70):
         step(coord, t, "vm2")
         clock.advance(1)
-    assert sent == [["E1"]]
+    assert sent == []
+    assert coord.view("E1")["acting_leader"] is None and "vm1" in coord.view("E1")["approval_decision"]
 
 
 # --- finding 3: ready counts only from a peer named at its rank -------------------------------

@@ -270,3 +270,25 @@ def test_a_moved_notbefore_moves_the_preparation(make, clock, imds):
     assert [e["cause"] for e in read_journal(d.store.dir) if e["kind"] == "plan.changed"] == ["event_changed"]
     run_until(d, clock, at("2026-01-06T10:00:02"))
     assert ran(d)["outcome"] == "ok"
+
+
+def test_after_a_restart_an_interrupted_run_goes_again_once_against_the_notbefore_imds_shows_now(
+        make, clock, imds, tmp_path):
+    """The hook was cut by a crash with NotBefore a minute away; during the restart Azure moved NotBefore
+    15 minutes later. Measured against the old NotBefore the rerun was skipped ("too close to NotBefore");
+    preparation resumes from the first successful poll instead, with the event as IMDS shows it: the
+    interrupted run goes again, once."""
+    runs = tmp_path / "runs"
+    hook = f"echo run >> {runs}"
+    d = make("", event(not_before=MONDAY_10 + timedelta(minutes=1)), hook=hook)
+    run_until(d, clock, MONDAY_10 + timedelta(seconds=2))
+    assert runs.read_text().count("run") == 1
+    d.store.record("E1", "handler:checkpoint:scheduled",
+                   {"outcome": "running", "started_at": "2026-01-05T10:00:01Z", "attempt": 1})  # killed mid-run
+    d.store.wait_saved(5)
+    d.shutdown()
+    clock.advance(56)  # the restart takes a while: the old NotBefore is 2 s away
+    again = make("", event(not_before=MONDAY_10 + timedelta(minutes=15)), hook=hook)
+    run_until(again, clock, MONDAY_10 + timedelta(seconds=62))
+    assert runs.read_text().count("run") == 2
+    assert ran(again)["outcome"] == "ok" and ran(again)["attempt"] == 2

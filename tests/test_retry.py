@@ -44,3 +44,28 @@ def test_a_success_after_failures_is_returned(clock):
         return a
 
     assert retrying(clock, retry_if=lambda e: isinstance(e, Flaky), within=60.0)(call) == "ok"
+
+
+class Pausing:
+    """The injected clock, with a sleep that overruns by `extra` seconds (a SIGSTOP, a frozen VM)."""
+
+    def __init__(self, clock, extra: float) -> None:
+        self.clock, self.extra = clock, extra
+
+    def monotonic(self) -> float:
+        return self.clock.monotonic()
+
+    def wait(self, event, seconds: float) -> bool:
+        self.clock.advance(seconds + self.extra)
+        return event.is_set()
+
+
+def test_a_sleep_that_overran_the_deadline_starts_no_attempt(clock):
+    """The deadline is checked right before each attempt, not only before a sleep: paused for 100 s in
+    its backoff, the retrying gives up with the last failure instead of trying once more."""
+    tries: list[float] = []
+    r = retrying(Pausing(clock, 100.0), retry_if=lambda e: isinstance(e, Flaky), within=10.0, initial=1.0)
+    start = clock.monotonic()
+    with pytest.raises(Flaky):
+        r(always_failing(clock, tries))
+    assert tries == [start]

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from agent.health.health_store import HealthState, HealthStore
-from agent.secretfile import SecretFiles
+from agent.secretfile import REFUSED, SecretFiles
 
 KEY = "coordination.token_file"
 
@@ -56,12 +56,13 @@ UNUSABLE = {
 
 @pytest.mark.parametrize("kwargs,words", UNUSABLE.values(), ids=UNUSABLE.keys())
 def test_an_unusable_token_file_fails_closed_and_is_told_once(tmp_path, secrets, logs, kwargs, words):
-    """The token guards reads and writes: an unusable file never opens them. It answers a value no caller
-    holds, logs `secret.unusable` once (not per request) with the fix, and shows config/<key> Error."""
+    """The token guards reads and writes: an unusable file never opens them. It answers REFUSED (no token:
+    nothing is sent with it, no caller matches it), logs `secret.unusable` once (not per request) with the
+    fix, and shows config/<key> Error."""
     files, health = secrets
     path = _token_file(tmp_path, **kwargs)
     answers = {files.read(KEY, path) for _ in range(50)}
-    assert len(answers) == 1 and None not in answers and "s3cret-token" not in answers
+    assert answers == {REFUSED}
     told = [e for e in logs if e["event"] == "secret.unusable"]
     assert len(told) == 1 and words in told[0]["problem"] and told[0]["path"] == path
     report = _report(health)
@@ -78,7 +79,7 @@ def test_a_missing_token_file_fails_closed_and_recovers_when_written(tmp_path, s
     files, health = secrets
     path = str(tmp_path / "token")
     make(path)
-    assert files.read(KEY, path) not in (None, "")
+    assert files.read(KEY, path) == REFUSED
     assert _report(health) is not None
     if os.path.isdir(path):
         os.rmdir(path)
@@ -98,4 +99,21 @@ def test_group_readable_is_accepted_only_for_maintds_own_group(tmp_path, secrets
     assert files.read(KEY, path) == "s3cret-token"
     if os.geteuid() == 0:
         os.chown(path, -1, os.getegid() + 4242)
-        assert files.read(KEY, path) != "s3cret-token"
+        assert files.read(KEY, path) == REFUSED
+
+
+def test_a_token_file_another_user_could_replace_is_refused(tmp_path, secrets):
+    """In a group-writable directory (or, as root, owned by nobody) a token file is someone else's choice: refused,
+    named with the fix, REFUSED (issue 28: secrets fail closed, paths checked like the config's)."""
+    files, health = secrets
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    path = _token_file(shared)
+    shared.chmod(0o775)
+    assert files.read(KEY, path) == REFUSED
+    assert f"chmod go-w {shared}" in _report(health).report.description
+    shared.chmod(0o755)
+    assert files.read(KEY, path) == "s3cret-token"
+    if os.geteuid() == 0:
+        os.chown(path, 65534, -1)
+        assert files.read(KEY, path) == REFUSED and "chown root" in _report(health).report.description

@@ -8,8 +8,8 @@ from datetime import timedelta
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.coordination.coordination_settings import AzureBlobConfig, CoordinationConfig
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.store_backend import StoreBackend
-from agent.coordination.store_protocol import READY, approval_blob, marker_blob, marker_record
+from agent.coordination.store.store_backend import StoreBackend
+from agent.coordination.store.store_protocol import READY, approval_blob, marker_blob, marker_record
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import Metrics
 from agent.model.events import Event
@@ -104,6 +104,8 @@ def test_the_fleet_gate_counts_health_from_the_markers_and_holds_before_the_clai
     assert held["gate"] == "fleet" and OTHER in held["reason"]
     other_ready(blobs)
     clock.advance(10)
+    ticks(coord, t, gated)
+    clock.advance(5)  # a held gate is asked again at most every approval_retry_for / 12 (issue 28 #5)
     ticks(coord, t, gated)
     assert sent == [[EVENT]]
 

@@ -10,9 +10,10 @@ import pytest
 
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock
-from agent.coordination.identity_token import ManagedIdentityCredential, parse_token, refresh_due
-from agent.coordination.store_exchange import StoreExchange
-from agent.coordination.store_protocol import (
+from agent.coordination.store.identity_token import ManagedIdentityCredential, parse_token, refresh_due
+from agent.coordination.store.store_claim import StoreClaims
+from agent.coordination.store.store_exchange import StoreExchange
+from agent.coordination.store.store_protocol import (
     APPROVED,
     PREPARING,
     READY,
@@ -45,10 +46,10 @@ class MemoryStore:
         if self.fail is not None:
             raise self.fail
 
-    def put(self, name: str, metadata: Mapping[str, str]) -> None:
+    def put(self, name: str, metadata: Mapping[str, str]) -> str:
         with self.lock:
             self._op("put")
-            self._write(name, metadata)
+            return self._write(name, metadata)
 
     def list_folder(self, prefix: str) -> tuple[list[Item], datetime]:
         with self.lock:
@@ -81,6 +82,7 @@ class Rig:
         self.exchange = StoreExchange(lambda: store, "memory/maintd", clock, on_change=lambda: None,
                                       report=lambda key, ok, why: self.reports.append((key, ok, why)),
                                       takeover_after=lambda: 60.0)
+        self.claims = StoreClaims(self.exchange)
         self.clock = clock
 
     def sync(self, vms: tuple[str, ...], me: str, marker: str, listing: bool = True) -> None:
@@ -105,10 +107,10 @@ def test_the_last_vm_ready_claims_posts_once_and_records_the_approval(store: Mem
     b.sync(vms, vms[1], READY)
     not_ready, step = b.exchange.verdict(EVENT, vms, vms[1], 60)
     assert not_ready == [] and step.action == "claim"
-    claim = b.exchange.claim(EVENT, vms[1], step)
+    claim = b.claims.claim(EVENT, vms[1], step)
     assert claim.won
-    assert b.exchange.settle(EVENT, vms[1], claim, approved=True)
-    lost = a.exchange.claim(EVENT, vms[0], step)
+    assert b.claims.settle(EVENT, vms[1], claim, approved=True)
+    lost = a.claims.claim(EVENT, vms[0], step)
     assert not lost.won
     b.exchange.apply(clock.monotonic())
     assert b.exchange.verdict(EVENT, vms, vms[1], 60)[1].action == "done"
@@ -180,7 +182,7 @@ def test_a_lost_claim_waits_for_a_fresh_listing_instead_of_trying_again(store: M
     step = rig.exchange.verdict(EVENT, vm, "web_a", 60)[1]
     store.create(approval_blob(EVENT), {"maintd": "1", "kind": "approval", "event": EVENT.lower(), "by": "web_a",
                                         "state": "claimed", "attempt": "7"})
-    assert not rig.exchange.claim(EVENT, "web_a", step).won
+    assert not rig.claims.claim(EVENT, "web_a", step).won
     rig.exchange.apply(clock.monotonic())
     assert rig.exchange.verdict(EVENT, vm, "web_a", 60)[1].action == "wait"
     rig.sync(vm, "web_a", READY)
@@ -196,7 +198,7 @@ def test_an_sdk_retry_of_our_own_create_still_counts_as_our_claim(store: MemoryS
     step = rig.exchange.verdict(EVENT, vm, "web_a", 60)[1]
     store.create(approval_blob(EVENT), {"maintd": "1", "kind": "approval", "event": EVENT.lower(), "by": "web_a",
                                         "state": "claimed", "attempt": "1"})
-    assert rig.exchange.claim(EVENT, "web_a", step).won
+    assert rig.claims.claim(EVENT, "web_a", step).won
 
 
 # --- the managed-identity token ---------------------------------------------------------------

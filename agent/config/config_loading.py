@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from agent.errors import ConfigError, ConfigValueError
+from agent.pathtrust import component_problem, first_problem, trusted_uids
 
 Path_ = tuple[str | int, ...]
 
@@ -215,15 +216,13 @@ def _mark_for(marks: dict[Path_, tuple[int, int]], key: str) -> tuple[int | None
 
 
 def check_permissions(path: Path, st: os.stat_result | None = None) -> None:
-    """Refuse a config file others could write to: hooks in it run as maintd's user."""
-    st = st or path.stat()
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ConfigError(str(path), None, None, "",
-                          f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
-                          f"hooks in it run as maintd's user. Fix: chmod go-w {path}")
-    if st.st_uid not in (0, os.geteuid()):
-        raise ConfigError(str(path), None, None, "", f"is owned by uid {st.st_uid}, neither root nor maintd's user; "
-                          f"fix: chown root {path}")
+    """Refuse a config file that anyone but root or maintd's user could change, or replace through a directory
+    above it (the rules of `agent.pathtrust`): hooks in it run as maintd's user. `st`: the opened file's."""
+    uids = trusted_uids()
+    problem = component_problem(str(path), st or path.stat(), uids) or first_problem(path, uids)
+    if problem:
+        raise ConfigError(str(path), None, None, "", f"refused: {problem} (whoever can change the config chooses "
+                          "the hooks maintd runs)")
 
 
 def _read(p: Path, check_perms: bool) -> bytes:

@@ -16,12 +16,15 @@ Two gates, both off unless configured (`gates:` at the top level, or per profile
 
 The specs and verdicts are pure (`coordination_rules`); this module only gathers the answers
 through `peers.PeerClient`. Whatever goes wrong while reading a gate holds the approval, is logged
-and counted (`maintd_gate_check_failures_total`), and the gate is asked again on a later tick.
+and counted (`maintd_gate_check_failures_total`; the log line at most once a minute per gate and
+error), and the gate is asked again later: a held approval's gates are asked at most once per
+`coordination_rules.gate_recheck_delay` (the coordinator paces them).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +37,7 @@ from agent.coordination.coordination_rules import (
     peer_state,
     query_samples,
 )
-from agent.coordination.peer_client import PeerClient
+from agent.coordination.peers.peer_client import PeerClient
 from agent.metrics import Metrics
 from agent.model.gate_specs import Gates, PrometheusGate
 
@@ -48,8 +51,9 @@ class GateChecker:
 
     def __init__(self, client: PeerClient, peer_url: Callable[[str], str | None],
                  local_health: Callable[[], dict[str, Any]], max_concurrency: int, metrics: Metrics,
-                 fleet_states: FleetStates | None = None) -> None:
+                 fleet_states: FleetStates | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
+        self.throttle = logs.Throttle(clock=clock)
         self.fleet_states = fleet_states or self._fleet_states
         self.peer_url = peer_url
         self.local_health = local_health
@@ -72,12 +76,13 @@ class GateChecker:
                 return fleet_verdict(states, gates.fleet)
         except Exception as exc:  # an answer nobody foresaw: hold, say so, ask again next tick
             self._failed(gate, exc)
-            return Held(gate, f"could not evaluate the gate ({type(exc).__name__}); asked again on the next tick")
+            return Held(gate, f"could not evaluate the gate ({type(exc).__name__}); asked again shortly")
         return None
 
     def _failed(self, gate: str, exc: BaseException) -> None:
         self.metrics.gate_check_failures.labels(gate).inc()
-        self.log.warning("gate.check_failed", gate=gate, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        self.throttle.log(self.log.warning, f"{gate}:{type(exc).__name__}", "gate.check_failed", gate=gate,
+                          error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
     def _fleet_states(self, event_id: str, resources: Sequence[str], vm_name: str,
                       warning_as_error: bool) -> dict[str, str]:

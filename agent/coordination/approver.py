@@ -5,6 +5,13 @@ It owns nothing of the loop's: an `Order` (immutable) comes in, and an `Outcome`
 back through a queue that the loop drains at its next tick (`Coordinator.tick`), so the per-event
 coordination state has one owner, the loop. The POST is recorded before (`sending`) and after
 (`sent` or `failed`) in the state store: a restart never re-sends a `sent` approval.
+
+S2 (at most one POST per event): immediately before every send, the first and each retry, the
+approver rechecks that its right to post still holds (`Approver.lapsed`): the order's deadline on the
+monotonic clock, set when the loop granted the right (a process paused past it sends nothing); the
+coordinator's check (the event still Scheduled in this VM's last poll, and on the peer backend still
+the acting leader with every VM ready); and on the store backend `ClaimCheck.claim_still_holds`. A
+lapsed right ends the order with `approval.withheld`; the loop decides again after a fresh poll.
 """
 
 from __future__ import annotations
@@ -14,14 +21,14 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.coordination_rules import Held
-from agent.coordination.store_backend import StoreBackend
-from agent.coordination.store_protocol import Step
+from agent.coordination.store.store_backend import StoreBackend
+from agent.coordination.store.store_protocol import Step
 from agent.errors import ImdsError, StateError
 from agent.imds.imds_client import is_transient
 from agent.metrics import Metrics
@@ -48,6 +55,22 @@ class Order:
     """The gate that held it last time (a hold is logged when it changes)."""
     retry_for: float
     warning_as_error: bool
+    mode: str = "auto"
+    """The approval mode the decision was taken in (what the recheck asks of the peers)."""
+    deadline: float = float("inf")
+    """Monotonic time after which the right to post has lapsed (set when the loop granted it)."""
+
+
+@runtime_checkable
+class ClaimCheck(Protocol):
+    """The store backend's part of the recheck before every send."""
+
+    def claim_still_holds(self, event_id: str) -> str | None:
+        """None while this VM's claim on the event holds, else why not (nothing is then sent)."""
+
+
+class RightLapsed(Exception):
+    """The right to post lapsed before a send: the reason is the message."""
 
 
 @dataclass(frozen=True)
@@ -63,9 +86,13 @@ class Approver:
     """Runs orders one at a time on its worker thread and queues their outcomes for the loop."""
 
     def __init__(self, *, approve: Callable[[list[str]], None], store: Store, clock: Clock, metrics: Metrics,
-                 gate_checker: GateChecker, backend: StoreBackend | None, done: Callable[[], None]) -> None:
-        """`done` is called after each outcome is queued: it wakes the loop to take it."""
+                 gate_checker: GateChecker, backend: StoreBackend | None, done: Callable[[], None],
+                 right: Callable[[Order], str | None] = lambda order: None, claim: ClaimCheck | None = None) -> None:
+        """`done` is called after each outcome is queued: it wakes the loop to take it. `right` is the
+        coordinator's part of the recheck before every send, `claim` the store backend's."""
         self.approve_fn = approve
+        self.right = right
+        self.claim = claim
         self.store = store
         self.clock = clock
         self.metrics = metrics
@@ -143,20 +170,43 @@ class Approver:
             self.log.info("approval.gate_open", event_id=eid, gate=order.held_before.gate)
         return held
 
+    def lapsed(self, order: Order, deadline: float) -> str | None:
+        """Why the right to post no longer holds, or None: checked immediately before every send."""
+        if self.clock.monotonic() >= deadline:
+            return "its deadline passed (this process was paused, or the retries ran out of time)"
+        reason = self.right(order)
+        if reason is None and order.step is not None and self.claim is not None:
+            reason = self.claim.claim_still_holds(order.event_id)
+        return reason
+
     def _post(self, order: Order, within: float) -> float | None:
-        """POST StartRequests with retries for at most `within` seconds; None when sent, else when it failed."""
+        """POST StartRequests with retries for at most `within` seconds, each send only while the right to post
+        holds; None when sent, else when it failed or was withheld (monotonic)."""
         eid, vm_name, reason = order.event_id, order.vm_name, order.reason
-        self._record(eid, {"status": "sending", "by": vm_name, "at": iso_z(self.clock.now()), "reason": reason})
+        deadline = min(order.deadline, self.clock.monotonic() + within)
         retrying = retrying_on(self.clock, retry_if=is_transient, within=within, cancel=self.cancel)
         attempts = 0
 
         def post() -> None:
             nonlocal attempts
+            lapsed = self.lapsed(order, deadline)
+            if lapsed is not None:
+                raise RightLapsed(lapsed)
+            if attempts == 0:
+                self._record(eid, {"status": "sending", "by": vm_name, "at": iso_z(self.clock.now()),
+                                   "reason": reason})
             attempts += 1
             self.approve_fn([eid])
 
         try:
             retrying(post)
+        except RightLapsed as exc:
+            self.log.warning("approval.withheld", event_id=eid, reason=str(exc), attempts=attempts,
+                             effect="not sent: the right to post lapsed; decided again after a fresh poll")
+            if attempts:
+                self._record(eid, {"status": "failed", "by": vm_name, "error": f"withheld: {exc}",
+                                   "attempts": attempts, "at": iso_z(self.clock.now())}, "approval.withheld")
+            return self.clock.monotonic()
         except ImdsError as exc:
             self.metrics.approvals.labels("failed").inc()
             self.log.error("approval.failed", event_id=eid, error=str(exc), code=exc.code, attempts=attempts,

@@ -9,6 +9,13 @@ at once and then with exponential backoff (`recheck_delay`); a peer that becomes
 that to the acting leader, which checks it with one request. A follower asks only the lower-ranked
 peers up to the first one that answers (`watch_chain`), at `liveness_interval`, to notice when the
 leader chain is gone.
+
+Who may post (the peer backend's S1, for the coordinator and the model checker alike; all pure,
+over `PeerState`s): `right_to_post` (None, or why not) and `may_post` (auto mode) combine the
+takeover rule (`lower_reachable`) with `readiness_missing`: a `ready` from every VM named,
+lower-ranked included, a lower-ranked peer's only while it answers. `silent_leaders` names the
+lower-ranked peers whose silence makes this VM lead but holds its approval. The approval policy
+(`windows.approval_policy.decide`) adds this VM's own readiness and the profile.
 """
 
 from __future__ import annotations
@@ -159,6 +166,12 @@ def liveness_due(peer: PeerState, now: float, every: float) -> bool:
     return not peer.in_flight and now - peer.last_asked >= every
 
 
+def gate_recheck_delay(approval_retry_for: float) -> float:
+    """How long a held approval waits before its gates are asked again: a twelfth of `approval_retry_for`
+    (5 s by default), never less than a second (a firing alert must not turn into a query loop)."""
+    return max(1.0, approval_retry_for / 12)
+
+
 def push_due(leader: str, told: str | None, last_target: str | None, last_push: float, now: float,
              every: float) -> bool:
     """Whether a ready follower should push to the acting leader now: until one took it, every `every`."""
@@ -201,13 +214,84 @@ def lower_reachable(lower: Sequence[str], peers: Mapping[str, PeerState], now: f
 def not_ready(names: Sequence[str], peers: Mapping[str, PeerState], now: float, unreachable_peers: str,
               peer_timeout: float) -> list[str]:
     """Peers that block approval: not ready, unless `ignore` and unreachable for `peer_timeout`
-    (the peer-timeout rule)."""
+    (the peer-timeout rule). A `ready` once heard counts while the peer is silent: use it only for
+    peers that can never be posting themselves (see `readiness_missing`)."""
     waiting = []
     for name in names:
         peer = peers.get(name)
         if peer is not None and peer.ready:
             continue
-        if unreachable_peers == "ignore" and peer is not None and peer.unreachable_for(now) >= peer_timeout:
+        if waived(peer, now, unreachable_peers, peer_timeout):
             continue
         waiting.append(name)
     return waiting
+
+
+def waived(peer: PeerState | None, now: float, unreachable_peers: str, peer_timeout: float) -> bool:
+    """The opt-out of S1: with `unreachable_peers: ignore`, a peer silent for `peer_timeout` is not waited for."""
+    return unreachable_peers == "ignore" and peer is not None and peer.unreachable_for(now) >= peer_timeout
+
+
+def readiness_missing(lower: Sequence[str], higher: Sequence[str], peers: Mapping[str, PeerState], now: float,
+                      unreachable_peers: str, peer_timeout: float) -> list[str]:
+    """S1, the peers this VM still needs a positive `ready` from before it may POST: every VM named in
+    Resources but itself, the lower-ranked ones included (a takeover hands over the right to post,
+    never the readiness of the peer taken over).
+
+    Silence, an error or a wedge is never readiness. A higher-ranked peer's `ready`, once heard, stays
+    (readiness is final, and a higher-ranked peer never posts while this VM leads). A lower-ranked
+    peer's `ready` counts only while it answers: a lower-ranked peer that falls silent may be alive
+    behind a one-way partition or a wedged server, leading and posting itself, so its old answer is no
+    licence for a second POST (S2). Under `unreachable_peers: wait` a VM of rank > 0 therefore never
+    posts; a silent leader means the event starts at NotBefore. `ignore` waives any peer silent for
+    `peer_timeout`, lower-ranked included (the explicit opt-out of S1 and S2).
+    """
+    waiting = []
+    for name in lower:
+        peer = peers.get(name)
+        if (peer is None or not peer.ready or peer.failing) and not waived(peer, now, unreachable_peers,
+                                                                             peer_timeout):
+            waiting.append(name)
+    return waiting + not_ready(higher, peers, now, unreachable_peers, peer_timeout)
+
+
+def silent_leaders(lower: Sequence[str], peers: Mapping[str, PeerState], now: float, takeover_after: float,
+                   unreachable_peers: str, peer_timeout: float) -> list[str]:
+    """The lower-ranked peers that make this VM the acting leader by their silence (all silent for
+    `takeover_after`) yet hold its approval, because silence is never readiness: non-empty means no
+    early approval unless they answer again (the event starts at NotBefore). Empty when some lower-ranked
+    peer still answers (this VM does not lead) or every silent one is waived by `ignore`."""
+    if not lower or lower_reachable(lower, peers, now, takeover_after):
+        return []
+    return readiness_missing(lower, [], peers, now, unreachable_peers, peer_timeout)
+
+
+def split_ranks(resources: Sequence[str], vm_name: str) -> tuple[list[str], list[str]]:
+    """The other VMs named, as (ranked before this VM, ranked after it); ([], others) when it is not named."""
+    others = [r for r in resources if r.casefold() != vm_name.casefold()]
+    rank = next((i for i, r in enumerate(resources) if r.casefold() == vm_name.casefold()), 0)
+    return others[:rank], others[rank:]
+
+
+def right_to_post(lower: Sequence[str], higher: Sequence[str], peers: Mapping[str, PeerState], now: float, *,
+                  needs_readiness: bool, takeover_after: float, unreachable_peers: str,
+                  peer_timeout: float) -> str | None:
+    """None when this VM's peer knowledge gives it the right to post, else why not: it is the acting leader
+    (every lower-ranked peer silent for `takeover_after`, or none) and, when the mode waits for the peers
+    (`auto`; `needs_readiness`), S1 holds. The coordinator's decision and the approver's recheck right
+    before every send both come here."""
+    present = lower_reachable(lower, peers, now, takeover_after)
+    if present:
+        return f"not the leader: {', '.join(present[:5])} ranked before this VM"
+    missing = readiness_missing(lower, higher, peers, now, unreachable_peers, peer_timeout) if needs_readiness \
+        else []
+    return f"waiting for peers: {', '.join(missing[:5])}" if missing else None
+
+
+def may_post(lower: Sequence[str], higher: Sequence[str], peers: Mapping[str, PeerState], now: float, *,
+             takeover_after: float, unreachable_peers: str, peer_timeout: float) -> bool:
+    """Whether this VM's peer knowledge lets it POST in `auto` mode (its own readiness and the profile aside):
+    it is the acting leader (every lower-ranked peer silent for `takeover_after`, or none) and S1 holds
+    (`readiness_missing` is empty). The model checker calls this with every reachable knowledge."""
+    return right_to_post(lower, higher, peers, now, needs_readiness=True, takeover_after=takeover_after,
+                         unreachable_peers=unreachable_peers, peer_timeout=peer_timeout) is None

@@ -28,14 +28,22 @@ from typing import Any
 from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
-from agent.coordination.approver import APPROVAL_KEY, Approver, Order
-from agent.coordination.coordination_rules import Held, lower_reachable, not_ready
+from agent.coordination.approver import APPROVAL_KEY, Approver, ClaimCheck, Order
+from agent.coordination.coordination_rules import (
+    Held,
+    gate_recheck_delay,
+    lower_reachable,
+    readiness_missing,
+    right_to_post,
+    silent_leaders,
+    split_ranks,
+)
 from agent.coordination.coordination_settings import CoordinationConfig
-from agent.coordination.peer_addressing import Address
-from agent.coordination.peer_directory import SHOWN_PEERS
-from agent.coordination.peer_exchange import Exchange, PeerExchange, peer_fleet
-from agent.coordination.store_backend import StoreBackend
-from agent.health.health_store import HealthStore
+from agent.coordination.peers.peer_addressing import Address
+from agent.coordination.peers.peer_directory import SHOWN_PEERS
+from agent.coordination.peers.peer_exchange import Exchange, PeerExchange, peer_fleet
+from agent.coordination.store.store_backend import StoreBackend
+from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 from agent.model.events import SCHEDULED
 from agent.model.gate_specs import NO_GATES, Gates
@@ -62,6 +70,10 @@ class EventCoordination:
     sending: bool = False
     failed_at: float | None = None
     held: Held | None = None
+    gate_due: float = float("-inf")
+    """When the gates holding the approval may be asked again (monotonic)."""
+    silent: tuple[str, ...] = ()
+    """Peer backend: the silent lower-ranked peers that hold this VM's approval as acting leader."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +96,7 @@ class Coordinator:
                  gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
                  warning_as_error: bool = False, health: HealthStore | None = None,
                  backend: StoreBackend | None = None) -> None:
-        self.settings, self.store_backend = settings, backend
+        self.settings, self.store_backend, self.health = settings, backend, health
         self.approve_fn = approve
         self.store = store
         self.clock = clock
@@ -100,9 +112,13 @@ class Coordinator:
         self.gates = gates
         self.warning_as_error = warning_as_error
         self.gate_checker = GateChecker(self.client, lambda name: self.address(name).url, local_health,
-                                        settings.max_concurrency, metrics, backend.fleet_states if backend else None)
+                                        settings.max_concurrency, metrics, backend.fleet_states if backend else None,
+                                        clock.monotonic)
+        self.scheduled: frozenset[str] = frozenset()
+        """The events Scheduled in this VM's last successful poll (replaced whole by each tick; any thread)."""
         self.approver = Approver(approve=approve, store=store, clock=clock, metrics=metrics,
-                                 gate_checker=self.gate_checker, backend=backend, done=lambda: self.on_change())
+                                 gate_checker=self.gate_checker, backend=backend, done=lambda: self.on_change(),
+                                 right=self.still_right, claim=backend if isinstance(backend, ClaimCheck) else None)
 
     # --- peers ------------------------------------------------------------------------
 
@@ -136,6 +152,7 @@ class Coordinator:
              local_pending: Callable[[Tracked], list[str]]) -> None:
         """Exchange with peers and decide for every Scheduled event naming this VM; send approvals due."""
         now = self.clock.monotonic()
+        self.scheduled = frozenset(eid for eid, t in tracked.items() if t.event.status == SCHEDULED)
         self.absorb()
         if self.store_backend is not None:
             self.store_backend.begin()
@@ -143,7 +160,8 @@ class Coordinator:
             self.peers.refresh([state.exchange for state in self._events.values()])
         leading: dict[str, int] = {}
         for event_id in [e for e in self._events if e not in tracked]:
-            del self._events[event_id]
+            if self._events.pop(event_id).silent and self.health is not None:
+                self.health.remove("coordination", f"takeover/{event_id}")
         for event_id, t in tracked.items():
             rank = t.event.rank(vm_name)
             if rank is None:
@@ -159,7 +177,7 @@ class Coordinator:
                 waiting, reachable, step = self.store_backend.inputs(event_id, t.event, vm_name, pending, mode, manual,
                                                                      sent)
             else:
-                waiting, reachable, step = self._peer_inputs(event_id, state, t, vm_name, rank, mode, pending, sent,
+                waiting, reachable, step = self._peer_inputs(event_id, state, t, vm_name, mode, pending, sent,
                                                              now)
                 if not reachable:
                     leading[t.event.type_label] = leading.get(t.event.type_label, 0) + 1
@@ -174,11 +192,12 @@ class Coordinator:
                 state.failed_at = now  # sent by a previous run that died before the answer: give IMDS time
                 self.log.warning("approval.unconfirmed", event_id=event_id, wait_seconds=RETRY_FAILED_AFTER,
                                  reason="a previous run sent it and stopped before recording the answer")
-            if decision.approve and not state.sending and self._retry_allowed(state, now):
+            if decision.approve and not state.sending and self._retry_allowed(state, now) and now >= state.gate_due:
                 state.sending = True
                 gates = profile.gates if profile.gates is not None else self.gates
                 self.approver.submit(Order(event_id, vm_name, decision.reason, gates, t.event.resources, step,
-                                           state.held, self.settings.approval_retry_for, self.warning_as_error))
+                                           state.held, self.settings.approval_retry_for, self.warning_as_error,
+                                           mode, now + self.settings.takeover_after / 2))
             elif not decision.approve:
                 state.held = None
         for label in EVENT_TYPES:
@@ -196,6 +215,8 @@ class Coordinator:
         for outcome in outcomes:
             if (done := self._events.get(outcome.event_id)) is not None:
                 done.sending, done.held = False, outcome.held
+                if outcome.held is not None:  # asked again at a bounded pace, not on the wake this outcome makes
+                    done.gate_due = self.clock.monotonic() + gate_recheck_delay(self.settings.approval_retry_for)
                 done.failed_at = outcome.failed_at if outcome.failed_at is not None else done.failed_at
         if outcomes:
             self._publish()
@@ -205,17 +226,52 @@ class Coordinator:
             eid: Published(st.exchange, st.mode, st.rule, st.decision.reason if st.decision else None, st.held)
             for eid, st in self._events.items()})
 
-    def _peer_inputs(self, event_id: str, state: EventCoordination, t: Tracked, vm_name: str, rank: int, mode: str,
+    def _peer_inputs(self, event_id: str, state: EventCoordination, t: Tracked, vm_name: str, mode: str,
                      pending: list[str], sent: bool, now: float) -> tuple[list[str], list[str], None]:
         """Peer backend: this tick's requests to peers; (peers not ready, lower-ranked peers still present, no step)."""
         s = self.settings
-        others = [r for r in t.event.resources if r.casefold() != vm_name.casefold()]
-        lower, higher = others[:rank], others[rank:]
+        lower, higher = split_ranks(t.event.resources, vm_name)
         if t.event.status == SCHEDULED and mode in ALLOWING and not sent:
             self.peers.run(event_id, state.exchange, vm_name, lower, higher, mode == AUTO, not pending, now)
         peers = self.peers.peers_now(state.exchange)
-        return (not_ready(higher, peers, now, s.unreachable_peers, s.peer_timeout),
+        self._silent(event_id, state, tuple(silent_leaders(lower, peers, now, s.takeover_after, s.unreachable_peers,
+                                                           s.peer_timeout)))
+        return (readiness_missing(lower, higher, peers, now, s.unreachable_peers, s.peer_timeout),
                 lower_reachable(lower, peers, now, s.takeover_after), None)
+
+    def _silent(self, event_id: str, state: EventCoordination, silent: tuple[str, ...]) -> None:
+        """Say once, in the log and in health (Warning), that this VM leads by the silence of the lower-ranked
+        peers and cannot approve early for want of their readiness; take it back when that ends."""
+        if silent == state.silent:
+            return
+        state.silent = silent
+        prop = f"takeover/{event_id}"
+        if silent:
+            self.log.warning("approval.leader_silent", event_id=event_id, peers=list(silent[:5]),
+                             outcome="no early approval while they are silent: the event starts at NotBefore")
+            if self.health is not None:
+                self.health.set("coordination", prop, HealthState.WARNING,
+                                f"{', '.join(silent[:5])} silent: this VM leads but cannot approve {event_id} early "
+                                "without their readiness (silence is never readiness); the event starts at NotBefore")
+        else:
+            self.log.info("approval.leader_back", event_id=event_id)
+            if self.health is not None:
+                self.health.remove("coordination", prop)
+
+    def still_right(self, order: Order) -> str | None:
+        """The coordinator's part of the approver's recheck before every send (approver thread): the event is
+        still Scheduled in this VM's last poll and, on the peer backend, this VM is still the acting leader with
+        every VM ready (the same rule as the decision, on what the peers said since)."""
+        if order.event_id not in self.scheduled:
+            return "the event is no longer Scheduled in this VM's last poll"
+        shown = self.published.get(order.event_id)
+        if self.store_backend is not None or order.mode == MANUAL or shown is None:
+            return None
+        s = self.settings
+        lower, higher = split_ranks(order.resources, order.vm_name)
+        return right_to_post(lower, higher, self.peers.peers_now(shown.exchange), self.clock.monotonic(),
+                             needs_readiness=order.mode == AUTO, takeover_after=s.takeover_after,
+                             unreachable_peers=s.unreachable_peers, peer_timeout=s.peer_timeout)
 
     def _sent(self, event_id: str) -> bool:
         rec = self.store.result(event_id, APPROVAL_KEY)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -33,6 +34,7 @@ from agent import logs
 from agent.errors import ConfigValueError
 from agent.handlers.base import CANCELED, FAILED, OK, TIMED_OUT, Context, Handler, Result
 from agent.model.config_schema import duration, list_of, mapping_of, opt, optional, text
+from agent.pathtrust import first_problem
 
 OUTPUT_KEEP = 64 * 1024
 """Bytes of a hook's output kept (the tail); the rest is counted, not stored."""
@@ -78,6 +80,20 @@ class ExecOptions:
     cancel_grace: float | None = opt(_duration_or_wait, 5.0,
                                      "when the event leaves the document, seconds between SIGTERM and SIGKILL "
                                      "to the hook's process group; wait: let the hook run to its end")
+
+    def validate(self) -> None:
+        problem = program_problem(self.command[0], self.cwd)
+        if problem:
+            raise ConfigValueError("command", problem)
+
+
+def program_problem(program: str, cwd: str | None) -> str | None:
+    """Why the hook's program (looked up on the hooks' PATH when it has no slash, under `cwd` when relative) could
+    be replaced by someone other than root or maintd's user (`agent.pathtrust`); None when it cannot, or when it
+    is not there (it then fails to start)."""
+    found = os.path.join(cwd or "/", program) if "/" in program else shutil.which(program, path=BASE_PATH)
+    problem = first_problem(found) if found else None
+    return problem and f"{problem} (another user could replace the hook {found}, which runs with maintd's rights)"
 
 
 class _Tail:
@@ -186,6 +202,9 @@ class ExecHandler(Handler):
             account = _account(o.user)
         except KeyError:
             return Result(FAILED, f"no such user {o.user!r}")
+        problem = program_problem(o.command[0], o.cwd)
+        if problem:
+            return Result(FAILED, f"refused to start {o.command[0]}: {problem}")
         try:
             proc = self._start(ctx, account)
         except PermissionError as exc:

@@ -37,6 +37,7 @@ from agent import __version__, boundedhttp, logs
 from agent.boundedhttp import Reply
 from agent.errors import ConfigValueError
 from agent.handlers.base import FAILED, OK, Context, Handler, Result
+from agent.httpdates import retry_after, transient_status
 from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, text
 from agent.model.outcomes import PHASE_SCHEDULED, PHASE_STARTED
 from agent.model.timefmt import iso_z
@@ -165,13 +166,11 @@ def target(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname or '?'}"
 
 
-def _retry_after(state: Any) -> float:
+def _asked_wait(state: Any, now: datetime, left: float) -> float:
+    """What the last answer's Retry-After asks for (ASCII digits or an HTTP-date, at most `left`), else 0."""
     exc = state.outcome.exception() if state.outcome is not None else None
-    if isinstance(exc, _Retryable):
-        value = exc.response.headers.get("Retry-After", "").strip()
-        if value.isdigit():
-            return float(value)
-    return 0.0
+    asked = retry_after(exc.response.headers.get("Retry-After"), now, left) if isinstance(exc, _Retryable) else None
+    return asked or 0.0
 
 
 def _transient(exc: BaseException) -> bool:
@@ -197,15 +196,18 @@ def post(ctx: Context, session: requests.Session, url: str, *, attempts: int, re
         left = max(MIN_ATTEMPT, deadline - clock.monotonic())
         response = boundedhttp.exchange(session, "POST", url, timeout=min(request_timeout, left),
                                         max_bytes=MAX_REPLY_BYTES, truncate=True, **kwargs)
-        if response.status == 429 or response.status >= 500:
+        if transient_status(response.status):
             raise _Retryable(response)
         return response
 
     retry = retrying(clock, retry_if=_transient, attempts=attempts, within=max(0.0, ctx.timeout - MIN_ATTEMPT),
                      cancel=ctx.cancel)
     backoff = retry.wait
-    retry = retry.copy(wait=lambda state: min(max(backoff(state), _retry_after(state)),
-                                              max(0.0, deadline - clock.monotonic() - MIN_ATTEMPT)))
+    def wait(state: Any) -> float:
+        left = max(0.0, deadline - clock.monotonic() - MIN_ATTEMPT)
+        return min(max(backoff(state), _asked_wait(state, clock.now(), left)), left)
+
+    retry = retry.copy(wait=wait)
     try:
         response = retry(send)
     except _Retryable as exc:

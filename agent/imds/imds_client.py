@@ -11,19 +11,18 @@ its own retry: `get_document` never retries; `cadence.next_poll_delay` says how 
 
 from __future__ import annotations
 
-import email.utils
 import json
 import threading
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TypeVar
 from urllib.parse import urlencode, urlsplit
 
 from agent import jsonsafe, logs
 from agent.clock import Clock
 from agent.errors import AnswerTooLarge, ImdsError, ImdsRequestRejected, ImdsUnavailable
+from agent.httpdates import retry_after
 from agent.imds.imds_connection import Connection, Reply, request_bytes, safe_header_value
 from agent.metrics import Metrics
 from agent.model.events import MAX_NAME, Document, parse_document
@@ -54,26 +53,6 @@ class PollResult:
     document: Document | None
     unchanged: bool
     duration: float
-
-
-def parse_retry_after(value: str | None, now: datetime) -> float | None:
-    """Seconds from a Retry-After header, at most MAX_RETRY_AFTER; None when absent or unreadable.
-
-    Strict: delta-seconds are ASCII digits only (`str.isdigit` also passes `²` and `١٢`), anything else
-    must be an HTTP-date."""
-    value = (value or "").strip()
-    if not value or not value.isascii():
-        return None
-    if value.isdigit():
-        return min(float(value), MAX_RETRY_AFTER)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - now).total_seconds()
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    return min(max(0.0, seconds), MAX_RETRY_AFTER)
 
 
 def _is_loopback(endpoint: str) -> bool:
@@ -160,7 +139,7 @@ class ImdsClient:
 
     def _retry_after(self, reply: Reply) -> float | None:
         header = reply.header("Retry-After").strip()
-        seconds = parse_retry_after(header, self.clock.now())
+        seconds = retry_after(header, self.clock.now(), MAX_RETRY_AFTER)
         if seconds is None and header:
             logs.get("imds").warning("imds.retry_after_ignored", value=header[:100], status=reply.status,
                                      reason="neither ASCII digits nor an HTTP-date")

@@ -107,6 +107,7 @@ class Daemon:
         self._pruned_at = float("-inf")
         self.control = Control(clock, lambda: self.parts.imds.interrupt())
         self._coordinate_soon = threading.Event()
+        self._resume_pending = False  # `start` sets it: work resumes at the first successful poll
         self.profile: Profile | None = None
         self._update_profile()
         self.view = self._publish()
@@ -149,7 +150,7 @@ class Daemon:
         self.health.set("imds", "poll", HealthState.OK, "starting: no poll yet")
         if self.vm_name is None:
             self.parts.look_up_identity(attempts=5)  # off the loop: the first polls wait for it, the loop goes on
-        self.runner.resume(self.preparation.resume(self.tracked))
+        self._resume_pending = True  # from the first successful poll, with the events as IMDS shows them then
         self.rules.start()
         self._publish()
 
@@ -247,7 +248,12 @@ class Daemon:
 
     def _poll_succeeded(self, result: PollResult) -> list[Transition]:
         self.report.poll_succeeded()
+        known = self.tracked
         transitions = [] if result.unchanged or result.document is None else self.process_document(result.document)
+        if self._resume_pending:  # once after a start: the events known before it, as IMDS shows them now (0102)
+            self._resume_pending = False
+            self.runner.resume(self.preparation.resume({e: t for e, t in self.tracked.items() if e in known}))
+            self.parts.keeper.wake()  # what handlers keep (silences) is taken up again after a restart
         self._coordinate()
         return transitions
 

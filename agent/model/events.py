@@ -21,13 +21,13 @@ MAX_DESCRIPTION characters (with a "[cut …]" marker) and loses NUL characters.
 
 from __future__ import annotations
 
-import email.utils
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from agent.errors import DocumentError
+from agent.httpdates import parse_http_date
 from agent.model.timefmt import iso_z
 
 KNOWN_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
@@ -127,10 +127,7 @@ def parse_not_before(raw: Any) -> datetime | None:
     if not isinstance(raw, str) or not raw.strip():
         return None
     text = raw.strip()
-    try:
-        parsed = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        parsed = None
+    parsed = parse_http_date(text)
     if parsed is None:
         try:
             parsed = datetime.fromisoformat(text)  # Python 3.11 reads ISO 8601 with Z and offsets

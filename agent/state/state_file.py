@@ -10,6 +10,7 @@ and reported, so maintd starts fresh instead of dying at every restart. A file o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import os
@@ -24,6 +25,7 @@ from agent.clock import Clock
 from agent.errors import StateError
 from agent.model.events import parse_event
 from agent.model.timefmt import parse_iso
+from agent.pathtrust import first_problem
 
 STATE_FILE = "state.json"
 STATE_FORMAT = 1
@@ -54,19 +56,26 @@ def file_format(data: Any) -> int:
     return value
 
 
-def check_dir(directory: str | os.PathLike[str]) -> None:
-    """Refuse a state dir others could write to: they could plant results, approvals or symlinks."""
+def check_dir(directory: str | os.PathLike[str], create: bool = False) -> None:
+    """Refuse a state dir that anyone but root or maintd's user owns or could change, itself or through a directory
+    above it (`agent.pathtrust`): they could plant results, approvals or symlinks, or rename the state away.
+    `create`: make a missing one first (mode 755, exclusively: one another user made in between is theirs)."""
+    if create and not os.path.lexists(directory):
+        # made in between: judged by its owner below; not makeable (read-only, no room): the first write says so
+        with contextlib.suppress(OSError):
+            Path(directory).mkdir(mode=0o755, parents=True)
     try:
         st = os.stat(directory)
     except FileNotFoundError:
-        return  # created by the first write, mode 755
+        st = None  # created by the first write: the directories above it say who else could create it
     except OSError as exc:
         raise StateError(f"state dir {directory}: {exc}") from None
-    if not stat.S_ISDIR(st.st_mode):
+    if st is not None and not stat.S_ISDIR(st.st_mode):
         raise StateError(f"state dir {directory} is not a directory; fix state.dir")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise StateError(f"state dir {directory} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
-                         f"another user could forge maintd's state. Fix: chmod go-w {directory}")
+    problem = first_problem(directory)
+    if problem:
+        raise StateError(f"state dir {directory} refused: {problem} (another user could forge or move maintd's "
+                         "state)")
 
 
 def read_file(path: Path, limit: int) -> bytes:

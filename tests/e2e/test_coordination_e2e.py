@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 
 import pytest
 
@@ -52,8 +55,23 @@ def test_one_post_per_event_and_none_while_a_peers_checkpoint_runs(start_emulato
     assert not agents["vm-2"].events("approval.sent") and not agents["vm-3"].events("approval.sent")
 
 
-def test_rank_1_takes_over_after_the_leader_is_killed(start_emulator, start_agent):
+def test_a_killed_leader_is_taken_over_but_never_approved_for_with_wait(start_emulator, start_agent):
+    """S1: vm-2 leads once vm-1 is silent for takeover_after, says it cannot approve early, and never POSTs."""
     emu, agents = fleet(start_emulator, start_agent, coordination={"takeover_after": "2s"})
+    agents["vm-1"].kill()
+    eid = emu.add_event(event_type="Reboot", resources=VMS, notice=300)
+    silent = agents["vm-2"].wait_log("approval.leader_silent", event_id=eid, timeout=20)
+    assert silent["peers"] == ["vm-1"]
+    health = agents["vm-2"].get("/v1/health").json()["HealthEvents"]
+    assert any(r["Property"] == f"takeover/{eid}" and r["HealthState"] == "Warning" for r in health)
+    polls = len(emu.requests("vm-2"))
+    wait_until(lambda: len(emu.requests("vm-2")) >= polls + 5, 10, "five more polls")
+    assert not all_approvals(emu)
+
+
+def test_rank_1_takes_over_a_killed_leader_with_ignore(start_emulator, start_agent):
+    emu, agents = fleet(start_emulator, start_agent, coordination={"takeover_after": "2s", "peer_timeout": "2s",
+                                                                   "unreachable_peers": "ignore"})
     agents["vm-1"].kill()
     eid = emu.add_event(event_type="Reboot", resources=VMS, notice=300)
     sent = agents["vm-2"].wait_log("approval.sent", event_id=eid, timeout=20)
@@ -61,6 +79,39 @@ def test_rank_1_takes_over_after_the_leader_is_killed(start_emulator, start_agen
     approvals = all_approvals(emu)
     assert len(approvals) == 1 and approvals[0]["vm"] == "vm-2"
     assert not agents["vm-3"].events("approval.sent")
+
+
+def test_a_leader_paused_past_takeover_after_mid_checkpoint_gets_no_post_before_its_hook_ends(
+        start_emulator, start_agent, tmp_path):
+    """Issue 27, S1 end to end: the leader's checkpoint runs while the leader itself is frozen (SIGSTOP:
+    its answers go silent for 4x takeover_after, its hook runs on). vm-2 takes over but, without vm-1's
+    ready, never POSTs; the hook ends while vm-1 is still frozen: still no POST; vm-1 wakes and POSTs,
+    once."""
+    go = tmp_path / "go"
+    checkpoint = {"handlers": [{"name": "checkpoint", "type": "exec", "phases": ["scheduled"],
+                                "command": [sys.executable, "-c", WAIT_FOR_GO], "env": {"GO": str(go)}}]}
+    emu, agents = fleet(start_emulator, start_agent, lambda vm: checkpoint if vm == "vm-1" else {},
+                        coordination={"takeover_after": "2s"})
+    eid = emu.add_event(event_type="Reboot", resources=VMS, notice=300)
+    agents["vm-1"].wait_log("handler.started", event_id=eid, handler="checkpoint")
+    leader = agents["vm-1"].proc.pid
+    os.kill(leader, signal.SIGSTOP)
+    try:
+        time.sleep(8)  # 4x takeover_after: vm-2 leads, vm-3 is ready; the old rule POSTed here
+        assert not all_approvals(emu), "no POST while the frozen leader's hook still runs"
+        silent = agents["vm-2"].wait_log("approval.leader_silent", event_id=eid)
+        assert silent["peers"] == ["vm-1"]
+        go.touch()  # the hook ends while its agent is still frozen: vm-1 has not said ready, nobody may POST
+        time.sleep(3)
+        assert not all_approvals(emu), "a silent leader's readiness is never assumed"
+    finally:
+        os.kill(leader, signal.SIGCONT)
+    agents["vm-1"].wait_log("approval.sent", event_id=eid, timeout=30)
+    agents["vm-2"].wait_log("approval.leader_back", event_id=eid, timeout=20)
+    polls = len(emu.requests("vm-2"))
+    wait_until(lambda: len(emu.requests("vm-2")) >= polls + 3, 10, "three more polls")
+    approvals = all_approvals(emu)
+    assert len(approvals) == 1 and approvals[0]["vm"] == "vm-1", approvals
 
 
 def test_no_approval_inside_a_never_profile(start_emulator, start_agent):

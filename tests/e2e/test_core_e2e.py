@@ -114,7 +114,7 @@ def test_the_cli_talks_to_the_running_daemon(start_emulator, start_agent):
                               capture_output=True, text=True, env=env, timeout=30)
 
     status = maintd("status")
-    assert status.returncode == 0 and "vm_name" in status.stdout and "vm-1" in status.stdout
+    assert status.returncode == 0 and "maintd " in status.stdout and " on vm-1" in status.stdout
     drained = maintd("drain", "--reason", "kernel update")
     assert drained.returncode == 0 and "kernel update" in drained.stdout
     assert agent.get("/probe").status_code == 503

@@ -59,7 +59,7 @@ def test_a_fixed_peers_file_is_picked_up_and_a_broken_one_keeps_the_last_good_ma
     wait_until(lambda: leader.get(f"/v1/events/{eid}").json()["peers"].get("vm-2", {}).get("unreachable_seconds"),
                10, "vm-2 to count as unreachable")
     shown = maintd("status", "--url", leader.base).stdout
-    assert f"peers of {eid}" in shown and "(via peers_file): ConnectionError" in shown, shown
+    assert f"Peers of {eid}" in shown and "(via peers_file): ConnectionError" in shown, shown
     peers_file.write_text("vm-2: [not, a, url]\n")
     leader.wait_log("peers_file.invalid")
     status = leader.get("/v1/status").json()

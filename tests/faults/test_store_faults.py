@@ -108,3 +108,104 @@ def test_a_vm_that_never_becomes_ready_means_no_post_and_the_event_starts_at_not
         assert not any(a.events("store.claimed") for a in agents.values())
     finally:
         server.stop()
+
+
+def test_an_approval_record_with_an_empty_attempt_is_taken_over_and_one_post_goes(
+        start_emulator, start_agent, tmp_path: Path) -> None:
+    """An `approval` blob whose `attempt` is empty is in the event's folder before any VM looks: it is a problem,
+    one summary line, and the record is taken over once it is takeover_after (4 s) old: one POST (today: the
+    parse raises on every VM, their lanes stay busy, 0 POSTs)."""
+    from azure.storage.blob import ContainerClient
+
+    from agent.coordination.store.store_protocol import CLAIMED, approval_blob, approval_record
+
+    server = start(tmp_path)
+    try:
+        emu, vms, agents, done, container = fleet(start_emulator, start_agent, tmp_path, server, (0.5, 0.5, 0.5))
+        eid = "0D6F4B8E-1C2A-4E3B-9F70-5A6B7C8D9E0F"
+        odd = {**approval_record(eid, vms[0], CLAIMED, 1), "attempt": ""}
+        with ContainerClient.from_connection_string(server.connection_string(), container) as client:
+            client.upload_blob(approval_blob(eid), b"", metadata=odd)
+        emu.add_event(event_type="Reboot", resources=vms, notice=300, event_id=eid)
+        wait_until(lambda: approvals(emu, vms), 40, "the POST after the unreadable record was taken over")
+        time.sleep(2)
+        assert len(approvals(emu, vms)) == 1
+        lines = [e for a in agents.values() for e in a.events("store.invalid_record")]
+        assert lines and all(e["count"] == 1 for e in lines)
+        assert not any(a.events("lane.internal_error") for a in agents.values())
+    finally:
+        server.stop()
+
+
+def test_a_forged_ready_marker_is_noticed_rewritten_and_no_post_before_the_victims_hook_ends(
+        start_emulator, start_agent, tmp_path: Path) -> None:
+    """While the victim's 8 s hook runs, something holding the container's role writes `ready` under its name.
+    The victim notices at its next check (store.marker_forged), writes `preparing` again and reports Error
+    `coordination`/`store_marker`; the other VM, ready at 5 s, waits, and the one POST comes after the victim's
+    hook (today: the forged `ready` stands, the POST goes at ~5 s, 3 s before the victim is done)."""
+    from azure.storage.blob import ContainerClient
+
+    from agent.coordination.store.store_protocol import READY, marker_blob, marker_record
+
+    server = start(tmp_path)
+    try:
+        emu, vms, agents, done, container = fleet(start_emulator, start_agent, tmp_path, server, (8.0, 5.0))
+        victim = vms[0]
+        eid = emu.add_event(event_type="Reboot", resources=vms, notice=300)
+        agents[victim].wait_log("handler.started", timeout=20)
+        time.sleep(1)
+        with ContainerClient.from_connection_string(server.connection_string(), container) as client:
+            client.upload_blob(marker_blob(eid, victim), b"", metadata=marker_record(eid, victim, READY),
+                               overwrite=True)
+        agents[victim].wait_log("store.marker_forged", event_id=eid, timeout=20)
+        health = agents[victim].get("/v1/health").json()["HealthEvents"]
+        assert any(r["SourceId"] == "coordination" and r["Property"] == "store_marker" and r["HealthState"] == "Error"
+                   for r in health), health
+        wait_until(lambda: approvals(emu, vms), 60, "the one POST")
+        ended = float((done / f"{victim}.done").read_text())
+        assert len(approvals(emu, vms)) == 1
+        assert approvals(emu, vms)[0]["time"] >= ended, "POSTed before the victim's hook ended"
+    finally:
+        server.stop()
+
+
+def test_a_50_mb_listing_is_refused_with_little_memory_and_the_polls_keep_their_cadence(
+        start_emulator, start_agent, tmp_path: Path) -> None:
+    """The store (or something in its place) answers the event's listing with ~50 MB of junk, again and again:
+    each answer is dropped after 4 MiB (`too_large`), the agent's peak RSS stays far below the answer, no POST,
+    a Warning `coordination`/`store`, a few log lines, and the IMDS polls keep their cadence (today: 863 MB RSS,
+    a 5 s stall, 80,784 log lines)."""
+    import os
+
+    from tests.test_store_listing import JunkStore
+
+    junk = JunkStore(160_000)
+    try:
+        vm = FLEX[0]
+        emu = start_emulator([vm])
+        conf = tmp_path / "conf"
+        conf.mkdir()
+        (conf / "storage.conn").write_text(junk.connection_string())
+        os.chmod(conf / "storage.conn", 0o600)
+        agent = start_agent(emu, vm, {"coordination": {
+            "backend": "azure_blob", "takeover_after": "4s",
+            "azure_blob": {"container": "junk", "connection_string_file": str(conf / "storage.conn")}}})
+        emu.add_event(event_type="Reboot", resources=[vm], notice=300)
+        since = time.time()
+        wait_until(lambda: metric(agent, "maintd_store_requests_total", op="list", outcome="too_large") >= 3, 60,
+                   "three listings refused")
+        status = Path(f"/proc/{agent.proc.pid}/status").read_text()
+        peak_mb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
+        assert peak_mb < 200, f"peak RSS {peak_mb:.0f} MB"
+        assert approvals(emu, [vm]) == []
+        health = agent.get("/v1/health").json()["HealthEvents"]
+        assert any(r["Property"] == "store" and r["HealthState"] == "Warning" and "too_large" in r["Description"]
+                   for r in health), health
+        assert len(agent.events()) < 200
+        polls = [r["time"] for r in emu.requests(vm) if "scheduledevents" in r["path"] and r["time"] >= since]
+        gap = max(b - a for a, b in zip(polls, polls[1:], strict=False))
+        print(f"peak RSS {peak_mb:.0f} MB after {junk.lists} listings of ~50 MB ({junk.sent / 2**20:.1f} MiB sent in "
+              f"all), largest poll gap {gap * 1000:.0f} ms, {len(agent.events())} log lines")
+        assert gap < 1.0, "the poll loop waited on the store"
+    finally:
+        junk.stop()

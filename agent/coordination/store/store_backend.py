@@ -1,0 +1,189 @@
+"""The blob store backend as the coordinator uses it: its config section, the store and its token, the
+inputs to each event's decision, the claim around the POST, and the views.
+
+The coordinator calls `begin` and `end` around its tick, `inputs` for each Scheduled event naming
+this VM, and `claim_and_post` on its approver thread. azure-storage-blob is imported by `_open`
+only, on a store worker after the loop's first tick (building the daemon, `maintd check-config` and
+the peer backend never load it), so the first event does not wait for the import; no request goes
+to the store before an event names this VM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agent import logs
+from agent.clock import Clock
+from agent.coordination.coordination_rules import OK, UNREACHABLE, peer_state
+from agent.coordination.coordination_settings import AzureBlobConfig
+from agent.coordination.store.store_claim import StoreClaims
+from agent.coordination.store.store_exchange import FORGED, Snapshot, Store, StoreExchange
+from agent.coordination.store.store_protocol import (
+    HEALTHY,
+    PREPARING,
+    READY,
+    UNHEALTHY,
+    Fetch,
+    Step,
+    post_deadline,
+    unstorable,
+)
+from agent.health.health_store import HealthState, HealthStore
+from agent.metrics import STORE_OPS, Metrics
+from agent.model.events import Event
+
+SOURCE = "coordination"
+CONNECTION_STRING_KEY = "coordination.azure_blob.connection_string_file"
+
+
+def marker_state(pending: Sequence[str]) -> str:
+    """What this VM records for an event: ready once no local handler holds it."""
+    return PREPARING if pending else READY
+
+
+def own_health(local_health: dict[str, Any], event_id: str, warning_as_error: bool) -> str:
+    """This VM's health as the fleet gate counts it (its own reports about the event left out)."""
+    return HEALTHY if peer_state(local_health, event_id, warning_as_error) == OK else UNHEALTHY
+
+
+class StoreBackend:
+    """The coordinator's side of the store: thread use as in `store_exchange` (loop, workers, approver)."""
+
+    def __init__(self, config: AzureBlobConfig, *, token: Fetch, clock: Clock, metrics: Metrics,
+                 health: HealthStore, secret: Callable[[str, str | None], str | None],
+                 on_change: Callable[[], None], takeover_after: Callable[[], float],
+                 local_health: Callable[[], dict[str, Any]] = lambda: {},
+                 warning_as_error: Callable[[], bool] = lambda: False) -> None:
+        self.local_health = local_health
+        self.warning_as_error = warning_as_error
+        self.config = config
+        self.token = token
+        self.clock = clock
+        self.metrics = metrics
+        self.health = health
+        self.secret = secret
+        self.takeover_after = takeover_after
+        self.log = logs.get("coordinator")
+        self._warmed = False
+        for op in STORE_OPS:
+            metrics.store_requests.labels(op, "ok")
+        self.exchange = StoreExchange(self._open, config.describe, clock, on_change=on_change, report=self._report,
+                                      takeover_after=takeover_after,
+                                      count_error=metrics.lane_errors.labels("store").inc)
+        self.claims = StoreClaims(self.exchange)
+        health.set(SOURCE, "store", HealthState.OK, f"{config.describe}: no request yet (none until an event "
+                                                     "names this VM)")
+
+    def _open(self) -> Store:
+        from agent.coordination.store.blob_store import BlobStore, Settings
+        from agent.coordination.store.identity_token import ManagedIdentityCredential
+
+        c = self.config
+        count = self._count
+        if c.connection_string_file is not None:
+            conn = self.secret(CONNECTION_STRING_KEY, c.connection_string_file)
+            return BlobStore.open(Settings(c.account_url or "", c.container, connection_string=conn), count)
+        credential = ManagedIdentityCredential(self.token, c.client_id, lambda: self.clock.now().timestamp())
+        return BlobStore.open(Settings(c.account_url or "", c.container, credential=credential), count)
+
+    def _count(self, op: str, outcome: str) -> None:
+        self.metrics.store_requests.labels(op, outcome).inc()
+
+    def _report(self, prop: str, ok: bool, description: str) -> None:
+        state = HealthState.OK if ok else HealthState.ERROR if prop == FORGED else HealthState.WARNING
+        self.health.set(SOURCE, prop, state, description)
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Take in what the store answered since the last tick (on the first, open the store client on a worker)."""
+        if not self._warmed:
+            self._warmed = True
+            self.exchange.warm()
+        self.exchange.apply(self.clock.monotonic())
+
+    def inputs(self, event_id: str, event: Event, vm_name: str, pending: Sequence[str], mode: str, manual: bool,
+               sent: bool) -> tuple[list[str], list[str], Step | None]:
+        """Queue this event's store requests; (the other VMs not recorded ready, no lower-ranked VM to wait for:
+        any VM may claim, the protocol's next step). Nothing
+        for an event no longer Scheduled or already approved by this VM; lists only while this VM may claim (ready
+        and allowed by its profile; `immediate` at once)."""
+        resources = event.resources
+        if event.status != "Scheduled" or sent:
+            return [], [], None
+        why = unstorable(event_id, resources)
+        if why is not None:
+            return list(resources), [], Step("wait", f"not coordinated through the store: {why}")
+        may_approve = mode == "immediate" or (not pending and (mode == "auto" or (mode == "manual" and manual)))
+        mark = (marker_state(pending), own_health(self.local_health(), event_id, self.warning_as_error()))
+        self.exchange.run(event_id, resources, vm_name, mark, may_approve, self.clock.monotonic())
+        waiting, step = self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != "immediate")
+        return [n for n in waiting if n.casefold() != vm_name.casefold()], [], step
+
+    def end(self, pending: set[str]) -> Snapshot:
+        """Forget the events no longer in the document; publish the snapshot the API reads."""
+        self.exchange.forget(pending)
+        return self.exchange.publish()
+
+    # --- the approver --------------------------------------------------------------------------
+
+    def claim_and_post(self, event_id: str, vm_name: str, step: Step, retry_for: float,
+                       post: Callable[[float], bool]) -> None:
+        """The claim (the atomic step), the POST (`post(within)`, retried at most until the claim's deadline),
+        and its outcome recorded on the claim: `approved`, or `released` for another VM to take."""
+        claim = self.claims.claim(event_id, vm_name, step)
+        if not claim.won:
+            self.log.info("store.claim_lost", event_id=event_id, reason=claim.reason)
+            return
+        self.log.info("store.claimed", event_id=event_id, attempt=claim.attempt, reason=claim.reason)
+        left = post_deadline(self.takeover_after()) - (self.clock.monotonic() - claim.started)
+        if left <= 0:
+            self.log.warning("store.claim_too_old", event_id=event_id, effect="not sent: another VM takes it over",
+                             reason="claiming took longer than half of takeover_after")
+        with self.claims.holding(event_id, claim):
+            sent = left > 0 and post(min(retry_for, left))
+        self.claims.settle(event_id, vm_name, claim, sent)
+
+    def claim_still_holds(self, event_id: str) -> str | None:
+        """The approver's check right before every send (the first and each retry): None while this VM's claim
+        holds (younger than half of `takeover_after` on the monotonic clock, and the store's record still at the
+        ETag the claim wrote: one read), else why not, and nothing is sent. What stays open: a pause between this
+        check and the POST reaching IMDS (IMDS takes no fencing token; see store_protocol.post_deadline)."""
+        return self.claims.holds(event_id, post_deadline(self.takeover_after()))
+
+    # --- views ---------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """For `maintd status`: the store, its last answer and how long ago."""
+        snap = self.exchange.snapshot
+        age = None if snap.last_answer_at is None else round(self.clock.monotonic() - snap.last_answer_at, 1)
+        return {"backend": "azure_blob", "store": snap.store, "store_last_answer": snap.last_outcome,
+                "store_last_answer_seconds_ago": age}
+
+    def fleet(self) -> list[dict[str, Any]]:
+        """For `maintd fleet`: each event naming this VM still in the document, its VMs and their state as the
+        store last said, and who approved (or claimed) and when."""
+        return [{"event_id": v.event_id, "source": "store",
+                 "vms": [{"name": n, "state": s} for n, s in v.vms],
+                 "approval": None if v.approval is None else {
+                     "by": v.approval.by, "state": v.approval.state, "attempt": v.approval.attempt,
+                     "at": v.approval.at.isoformat() if v.approval.at else None},
+                 "store_error": v.error, "problems": list(v.problems)}
+                for v in self.exchange.snapshot.events]
+
+    def fleet_states(self, event_id: str, resources: Sequence[str], vm_name: str,
+                     warning_as_error: bool) -> dict[str, str]:
+        """The fleet gate's input on this backend (approver thread): this VM's health now, the others' as their
+        markers said in the last listing (the loop's published snapshot); no marker counts as unreachable."""
+        view = next((v for v in self.exchange.snapshot.events if v.event_id == event_id), None)
+        health = dict(view.health) if view is not None else {}
+        me = own_health(self.local_health(), event_id, warning_as_error)
+        return {n: me if n.casefold() == vm_name.casefold() else health.get(n, UNREACHABLE) for n in resources}
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self.exchange.wait_idle(timeout)
+
+    def stop(self) -> None:
+        self.exchange.stop()
+
