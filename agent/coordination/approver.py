@@ -22,7 +22,6 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from agent import logs
 from agent.clock import Clock
@@ -33,12 +32,11 @@ from agent.coordination.store.store_protocol import Step
 from agent.errors import ImdsError, StateError
 from agent.imds.imds_client import is_transient
 from agent.metrics import Metrics
+from agent.model.approval import APPROVAL_KEY, FAILED, SENDING, SENT, ApprovalRecord
 from agent.model.gate_specs import Gates
 from agent.model.timefmt import iso_z
 from agent.retry import retrying as retrying_on
 from agent.state.state_store import Store
-
-APPROVAL_KEY = "approval"
 
 
 @dataclass(frozen=True)
@@ -183,7 +181,7 @@ class Approver:
             if lapsed is not None:
                 raise RightLapsed(lapsed)
             if attempts == 0:
-                self._record(eid, {"status": "sending", "by": vm_name, "at": iso_z(self.clock.now()),
+                self._record(eid, {"status": SENDING, "by": vm_name, "at": iso_z(self.clock.now()),
                                    "reason": reason})
             attempts += 1
             self.approve_fn([eid])
@@ -194,23 +192,23 @@ class Approver:
             self.log.warning("approval.withheld", event_id=eid, reason=str(exc), attempts=attempts,
                              effect="not sent: the right to post lapsed; decided again after a fresh poll")
             if attempts:
-                self._record(eid, {"status": "failed", "by": vm_name, "error": f"withheld: {exc}",
+                self._record(eid, {"status": FAILED, "by": vm_name, "error": f"withheld: {exc}",
                                    "attempts": attempts, "at": iso_z(self.clock.now())}, "approval.withheld")
             return self.clock.monotonic()
         except ImdsError as exc:
-            self.metrics.approvals.labels("failed").inc()
+            self.metrics.approvals.labels(FAILED).inc()
             self.log.error("approval.failed", event_id=eid, error=str(exc), code=exc.code, attempts=attempts,
                            body=exc.body[:200] or None)
-            self._record(eid, {"status": "failed", "by": vm_name, "error": str(exc), "attempts": attempts,
+            self._record(eid, {"status": FAILED, "by": vm_name, "error": str(exc), "attempts": attempts,
                                "at": iso_z(self.clock.now())}, "approval.failed")
             return self.clock.monotonic()
-        self.metrics.approvals.labels("sent").inc()
+        self.metrics.approvals.labels(SENT).inc()
         self.log.info("approval.sent", event_id=eid, by=vm_name, reason=reason, attempts=attempts)
-        self._record(eid, {"status": "sent", "by": vm_name, "reason": reason, "attempts": attempts,
+        self._record(eid, {"status": SENT, "by": vm_name, "reason": reason, "attempts": attempts,
                            "at": iso_z(self.clock.now())}, "approval.sent")
         return None
 
-    def _record(self, event_id: str, value: dict[str, Any], journal: str | None = None) -> None:
+    def _record(self, event_id: str, value: ApprovalRecord, journal: str | None = None) -> None:
         try:
             self.store.record(event_id, APPROVAL_KEY, value, journal=journal)
         except StateError:  # kept in memory; a full disk never stops the approval, the loop's report says so once

@@ -28,7 +28,7 @@ from typing import Any
 from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
-from agent.coordination.approver import APPROVAL_KEY, Approver, Order
+from agent.coordination.approver import Approver, Order
 from agent.coordination.backend import Backend
 from agent.coordination.coordination_rules import Held, gate_recheck_delay
 from agent.coordination.coordination_settings import CoordinationConfig
@@ -37,12 +37,13 @@ from agent.coordination.peers.peer_backend import PeerBackend
 from agent.coordination.peers.peer_exchange import PeerExchange
 from agent.health.health_store import HealthStore
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
+from agent.model.approval import APPROVAL_KEY, MANUAL, MANUAL_APPROVAL_KEY, SENDING, SENT, has_status
 from agent.model.events import SCHEDULED
 from agent.model.gate_specs import NO_GATES, Gates
 from agent.model.identity import Identity
 from agent.model.tracker import Tracked
 from agent.state.state_store import Store
-from agent.windows.approval_policy import MANUAL, Decision, Profile, decide
+from agent.windows.approval_policy import Decision, Profile, decide
 
 CLAIMS = ("claim", "take_over")
 """The backend steps that let this VM approve (the store's: it claims first); any other step holds it."""
@@ -151,7 +152,7 @@ class Coordinator:
             mode, rule = profile.approval_for(t.event)
             state.mode, state.rule = mode, rule
             pending = local_pending(t)
-            manual = self.store.result(event_id, "manual_approval") is not None
+            manual = self.store.result(event_id, MANUAL_APPROVAL_KEY) is not None
             sent = self._sent(event_id)
             given = self.backend.inputs(event_id, t.event, vm_name, pending, mode, manual, sent, now)
             if given.leading:
@@ -209,12 +210,10 @@ class Coordinator:
         return None
 
     def _sent(self, event_id: str) -> bool:
-        rec = self.store.result(event_id, APPROVAL_KEY)
-        return rec is not None and rec.get("status") == "sent"
+        return has_status(self.store.result(event_id, APPROVAL_KEY), SENT)
 
     def _unconfirmed(self, event_id: str) -> bool:
-        rec = self.store.result(event_id, APPROVAL_KEY)
-        return rec is not None and rec.get("status") == "sending"
+        return has_status(self.store.result(event_id, APPROVAL_KEY), SENDING)
 
     def _retry_allowed(self, state: EventCoordination, now: float) -> bool:
         return state.failed_at is None or now - state.failed_at >= RETRY_FAILED_AFTER

@@ -39,9 +39,9 @@ from agent.model.outcomes import (
     SKIPPED,
 )
 from agent.model.timefmt import iso_z
-from agent.model.tracker import Tracked, Transition
+from agent.model.tracker import Tracked, Transition, phase_for
 from agent.prepare.run_records import RunKey, attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
-from agent.windows.approval_policy import Profile, phase_for
+from agent.windows.approval_policy import Profile
 
 DEADLINE_MARGIN = 5.0
 """Seconds kept free before NotBefore: a handler budget never reaches into them."""

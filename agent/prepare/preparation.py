@@ -76,7 +76,7 @@ class Preparation:
         for tr in transitions:
             eid = tr.event.event_id
             if tr.kind == APPEARED and _pending(tr.event.status, tr.names_self):
-                plan = self._replan(tr.event, "appeared")
+                plan = self._replan(tr.event, APPEARED)
                 if plan.due(self.clock.now()):
                     self._start(tr, plan, "due", held=False)
                 else:
@@ -84,7 +84,7 @@ class Preparation:
                         self._held[eid] = tr
                 continue
             if tr.kind == VANISHED or tr.event.status != SCHEDULED:
-                self._forget(eid, "vanished" if tr.kind == VANISHED else f"event is {tr.event.status}")
+                self._forget(eid, VANISHED if tr.kind == VANISHED else f"event is {tr.event.status}")
             self.forward(tr)
         self._export()
 
@@ -223,7 +223,7 @@ class Preparation:
     def _forget(self, event_id: str, why: str) -> None:
         with self._lock:
             held = self._held.pop(event_id, None)
-            if why == "vanished":
+            if why == VANISHED:
                 self._plans.pop(event_id, None)
         if held is not None:
             self.log.info("preparation.dropped", event_id=event_id, reason=why)

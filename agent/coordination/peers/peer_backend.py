@@ -27,9 +27,9 @@ from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peer_directory import SHOWN_PEERS
 from agent.coordination.peers.peer_exchange import Exchange, PeerExchange, peer_fleet
 from agent.health.health_store import HealthState, HealthStore
+from agent.model.approval import ALLOWING, AUTO, AWAITING_PREPARATION, MANUAL
 from agent.model.events import SCHEDULED, Event
 from agent.model.tracker import Tracked
-from agent.windows.approval_policy import ALLOWING, AUTO, AWAITING_PREPARATION, MANUAL
 
 
 @dataclass

@@ -33,8 +33,10 @@ from agent.coordination.store.store_protocol import (
 )
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import STORE_OPS, Metrics
-from agent.model.events import Event
+from agent.model.approval import IMMEDIATE
+from agent.model.events import SCHEDULED, Event
 from agent.model.tracker import Tracked
+from agent.windows.approval_policy import may_approve
 
 SOURCE = "coordination"
 CONNECTION_STRING_KEY = "coordination.azure_blob.connection_string_file"
@@ -113,15 +115,15 @@ class StoreBackend:
         for an event no longer Scheduled or already approved by this VM; lists only while this VM may claim (ready
         and allowed by its profile; `immediate` at once)."""
         resources = event.resources
-        if event.status != "Scheduled" or sent:
+        if event.status != SCHEDULED or sent:
             return Inputs([], [])
         why = unstorable(event_id, resources)
         if why is not None:
             return Inputs(list(resources), [], Step("wait", f"not coordinated through the store: {why}"))
-        may_approve = mode == "immediate" or (not pending and (mode == "auto" or (mode == "manual" and manual)))
         mark = (marker_state(pending), own_health(self.local_health(), event_id, self.warning_as_error()))
-        self.exchange.run(event_id, resources, vm_name, mark, may_approve, self.clock.monotonic())
-        waiting, step = self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != "immediate")
+        allowed = may_approve(mode, pending, manual)
+        self.exchange.run(event_id, resources, vm_name, mark, allowed, self.clock.monotonic())
+        waiting, step = self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != IMMEDIATE)
         return Inputs([n for n in waiting if n.casefold() != vm_name.casefold()], [], step)
 
     def end(self, events: set[str]) -> None:
