@@ -29,7 +29,7 @@ from agent.coordination.approval_gates import GateChecker
 from agent.coordination.backend import Backend
 from agent.coordination.coordination_rules import Held
 from agent.coordination.store.store_protocol import Step
-from agent.errors import ImdsError, StateError
+from agent.errors import ImdsError, kept_in_memory
 from agent.imds.imds_client import is_transient
 from agent.metrics import Metrics
 from agent.model.approval import APPROVAL_KEY, FAILED, SENDING, SENT, ApprovalRecord
@@ -209,7 +209,5 @@ class Approver:
         return None
 
     def _record(self, event_id: str, value: ApprovalRecord, journal: str | None = None) -> None:
-        try:
+        with kept_in_memory():  # a full disk never stops the approval
             self.store.record(event_id, APPROVAL_KEY, value, journal=journal)
-        except StateError:  # kept in memory; a full disk never stops the approval, the loop's report says so once
-            pass

@@ -22,7 +22,7 @@ from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.store.store_backend import StoreBackend
-from agent.errors import ConfigError, ImdsError, StateError
+from agent.errors import ConfigError, ImdsError, kept_in_memory
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate
 from agent.health.health_store import HealthState, HealthStore
@@ -304,10 +304,8 @@ class Parts:
         self.keeper.stop()
         self.rules.stop()
         self.coordinator.stop()
-        try:
+        with kept_in_memory():
             self.store.flush()
-        except StateError:  # the daemon's last report says so (state.write_failed)
-            pass
 
 
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:

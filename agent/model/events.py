@@ -50,6 +50,11 @@ MAX_DESCRIPTION = 4_096
 """Longest Description kept, its cut marker included."""
 
 
+def maintenance_property(event_id: str) -> str:
+    """The health report's Property for one event (the `health` handler's, which the fleet gate leaves out)."""
+    return f"maintenance/{event_id}"
+
+
 @dataclass(frozen=True)
 class Event:
     """One scheduled event as IMDS described it in the latest document."""

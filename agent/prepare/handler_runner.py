@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from agent import logs
-from agent.errors import StateError
+from agent.errors import kept_in_memory
 from agent.handlers.base import Context, Handler, Result, Services, Settings
 from agent.lanes import Lanes
 from agent.model.events import SCHEDULED, STARTED, Event, parse_event
@@ -278,10 +278,8 @@ class Runner:
             self.on_result(event.event_id, spec.name, phase, result)
 
     def _record(self, event_id: str, key: str, value: dict[str, Any], journal: str | None = None) -> None:
-        try:
+        with kept_in_memory():
             self.store.record(event_id, key, value, journal=journal)
-        except StateError:  # kept in memory; the loop's report says so once (state.write_failed) and retries
-            pass
 
     # --- readiness and lifecycle ----------------------------------------------------------
 

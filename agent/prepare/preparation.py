@@ -26,7 +26,7 @@ from agent.clock import Clock
 from agent.metrics import Metrics
 from agent.model.events import SCHEDULED, Event
 from agent.model.outcomes import PHASE_SCHEDULED
-from agent.model.timefmt import iso_z
+from agent.model.timefmt import iso_z, parse_iso
 from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
 from agent.prepare.prepare_plan import Plan, PrepareConfig, make_plan, with_coordination
 from agent.prepare.run_records import RunKey
@@ -193,8 +193,8 @@ class Preparation:
         if rec is None:
             return plan
         try:
-            planned = datetime.fromisoformat(rec["planned_at"])
-        except (KeyError, TypeError, ValueError):
+            planned = parse_iso(rec["planned_at"])
+        except (KeyError, TypeError, ValueError, AttributeError):  # a record of any shape: not started as planned
             return plan
         return dataclasses.replace(plan, prepare_at=planned, prepare_reason=str(rec.get("reason", "")),
                                    prepare_detail=str(rec.get("detail", "")),

@@ -17,15 +17,13 @@ from typing import Any
 from agent import logs
 from agent.clock import Clock
 from agent.coordination.backend import FleetStates, Inputs
-from agent.coordination.coordination_rules import OK, UNREACHABLE, peer_state
+from agent.coordination.coordination_rules import OK, UNHEALTHY, UNREACHABLE, peer_state
 from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.coordination.store.store_claim import StoreClaims
 from agent.coordination.store.store_exchange import FORGED, Store, StoreExchange
 from agent.coordination.store.store_protocol import (
-    HEALTHY,
     PREPARING,
     READY,
-    UNHEALTHY,
     Fetch,
     Step,
     post_deadline,
@@ -35,6 +33,7 @@ from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import STORE_OPS, Metrics
 from agent.model.approval import IMMEDIATE
 from agent.model.events import SCHEDULED, Event
+from agent.model.timefmt import iso_z_or_none
 from agent.model.tracker import Tracked
 from agent.windows.approval_policy import may_approve
 
@@ -49,7 +48,7 @@ def marker_state(pending: Sequence[str]) -> str:
 
 def own_health(local_health: dict[str, Any], event_id: str, warning_as_error: bool) -> str:
     """This VM's health as the fleet gate counts it (its own reports about the event left out)."""
-    return HEALTHY if peer_state(local_health, event_id, warning_as_error) == OK else UNHEALTHY
+    return OK if peer_state(local_health, event_id, warning_as_error) == OK else UNHEALTHY
 
 
 class StoreBackend:
@@ -194,7 +193,7 @@ class StoreBackend:
                  "vms": [{"name": n, "state": s} for n, s in v.vms],
                  "approval": None if v.approval is None else {
                      "by": v.approval.by, "state": v.approval.state, "attempt": v.approval.attempt,
-                     "at": v.approval.at.isoformat() if v.approval.at else None},
+                     "at": iso_z_or_none(v.approval.at)},
                  "store_error": v.error, "problems": list(v.problems)}
                 for v in self.exchange.snapshot.events]
 

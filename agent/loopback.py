@@ -1,0 +1,16 @@
+"""Whether a URL stays on this host: the one rule the IMDS client (no request gap towards an emulator) and
+the config (a poll interval under 0.2 s only towards one) share.
+
+The server's check of who a *client* is (`agent.http.http_connection.is_loopback`) is stricter on purpose:
+exactly 127.0.0.1 or ::1, since other 127.0.0.0/8 sources are how port forwarders reach it.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+
+def is_loopback_url(url: str) -> bool:
+    """The URL's host is `localhost`, 127.0.0.0/8 or ::1."""
+    host = urlsplit(url).hostname or ""
+    return host == "localhost" or host.startswith("127.") or host == "::1"
