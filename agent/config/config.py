@@ -12,13 +12,13 @@ import dataclasses
 import os
 from pathlib import Path
 
+from agent.addresses import is_loopback_url
 from agent.config.config_loading import parse_yaml, read_text
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.errors import ConfigError, ConfigValueError
 from agent.handlers.base import HandlerSpec
 from agent.handlers.registry import parse_handlers
 from agent.health.health_rules import RuleSpec, parse_rules
-from agent.loopback import is_loopback_url
 from agent.model.config_schema import (
     boolean,
     choice,
