@@ -33,9 +33,10 @@ from urllib.parse import unquote
 
 from agent import jsonsafe, logs
 from agent.addresses import parse_listen
+from agent.errors import HttpError
 from agent.http.http_connection import is_loopback
 from agent.http.http_loop import EventLoopServer
-from agent.http.http_wire import HttpError, Request, error_body, json_body, response
+from agent.http.http_wire import Request, error_body, json_body, response
 from agent.http.listeners import listen_tcp, listen_unix
 from agent.metrics import Metrics
 

@@ -41,7 +41,7 @@ import threading
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agent.clock import Clock
 from agent.errors import StateError
@@ -181,7 +181,7 @@ class Store:
     def event_records(self) -> dict[str, dict[str, Any]]:
         """Every stored event record, as copies."""
         with self._lock:
-            return json.loads(json.dumps(self._data["events"]))
+            return cast(dict[str, dict[str, Any]], json.loads(json.dumps(self._data["events"])))
 
     def apply(self, tracked: dict[str, Tracked], transitions: list[Transition]) -> None:
         """Store the tracker's new view and each transition (history, journal); written in the background."""
@@ -238,7 +238,7 @@ class Store:
     def results(self, event_id: str) -> dict[str, dict[str, Any]]:
         """Every recorded result of one event."""
         with self._lock:
-            return json.loads(json.dumps(self._data["results"].get(event_id, {})))
+            return cast(dict[str, dict[str, Any]], json.loads(json.dumps(self._data["results"].get(event_id, {}))))
 
     def records_under(self, key: str) -> dict[str, dict[str, Any]]:
         """Every event's result under `key` (a handler's note, say), by EventId, as copies."""
