@@ -43,6 +43,7 @@ from tests.model.common import (
     TIME_PASSES,
     UP,
     VMS,
+    WEDGE,
     Imds,
     ModelClock,
     age_of,
@@ -60,8 +61,10 @@ from tests.model.common import (
 )
 
 SENDING, SENT, FAILED = "sending", "sent", "failed"
-KINDS = (CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, RESTART, POST_ERROR)
-"""The faults of this model (an odd record is the store's)."""
+KINDS = (CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, RESTART, POST_ERROR, WEDGE)
+"""The faults of this model (an odd record is the store's). A wedge: the VM's server stops answering its peers
+for good (a poisoned request, a flood, a one-way partition) while its own loop, hooks and approver run on."""
+WEDGED = "wedged"
 
 
 class Known(NamedTuple):
@@ -90,6 +93,8 @@ class Vm(NamedTuple):
     failed_age: int | None = None
     seen: str = SCHEDULED
     """The event's status in this VM's last poll."""
+    wedged: bool = False
+    """Its server answers no peer (it runs on); a restart mends it."""
 
     def older(self) -> Vm:
         return _older(self)
@@ -266,11 +271,14 @@ class PeerModel:
             yield f"FAULT {name} crashes", _set(s, i, v._replace(run=DOWN, know=Vm().know, sending=None), f)
         if v.run == UP and (f := self._spend(s, RESTART)) is not None:
             yield f"FAULT {name} restarts", _set(s, i, _restarted(v, s.imds.status), f)
+        if v.run == UP and (f := self._spend(s, WEDGE)) is not None:
+            yield f"FAULT {name}'s server wedges: no answer to its peers from now on (it runs on)", \
+                _set(s, i, v._replace(wedged=True), f)
 
     def _round(self, s: State, i: int, v: Vm, lose: bool = True) -> Iterable[tuple[str, State]]:
         """One turn of this VM's loop (see `turn`); a lost message silences one of its asks."""
         lost_budget = self._spend(s, LOST_MESSAGE) if lose else None
-        world = tuple((w.run, w.prepared) for w in s.vms)
+        world = tuple((WEDGED if w.wedged and w.run == UP else w.run, w.prepared) for w in s.vms)
         for label, after, lost in turn(i, v, world, s.imds.status, lost_budget is not None):
             yield label, _set(s, i, after, lost_budget if lost else None)
 
