@@ -16,12 +16,14 @@ makes the leader ask sooner, and asks happen at any moment already), gates, addr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from types import SimpleNamespace
 from typing import NamedTuple
 
 from agent.coordination.coordination_rules import PeerState, failed_since, leads_soon, watch_chain
+from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import RETRY_FAILED_AFTER, Coordinator
 from agent.model.events import SCHEDULED
 from agent.windows.approval_policy import AUTO, decide
@@ -65,6 +67,11 @@ KINDS = (CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, RESTART, POST_ERROR, WEDGE)
 """The faults of this model (an odd record is the store's). A wedge: the VM's server stops answering its peers
 for good (a poisoned request, a flood, a one-way partition) while its own loop, hooks and approver run on."""
 WEDGED = "wedged"
+IGNORE = dataclasses.replace(SETTINGS, unreachable_peers="ignore", peer_timeout=TAKEOVER)
+"""The opt-out of S1: a peer silent for `peer_timeout` (here as long as takeover_after, so within the ages the
+model counts) is not waited for. S2 must hold under it too."""
+settings = SETTINGS
+"""The configuration the model's VMs run (the cached functions read it; `PeerModel` sets it and empties them)."""
 
 
 class Known(NamedTuple):
@@ -121,7 +128,7 @@ def _peers(vm: Vm) -> dict[str, PeerState]:
 def peer_inputs(i: int, vm: Vm) -> tuple[list[str], list[str]]:
     """(peers not ready, lower-ranked peers still present) as the real coordinator computes them."""
     peers = _peers(vm)
-    stand_in = SimpleNamespace(settings=SETTINGS, _silent=lambda *args: None,
+    stand_in = SimpleNamespace(settings=settings, _silent=lambda *args: None,
                                peers=SimpleNamespace(run=lambda *args: None, peers_now=lambda exchange: peers))
     tracked = SimpleNamespace(event=SimpleNamespace(resources=VMS, status=vm.seen))
     waiting, reachable, _ = Coordinator._peer_inputs(stand_in, EVENT_ID, SimpleNamespace(exchange=None),  # type: ignore[arg-type]
@@ -137,7 +144,7 @@ def withheld(i: int, know: tuple[Known | None, ...], seen: str, decided: int, st
     peers = {VMS[j]: k.real() for j, k in enumerate(know) if k is not None}
     coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset(),
                                   published={EVENT_ID: SimpleNamespace(exchange=None)}, store_backend=None,
-                                  settings=SETTINGS, clock=ModelClock(),
+                                  settings=settings, clock=ModelClock(),
                                   peers=SimpleNamespace(peers_now=lambda exchange: peers))
     return lapsed(order(VMS[i], AUTO, decided), started, SETTINGS.approval_retry_for,
                   lambda o: Coordinator.still_right(coordinator, o))  # type: ignore[arg-type]
@@ -202,12 +209,18 @@ def decision(i: int, v: Vm) -> tuple[str, Vm]:
 
 
 class PeerModel:
-    """Three VMs of the peer backend, one event naming them all, approval `auto`, the default configuration."""
+    """Three VMs of the peer backend, one event naming them all, approval `auto`, the default configuration (or
+    `config`). Build and explore one at a time: the configuration and the caches are the module's."""
 
     name = "peers"
 
-    def __init__(self, max_faults: int = MAX_FAULTS, kinds: tuple[str, ...] = KINDS) -> None:
+    def __init__(self, max_faults: int = MAX_FAULTS, kinds: tuple[str, ...] = KINDS,
+                 config: CoordinationConfig = SETTINGS) -> None:
+        global settings
         self.max_faults, self.kinds = max_faults, kinds
+        settings = config
+        if config.unreachable_peers == "ignore":
+            self.name = "peers_ignore"
         for cached in (peer_inputs, withheld, ask_targets, turn, _older):
             cached.cache_clear()  # they remember what the real functions said: ask them afresh
 
@@ -215,6 +228,8 @@ class PeerModel:
         yield State((Vm(),) * len(VMS), Imds(), ())
 
     def properties(self) -> Mapping[str, Callable[[State], str | None]]:
+        if settings.unreachable_peers == "ignore":  # S1 is what `ignore` gives up, knowingly; S2 it does not
+            return {"S2": lambda s: s2(s.imds)}
         return {"S1": lambda s: s1(s.imds), "S2": lambda s: s2(s.imds)}
 
     def elapsed(self, label: str) -> float:
