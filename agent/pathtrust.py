@@ -16,12 +16,12 @@ walking its target the same way, so every directory that could redirect the path
   next component (its owner, its mode) decides. sshd refuses `/tmp` outright; maintd's tests, its demo
   and a `mktemp -d` tree live under it.
 
-A path that does not exist yet is judged by the directories above it that do. A directory this user may
-not look into ends the walk without a verdict: a user's `maintd status` reads the config too, and root,
-who runs maintd, sees every component. A name still missing in a
+A path that does not exist yet is judged by the directories above it that do. A name still missing in a
 sticky directory could be created by anyone first: each use checks again (a hook before every run, and
 `maintd run` creates a missing state dir itself, exclusively, before checking it), so what another user
-made is refused by its owner.
+made is refused by its owner. A directory this user may not look into ends the walk without a verdict:
+a user's `maintd status` reads the config too, and root, who runs maintd, sees every component. `..` is
+taken where the kernel takes it: after the link before it is followed.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def first_problem(path: str | os.PathLike[str], uids: frozenset[int] | None = No
     """The first component of `path` that someone other than root or maintd's user could change, and the fix;
     None when there is none."""
     uids = trusted_uids() if uids is None else uids
-    todo = [p for p in reversed(os.path.abspath(path).split("/")) if p]
+    absolute = os.path.join(os.getcwd(), path)  # not normpath: `link/..` must go where the kernel goes
+    todo = [p for p in reversed(absolute.split("/")) if p]
     current, links = "/", 0
     problem = component_problem("/", os.lstat("/"), uids, last=not todo)
     while todo and problem is None:

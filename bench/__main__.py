@@ -9,7 +9,9 @@ import time
 
 from bench.common import write_summary
 
-ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "fleet", "silence", "model")
+ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "probe_flood", "server_cost",
+       "fleet", "silence", "cli_watch", "model",
+       "store_chaos")
 
 MODULES = {"model": "model_check"}
 """Benchmarks whose module is not named after them."""

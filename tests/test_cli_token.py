@@ -21,11 +21,11 @@ TOKEN = "operator-s3cret"
 
 STRANGER = textwrap.dedent("""
     import os, socket, sys
+    os.setgid(65534)
+    os.setuid(65534)  # the listener is made by nobody, as a local user's would be
     if sys.argv[1].isdigit():
         listener = socket.create_server(("127.0.0.1", int(sys.argv[1])))
-    os.setgid(65534)
-    os.setuid(65534)
-    if not sys.argv[1].isdigit():  # a unix socket, bound and listened on as nobody
+    else:
         listener = socket.socket(socket.AF_UNIX)
         listener.bind(sys.argv[1])
         listener.listen()

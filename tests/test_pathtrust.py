@@ -102,6 +102,10 @@ def test_a_symlink_is_judged_through_every_directory_it_passes(tmp_path):
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "maintd.yaml").symlink_to(unsafe / "real.yaml")
     assert f"{unsafe} is writable by group" in (first_problem(tmp_path / "etc" / "maintd.yaml") or "")
+    (tmp_path / "etc" / "to-unsafe").symlink_to(unsafe / "sub")
+    (unsafe / "sub").mkdir()
+    assert f"{unsafe} is writable by group" in (first_problem(tmp_path / "etc" / "to-unsafe" / ".." / "real.yaml")
+                                                or "")  # `..` after the link: where the kernel goes
     (tmp_path / "etc" / "a").symlink_to("b")
     (tmp_path / "etc" / "b").symlink_to("a")
     assert "symbolic links" in (first_problem(tmp_path / "etc" / "a") or "")

@@ -10,8 +10,8 @@ import pytest
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock
 from agent.coordination.coordination_settings import AzureBlobConfig
-from agent.coordination.store_backend import StoreBackend
-from agent.coordination.store_protocol import CLAIMED, READY, Step, StoreError, approval_blob, approval_record
+from agent.coordination.store.store_backend import StoreBackend
+from agent.coordination.store.store_protocol import CLAIMED, READY, Step, StoreError, approval_blob, approval_record
 from agent.health.health_store import HealthStore
 from agent.metrics import Metrics
 from tests.azurite import azurite  # noqa: F401 - the fixture
@@ -155,8 +155,8 @@ def test_against_azurite_a_claim_taken_over_with_the_listings_etag_is_no_longer_
     """Against a real store: the claimer's check holds while the record is its own (a put's quoted ETag and the
     listing's bare one are the same version), and says why not once another VM took it over with If-Match on the
     ETag its listing showed."""
-    from agent.coordination.store_claim import StoreClaims
-    from agent.coordination.store_protocol import event_folder, parse_listing
+    from agent.coordination.store.store_claim import StoreClaims
+    from agent.coordination.store.store_protocol import event_folder, parse_listing
     from tests.test_blob_store import open_store
 
     store = open_store(azurite)

@@ -5,7 +5,7 @@ marker say unhealthy, so the fleet gate holds on every VM."""
 from __future__ import annotations
 
 from agent.clock import FakeClock
-from agent.coordination.store_protocol import PREPARING, READY, marker_blob, marker_record
+from agent.coordination.store.store_protocol import PREPARING, READY, marker_blob, marker_record
 from agent.health.health_store import HealthState
 from agent.windows.approval_policy import Profile
 from tests.test_store_coordinator import EVENT, ME, OTHER, setup, ticks, tracked

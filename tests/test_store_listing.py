@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock
-from agent.coordination.blob_store import BlobStore, Settings
-from agent.coordination.store_protocol import READY, Item, StoreError, event_folder
+from agent.coordination.store.blob_store import BlobStore, Settings
+from agent.coordination.store.store_protocol import READY, Item, StoreError, event_folder
 from tests.azurite import ACCOUNT, KEY
 from tests.test_store_exchange import EVENT, MemoryStore, Rig
 from tests.test_store_shapes import ITEM, VMS

@@ -21,7 +21,7 @@ from agent.clock import Clock, Waitable
 from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.store_backend import StoreBackend
+from agent.coordination.store.store_backend import StoreBackend
 from agent.errors import ConfigError, ImdsError, StateError
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate

@@ -25,9 +25,9 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 from agent.coordination.coordinator import CLAIMS, RETRY_FAILED_AFTER, Coordinator
-from agent.coordination.store_backend import StoreBackend
-from agent.coordination.store_claim import Claim, StoreClaims
-from agent.coordination.store_protocol import (
+from agent.coordination.store.store_backend import StoreBackend
+from agent.coordination.store.store_claim import Claim, StoreClaims
+from agent.coordination.store.store_protocol import (
     APPROVED,
     CLAIMED,
     PREPARING,

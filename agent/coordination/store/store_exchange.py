@@ -29,7 +29,7 @@ from typing import Protocol
 
 from agent import logs
 from agent.clock import Clock
-from agent.coordination.store_protocol import (
+from agent.coordination.store.store_protocol import (
     APPROVED,
     Approval,
     Item,

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from agent.coordination.store_exchange import OTHER, Result, Store, StoreExchange, internal_error
-from agent.coordination.store_protocol import (
+from agent.coordination.store.store_exchange import OTHER, Result, Store, StoreExchange, internal_error
+from agent.coordination.store.store_protocol import (
     APPROVED,
     CLAIMED,
     RELEASED,
