@@ -28,6 +28,7 @@ from tests.store_chaos import (
     big_listing,
     latency,
     lost_answers,
+    no_fault,
     odd_record,
     paused_claimer,
     paused_preparing,
@@ -42,6 +43,7 @@ Scenario = tuple[tuple[float, ...], Callable[[Fleet], Outcome]]
 
 def scenarios(quick: bool) -> list[Scenario]:
     found: list[Scenario] = [
+        (THREE, no_fault),
         (THREE, lost_answers),
         (THREE, throttled),
         (THREE, lambda f: latency(f, 0.5)),

@@ -139,6 +139,16 @@ def settle(fleet: Fleet, limit: float, after: float = 2 * TAKEOVER) -> None:
 
 # --- the scenarios --------------------------------------------------------------------------------
 
+def no_fault(fleet: Fleet, limit: float = 45.0) -> Outcome:
+    """No fault at all: the baseline, and what a VM costs when nothing goes wrong (its store requests over
+    the event and 2 x takeover_after after it, and `store.marker_forged` lines about its own marker)."""
+    fleet.emu.add_event(event_type="Reboot", resources=fleet.vms, notice=300)
+    settle(fleet, limit)
+    per_vm = [len(p.requests()) for p in fleet.proxies.values()]
+    forged = sum(len(a.events("store.marker_forged")) for a in fleet.agents.values())
+    return outcome(fleet, "none", requests_per_vm_max=max(per_vm), marker_forged_lines=forged)
+
+
 def lost_answers(fleet: Fleet, limit: float = 45.0) -> Outcome:
     """The first answer to each VM's marker write, listing, claim and outcome record is lost after the write
     landed (the connection is reset): the SDK retries, the claim's retry finds the VM's own record."""
