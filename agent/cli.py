@@ -14,7 +14,7 @@ from typing import Any
 from agent import __version__
 from agent.config import config as config_mod
 from agent.coordination.coordination_settings import CoordinationConfig
-from agent.coordination.peers_file import PeersFile
+from agent.coordination.peers.peers_file import PeersFile
 from agent.errors import ConfigError
 
 EX_CONFIG = 78

@@ -177,7 +177,12 @@ def _send(target: _Target, method: str, path: str, body: Any) -> _Answer:
                 return _Answer(answer.status, answer.read().decode("utf-8", "replace"))
             finally:
                 conn.close()
-    return _tcp(target, method, path, data, headers, fallback)
+    try:
+        return _tcp(target, method, path, data, headers, fallback)
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        if fallback:
+            exc.add_note(fallback)  # why the unix socket was passed over, for the message
+        raise
 
 
 _DONE = {"/v1/drain": "drained", "/v1/undrain": "undrained", "/approve": "manual_approval"}
@@ -196,8 +201,9 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
                          "unix socket; --url sends the token to the address you name)") from None
     except (OSError, ValueError, http.client.HTTPException) as exc:
         where = " or ".join(filter(None, (target.unix_socket, target.url + path)))
+        why = "".join(f"\nmaintd: {note}" for note in getattr(exc, "__notes__", ()))
         raise SystemExit(f"maintd: cannot reach the daemon at {where} ({type(exc).__name__}); is it running? "
-                         "(systemctl status maintd; or pass --url)") from None
+                         f"(systemctl status maintd; or pass --url){why}") from None
     try:
         answer = json.loads(sent.text)
     except ValueError:

@@ -19,7 +19,7 @@ from agent.model.outcomes import OUTCOMES
 EVENT_TYPES = (*KNOWN_TYPES, "Other")
 IMDS_ENDPOINTS = ("scheduledevents", "compute", "approve", "identity")
 STORE_OPS = ("put", "list", "create", "replace", "read")
-"""Requests to the coordination store (backend azure_blob): see agent.coordination.blob_store."""
+"""Requests to the coordination store (backend azure_blob): see agent.coordination.store.blob_store."""
 APPROVAL_OUTCOMES = ("sent", "failed", "skipped")
 PEER_OUTCOMES = ("ready", "not_ready", "unreachable", "invalid", "pushed", "push_failed")
 GATE_NAMES = ("fleet", "prometheus")
@@ -120,8 +120,16 @@ class Metrics:
                                     "Connections the HTTP server closed to stay available (per_client: over "
                                     "server.max_connections_per_client; evicted: room made when full; memory: the "
                                     "largest input buffer when all connections' buffers together reached their budget; "
-                                    "request_timeout: no whole request within server.read_timeout)",
+                                    "request_timeout: no whole request within server.read_timeout; "
+                                    "internal_error: a bug while serving it, answered 500 and logged as "
+                                    "http.internal_error)",
                                     ["reason"], registry=r)
+        self.silences = Gauge("maintd_silences",
+                              "Alertmanager silences an alertmanager handler keeps now (one per event and replica, "
+                              "pending or active)", ["handler"], registry=r)
+        self.silence_failures = Counter("maintd_silence_failures_total",
+                                        "Requests to make, extend or expire an Alertmanager silence that failed "
+                                        "(after retries, per replica)", ["handler"], registry=r)
         self._initialise()
 
     def _initialise(self) -> None:
@@ -138,7 +146,7 @@ class Metrics:
             self.event_notice.labels(event_type)  # a rate() needs the zero before the first observation
         for outcome in ("ok", "failed"):
             self.config_reloads.labels(outcome)
-        for reason in ("per_client", "evicted", "memory", "request_timeout"):
+        for reason in ("per_client", "evicted", "memory", "request_timeout", "internal_error"):
             self.http_dropped.labels(reason)
         self.in_rotation.set(1)
 

@@ -19,7 +19,9 @@ walking its target the same way, so every directory that could redirect the path
 A path that does not exist yet is judged by the directories above it that do. A name still missing in a
 sticky directory could be created by anyone first: each use checks again (a hook before every run, and
 `maintd run` creates a missing state dir itself, exclusively, before checking it), so what another user
-made is refused by its owner.
+made is refused by its owner. A directory this user may not look into ends the walk without a verdict:
+a user's `maintd status` reads the config too, and root, who runs maintd, sees every component. `..` is
+taken where the kernel takes it: after the link before it is followed.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def first_problem(path: str | os.PathLike[str], uids: frozenset[int] | None = No
     """The first component of `path` that someone other than root or maintd's user could change, and the fix;
     None when there is none."""
     uids = trusted_uids() if uids is None else uids
-    todo = [p for p in reversed(os.path.abspath(path).split("/")) if p]
+    absolute = os.path.join(os.getcwd(), path)  # not normpath: `link/..` must go where the kernel goes
+    todo = [p for p in reversed(absolute.split("/")) if p]
     current, links = "/", 0
     problem = component_problem("/", os.lstat("/"), uids, last=not todo)
     while todo and problem is None:
@@ -79,7 +82,7 @@ def first_problem(path: str | os.PathLike[str], uids: frozenset[int] | None = No
         candidate = os.path.join(current, name)
         try:
             st = os.lstat(candidate)
-        except FileNotFoundError:
+        except (FileNotFoundError, PermissionError):  # missing: checked again when used; hidden: not ours to judge
             return None
         except OSError as exc:
             return f"{candidate} cannot be checked: {exc.strerror or exc}"

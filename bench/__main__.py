@@ -9,7 +9,12 @@ import time
 
 from bench.common import write_summary
 
-ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "fleet", "store_chaos")
+ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "probe_flood", "server_cost",
+       "fleet", "silence", "cli_watch", "model",
+       "store_chaos")
+
+MODULES = {"model": "model_check"}
+"""Benchmarks whose module is not named after them."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.names or ALL:
         print(f"== {name}", flush=True)
         t0 = time.monotonic()
-        module = "fleet_store" if name == "fleet" and args.backend == "azure_blob" else name
+        module = "fleet_store" if name == "fleet" and args.backend == "azure_blob" else MODULES.get(name, name)
         importlib.import_module(f"bench.{module}").run(quick=args.quick)
         print(f"   ({time.monotonic() - t0:.0f}s)", flush=True)
     print(f"summary: {write_summary(args.quick)}")

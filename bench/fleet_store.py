@@ -13,22 +13,25 @@ simulated VM is ready, so B's own list finds all N markers and B claims: last re
 VMs. A waits through the whole spread, so its store requests are the background rate of a
 waiting VM; A's poll gaps come from the emulator's record, its RSS from /proc (the SDK loaded).
 
-`python -m bench fleet --backend azure_blob` runs N = 10, 30, 50 and 1000 simulated.
+`python -m bench fleet --backend azure_blob` runs N = 10, 30, 50 and 1000 simulated;
+`python -m bench.fleet_store --help` picks sizes.
 """
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import random
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import cpu_seconds, summary, write
-from bench.fleet import (
+from bench.common import cpu_seconds, summary, write, write_summary
+from bench.fleet_agents import (
     GO_HOOK,
     HOOK,
     Sampler,
@@ -39,6 +42,7 @@ from bench.fleet import (
     not_done,
     post_time,
     rounded,
+    size_arguments,
     start_agents,
     stop_all,
 )
@@ -134,7 +138,7 @@ class StandinMarkers:
     """The simulated VMs' marker writes, as their agents would make them, from 16 threads of this process."""
 
     def __init__(self, server: Azurite, container: str) -> None:
-        from agent.coordination.blob_store import BlobStore, Settings
+        from agent.coordination.store.blob_store import BlobStore, Settings
 
         self.ops = 0
         self.lock = threading.Lock()
@@ -149,7 +153,7 @@ class StandinMarkers:
     def mark(self, event_id: str, vm: str, state: str) -> None:
         """The marker write (a real VM lists after it too: not replayed here, it would measure this process's
         XML parsing of 1000-blob listings rather than the agents; the fleet's lists are estimated from A's)."""
-        from agent.coordination.store_protocol import marker_blob, marker_record
+        from agent.coordination.store.store_protocol import marker_blob, marker_record
 
         self.store.put(marker_blob(event_id, vm), marker_record(event_id, vm, state))
 
@@ -295,3 +299,16 @@ def run(quick: bool = False, sizes: list[int] | None = None, simulated: int | No
         finally:
             server.stop()
     return write("fleet_store", figures, checks, quick)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.fleet_store", description=__doc__.split("\n")[0])
+    size_arguments(p)
+    args = p.parse_args(argv)
+    run(args.quick, args.n, args.simulated, args.events)
+    print(f"summary: {write_summary(args.quick)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

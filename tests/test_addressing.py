@@ -7,7 +7,7 @@ import os
 import pytest
 
 from agent.config.config import ConfigError, loads
-from agent.coordination.peer_addressing import (
+from agent.coordination.peers.peer_addressing import (
     base36,
     event_url,
     folded,
@@ -16,7 +16,7 @@ from agent.coordination.peer_addressing import (
     resolve,
     template_fields,
 )
-from agent.coordination.peers_file import PeersFile
+from agent.coordination.peers.peers_file import PeersFile
 from agent.model.identity import Identity, identity_from_compute
 from tests.imds_server import wait_for
 
@@ -121,7 +121,7 @@ def test_a_computer_name_not_of_the_scale_set_shape_derives_no_peer_names(comput
 def test_an_unusable_computer_name_is_logged_once_when_the_identity_is_learned(logs):
     """The operator is told once why scale-set peers are not derived, not on every ask."""
     from agent.coordination.coordination_settings import CoordinationConfig
-    from agent.coordination.peer_directory import PeerDirectory
+    from agent.coordination.peers.peer_directory import PeerDirectory
 
     directory = PeerDirectory(lambda: CoordinationConfig(), None)
     me = Identity("web_3", "10.0.0.000003", "web")
@@ -136,7 +136,7 @@ def test_an_unusable_computer_name_is_logged_once_when_the_identity_is_learned(l
 def test_a_fifo_as_peers_file_is_refused_at_once_and_the_last_good_map_kept(tmp_path, logs):
     """A FIFO (or any non-regular file) never hangs the watcher: refused with a clear line, the last good map kept."""
     from agent.coordination.coordination_settings import CoordinationConfig
-    from agent.coordination.peer_directory import PeerDirectory
+    from agent.coordination.peers.peer_directory import PeerDirectory
 
     path = tmp_path / "peers.yaml"
     path.write_text("web_1: http://10.0.0.4:8088\n")

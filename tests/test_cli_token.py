@@ -21,11 +21,11 @@ TOKEN = "operator-s3cret"
 
 STRANGER = textwrap.dedent("""
     import os, socket, sys
+    os.setgid(65534)
+    os.setuid(65534)  # the listener is made by nobody, as a local user's would be
     if sys.argv[1].isdigit():
         listener = socket.create_server(("127.0.0.1", int(sys.argv[1])))
-    os.setgid(65534)
-    os.setuid(65534)
-    if not sys.argv[1].isdigit():  # a unix socket, bound and listened on as nobody
+    else:
         listener = socket.socket(socket.AF_UNIX)
         listener.bind(sys.argv[1])
         listener.listen()
@@ -112,3 +112,12 @@ def test_a_200_that_does_not_say_the_change_was_made_is_not_reported_as_made(wri
         assert [c.headers.get("authorization") for c in fake.calls] == [f"Bearer {TOKEN}"] * 2  # --url: as asked
     finally:
         fake.close()
+
+
+def test_when_neither_the_socket_nor_tcp_answers_the_cli_says_why_the_socket_failed(write_config, tmp_path):
+    """maintd is down: the message says the daemon is unreachable and why the unix socket could not be used."""
+    cfg = _config(write_config, tmp_path, f"127.0.0.1:{free_port()}")
+    done = maintd("status", "--config", cfg)
+    assert done.returncode == 1 and "is it running?" in done.stderr
+    assert f"could not use the unix socket {tmp_path / 'gone' / 'maintd.sock'} (No such file or directory)" \
+        in done.stderr, done.stderr

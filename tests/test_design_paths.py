@@ -37,7 +37,8 @@ def missing_paths(text: str, existing: set[str]) -> list[str]:
                 where = [f"agent/{wing}/{name}"] if wing and line.startswith("| `") else []
                 ok = any(w in existing for w in where) if where else name in basenames
             else:
-                ok = any(base + name in existing for base in ("", "agent/", "docs/", "tests/"))
+                bases = ("", "agent/", "docs/", "tests/") + ((f"agent/{wing}/",) if wing else ())
+                ok = any(base + name in existing for base in bases)
             if not ok:
                 missing.append(f"DESIGN.md:{number}: `{name}`")
     return missing

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from agent.clock import FakeClock
 from agent.config.config import load, loads
-from agent.coordination.peer_client import PeerClient
+from agent.coordination.peers.peer_client import PeerClient
 from agent.errors import ConfigError
 from agent.health.health_store import HealthState
 from agent.loop.daemon import Daemon

@@ -8,7 +8,7 @@ import responses
 
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.peer_client import INVALID
+from agent.coordination.peers.peer_client import INVALID
 from agent.health.health_store import HealthStore
 from agent.metrics import Metrics
 from agent.state.state_store import Store

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.coordination.coordination_rules import PeerState
-from agent.coordination.peer_exchange import peer_fleet
+from agent.coordination.peers.peer_exchange import peer_fleet
 
 
 def test_peers_that_answered_ready_not_ready_or_never_are_ready_preparing_and_not_seen() -> None:

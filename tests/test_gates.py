@@ -16,7 +16,7 @@ from agent.coordination.coordination_rules import (
 )
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.peer_client import PeerClient
+from agent.coordination.peers.peer_client import PeerClient
 from agent.errors import ConfigError
 from agent.metrics import Metrics
 from agent.model.gate_specs import FleetGate, Gates, PrometheusGate

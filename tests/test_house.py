@@ -15,15 +15,21 @@ from functools import cache
 from pathlib import Path
 
 AGENT = Path(__file__).resolve().parent.parent / "agent"
+BENCH = AGENT.parent / "bench"
 WINGS = sorted(p.parent.name for p in AGENT.glob("*/__init__.py"))
-PURE = ("agent.model", "agent.windows", "agent.coordination.coordination_rules", "agent.coordination.peer_addressing",
-        "agent.coordination.coordination_settings", "agent.prepare.prepare_plan", "agent.prepare.run_records",
+PURE = ("agent.model", "agent.windows", "agent.coordination.coordination_rules",
+        "agent.coordination.peers.peer_addressing", "agent.coordination.coordination_settings",
+        "agent.prepare.prepare_plan", "agent.prepare.run_records",
         "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.jsonsafe",
-        "agent.coordination.store_protocol", "agent.clitext", "agent.cliviews")
+        "agent.coordination.store.store_protocol", "agent.clitext", "agent.cliviews", "agent.handlers.silences")
 """Modules (or whole wings) that decide and compute only: time is a parameter, nothing is read or sent."""
 IO = ("requests", "urllib3", "http.client", "http.server", "socket", "selectors", "subprocess", "os", "pathlib",
       "shutil", "tempfile", "io", "threading", "concurrent", "signal", "azure")
 """Imports that mean a module reads or writes files, talks on the network, runs programs or starts threads."""
+SUBS = sorted(".".join(p.parent.relative_to(AGENT.parent).parts) for p in AGENT.glob("*/*/__init__.py"))
+"""Sub-packages inside a wing (the coordination wing's backends, `peers` and `store`): each says what it
+may import in its own `__init__` docstring, in rooms: the wing's own modules (`agent.coordination`), a
+sibling sub-package, another wing, the base."""
 MAX_MODULE_LINES = 420
 MAX_CLASS_LINES = 270
 
@@ -52,8 +58,8 @@ imports inside functions too)."""
     return {m for m in found if m in modules and m != name}
 
 
-def graph() -> dict[str, set[str]]:
-    files = {module_name(p): p for p in AGENT.rglob("*.py")}
+def graph(root: Path = AGENT) -> dict[str, set[str]]:
+    files = {module_name(p): p for p in root.rglob("*.py")}
     names = set(files)
     return {name: imports(path, names) & names for name, path in files.items()}
 
@@ -113,13 +119,29 @@ def wing_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
     return out
 
 
+def may_import(package: Path) -> str:
+    """The "May import:" rule of a package's `__init__` docstring."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
+    rule = doc.partition("May import:")[2]
+    assert rule, f"{package.relative_to(AGENT.parent)}/__init__.py says what it may import (a 'May import:' line)"
+    return rule
+
+
 def allowed(wing_name: str) -> set[str]:
     """What a wing's `__init__` docstring says it may import: `agent.<wing>`s named, `the base`, `every wing`."""
-    doc = ast.get_docstring(ast.parse((AGENT / wing_name / "__init__.py").read_text(encoding="utf-8"))) or ""
-    rule = doc.partition("May import:")[2]
-    assert rule, f"agent/{wing_name}/__init__.py says what it may import (a 'May import:' line)"
+    rule = may_import(AGENT / wing_name)
     names = set(WINGS) if "every wing" in rule else set(re.findall(r"`agent\.(\w+)`", rule)) & set(WINGS)
     return names | ({"base"} if "the base" in rule or "every wing" in rule else set())
+
+
+def room(module: str) -> str:
+    """Where a module lives for a sub-package's rule: its sub-package (`agent.coordination.store`), else its
+wing (`agent.coordination`, the wing's own modules), else `the base` (or the face)."""
+    for sub in SUBS:
+        if module == sub or module.startswith(sub + "."):
+            return sub
+    w = wing(module)
+    return f"agent.{w}" if w in WINGS else "the base"
 
 
 def is_base(node: str) -> bool:
@@ -157,6 +179,14 @@ def test_no_import_circle_inside_agent():
     assert circles(graph()) == [], "modules that import each other (directly or round a loop)"
 
 
+def test_no_import_circle_inside_bench():
+    """The benchmarks stand on shared helpers (`bench.common`, `bench.fleet_agents`), never on each other
+round a circle (imports inside functions count): one benchmark can be run, read and changed alone."""
+    edges = graph(BENCH)
+    assert "bench.fleet_agents" in edges["bench.fleet_store"]
+    assert circles(edges) == []
+
+
 def test_no_import_circle_between_wings():
     """Two wings that import each other (even through a third) cannot be understood or tested apart."""
     assert circles(wing_graph(graph())) == []
@@ -172,6 +202,26 @@ def test_each_wing_imports_only_what_its_init_says():
         if bad:
             offenders[w] = bad
     assert offenders == {}
+
+
+def test_each_sub_package_imports_only_what_its_init_says():
+    """The coordination wing's backends stand on its shared rooms and never on each other: the peers
+backend can be read, changed and tested without the store's, and the other way round."""
+    assert {"agent.coordination.peers", "agent.coordination.store"} <= set(SUBS)
+    offenders = {}
+    for sub in SUBS:
+        rule = may_import(AGENT.parent / sub.replace(".", "/"))
+        ok = set(re.findall(r"`(agent(?:\.\w+)+)`", rule)) | ({"the base"} if "the base" in rule else set())
+        for module, targets in graph().items():
+            if room(module) == sub and (bad := sorted(t for t in targets if room(t) not in ok | {sub})):
+                offenders[module] = bad
+    assert offenders == {}
+
+
+def test_the_room_of_a_module():
+    assert [room(m) for m in ("agent.coordination.store.blob_store", "agent.coordination.coordinator",
+                              "agent.health.health_store", "agent.clock")] == [
+        "agent.coordination.store", "agent.coordination", "agent.health", "the base"]
 
 
 def test_the_base_imports_no_wing_but_the_model():

@@ -40,7 +40,7 @@ def test_transient_statuses():
 def test_the_stores_clock_survives_a_malformed_date_header():
     """A Date the store's answer carries that is no date (a proxy's, a fault's): the local clock, no ValueError."""
     pytest.importorskip("azure.storage.blob")
-    from agent.coordination.blob_store import _server_time
+    from agent.coordination.store.blob_store import _server_time
 
     assert _server_time({"Date": "not a date"}, NOW) == NOW
     assert _server_time({"Date": "Thu, 01 Jan 2026 00:00:30 GMT"}, NOW) == datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)

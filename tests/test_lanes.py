@@ -73,7 +73,7 @@ def test_a_peer_ask_that_raises_is_asked_again_not_stuck_in_flight(clock) -> Non
     """The peer lane's user puts its state back: an ask that raised leaves the peer askable at the next liveness
     interval, and the error is counted (today: the peer stays `in_flight` and is never asked again)."""
     from agent.coordination.coordination_settings import CoordinationConfig
-    from agent.coordination.peer_exchange import Exchange, PeerExchange
+    from agent.coordination.peers.peer_exchange import Exchange, PeerExchange
     from agent.metrics import Metrics
 
     metrics = Metrics()

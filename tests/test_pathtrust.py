@@ -5,6 +5,7 @@ component is named with its fix. Each test builds its own tree under tmp_path, w
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -101,6 +102,10 @@ def test_a_symlink_is_judged_through_every_directory_it_passes(tmp_path):
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "maintd.yaml").symlink_to(unsafe / "real.yaml")
     assert f"{unsafe} is writable by group" in (first_problem(tmp_path / "etc" / "maintd.yaml") or "")
+    (tmp_path / "etc" / "to-unsafe").symlink_to(unsafe / "sub")
+    (unsafe / "sub").mkdir()
+    assert f"{unsafe} is writable by group" in (first_problem(tmp_path / "etc" / "to-unsafe" / ".." / "real.yaml")
+                                                or "")  # `..` after the link: where the kernel goes
     (tmp_path / "etc" / "a").symlink_to("b")
     (tmp_path / "etc" / "b").symlink_to("a")
     assert "symbolic links" in (first_problem(tmp_path / "etc" / "a") or "")
@@ -148,3 +153,18 @@ def test_maintd_run_creates_a_missing_state_dir_itself(tmp_path):
     check_dir(shared / "state", create=True)
     st = (shared / "state").stat()
     assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o755
+
+
+@root_only
+def test_a_user_who_cannot_look_into_a_directory_gets_no_verdict_root_does(tmp_path):
+    """A hook under a directory only root may enter: another user's walk (their `maintd status` reads the config)
+    stops there without refusing; root's walk, the daemon's, goes on to the end."""
+    private = tmp_path / "private"
+    hook = _hook(private / "hooks")
+    private.chmod(0o700)
+    script = (f"import os; os.setuid({NOBODY}); from agent.pathtrust import first_problem; "
+              f"print(first_problem({str(hook)!r}))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=os.getcwd(), timeout=60)
+    assert out.stdout.strip() == "None", out.stderr
+    (private / "hooks").chmod(0o777)
+    assert "chmod go-w" in (first_problem(hook) or "")

@@ -15,7 +15,7 @@ import responses
 from agent.clock import FakeClock
 from agent.config.config import loads
 from agent.coordination.approval_gates import GateChecker
-from agent.coordination.peer_client import INVALID, NOT_READY, READY, UNREACHABLE, PeerClient, readiness
+from agent.coordination.peers.peer_client import INVALID, NOT_READY, READY, UNREACHABLE, PeerClient, readiness
 from agent.errors import AnswerTooLarge, ExchangeTimeout
 from agent.handlers.base import FAILED
 from agent.handlers.registry import instantiate

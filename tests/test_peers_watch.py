@@ -9,8 +9,8 @@ import threading
 from types import MappingProxyType
 
 from agent.coordination.coordination_settings import CoordinationConfig
-from agent.coordination.peer_directory import PeerDirectory
-from agent.coordination.peers_file import PeersWatch
+from agent.coordination.peers.peer_directory import PeerDirectory
+from agent.coordination.peers.peers_file import PeersWatch
 from tests.imds_server import wait_for
 
 

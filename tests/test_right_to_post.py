@@ -9,8 +9,8 @@ from agent.coordination.approval_gates import GateChecker
 from agent.coordination.approver import Approver, Order
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.peer_client import PeerClient
-from agent.coordination.store_protocol import Step
+from agent.coordination.peers.peer_client import PeerClient
+from agent.coordination.store.store_protocol import Step
 from agent.errors import ImdsUnavailable
 from agent.metrics import Metrics
 from agent.model.gate_specs import NO_GATES

@@ -10,10 +10,11 @@ import pytest
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock
 from agent.coordination.coordination_settings import AzureBlobConfig
-from agent.coordination.store_backend import StoreBackend
-from agent.coordination.store_protocol import CLAIMED, READY, Step, StoreError, approval_blob, approval_record
+from agent.coordination.store.store_backend import StoreBackend
+from agent.coordination.store.store_protocol import CLAIMED, READY, Step, StoreError, approval_blob, approval_record
 from agent.health.health_store import HealthStore
 from agent.metrics import Metrics
+from tests.azurite import azurite  # noqa: F401 - the fixture
 from tests.test_store_exchange import EVENT, MemoryStore, Rig
 
 ME, TAKER = "web_a", "web_b"
@@ -148,3 +149,26 @@ def test_a_listing_that_raises_clears_the_busy_flag_warns_and_is_retried(clock: 
     assert blobs.ops == ["put", "put", "list"]  # the marker again: the job that raised may not have written it
     assert rig.exchange.verdict(EVENT, vm, "web_a", 60)[1].action == "claim"
     assert rig.reports[-1] == ("store", True, "the store answers")
+
+
+def test_against_azurite_a_claim_taken_over_with_the_listings_etag_is_no_longer_held(azurite, clock) -> None:
+    """Against a real store: the claimer's check holds while the record is its own (a put's quoted ETag and the
+    listing's bare one are the same version), and says why not once another VM took it over with If-Match on the
+    ETag its listing showed."""
+    from agent.coordination.store.store_claim import StoreClaims
+    from agent.coordination.store.store_protocol import event_folder, parse_listing
+    from tests.test_blob_store import open_store
+
+    store = open_store(azurite)
+    rig = Rig(store, clock)  # type: ignore[arg-type]
+    claims = StoreClaims(rig.exchange)
+    claim = claims.claim(EVENT, ME, Step("claim", "ready"))
+    assert claim.won
+    with claims.holding(EVENT, claim):
+        assert claims.holds(EVENT, 30) is None
+        items, now = store.list_folder(event_folder(EVENT))
+        seen = parse_listing(EVENT, items, now, (ME, TAKER)).approval
+        assert seen is not None
+        assert store.replace(approval_blob(EVENT), approval_record(EVENT, TAKER, CLAIMED, 2), seen.etag)
+        assert "another VM took the claim over" in (claims.holds(EVENT, 30) or "")
+    store.close()

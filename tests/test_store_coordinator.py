@@ -8,8 +8,8 @@ from datetime import timedelta
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.coordination.coordination_settings import AzureBlobConfig, CoordinationConfig
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.store_backend import StoreBackend
-from agent.coordination.store_protocol import READY, approval_blob, marker_blob, marker_record
+from agent.coordination.store.store_backend import StoreBackend
+from agent.coordination.store.store_protocol import READY, approval_blob, marker_blob, marker_record
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import Metrics
 from agent.model.events import Event

@@ -10,10 +10,10 @@ import pytest
 
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock
-from agent.coordination.identity_token import ManagedIdentityCredential, parse_token, refresh_due
-from agent.coordination.store_claim import StoreClaims
-from agent.coordination.store_exchange import StoreExchange
-from agent.coordination.store_protocol import (
+from agent.coordination.store.identity_token import ManagedIdentityCredential, parse_token, refresh_due
+from agent.coordination.store.store_claim import StoreClaims
+from agent.coordination.store.store_exchange import StoreExchange
+from agent.coordination.store.store_protocol import (
     APPROVED,
     PREPARING,
     READY,

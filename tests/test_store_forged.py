@@ -5,7 +5,7 @@ marker say unhealthy, so the fleet gate holds on every VM."""
 from __future__ import annotations
 
 from agent.clock import FakeClock
-from agent.coordination.store_protocol import PREPARING, READY, marker_blob, marker_record
+from agent.coordination.store.store_protocol import PREPARING, READY, marker_blob, marker_record
 from agent.health.health_store import HealthState
 from agent.windows.approval_policy import Profile
 from tests.test_store_coordinator import EVENT, ME, OTHER, setup, ticks, tracked
@@ -88,3 +88,19 @@ def test_a_ready_vm_notices_a_forged_marker_in_its_listing(clock: FakeClock, log
     assert blobs.blobs[marker_blob(EVENT, ME)][0]["health"] == "unhealthy"
     assert any(e["event"] == "store.marker_forged" for e in logs)
     assert ("store_marker", False) in [r[:2] for r in rig.reports]
+
+
+def test_a_listing_that_gives_etags_bare_is_not_taken_for_forgery(clock: FakeClock, logs: list[dict]) -> None:
+    """List Blobs gives ETags bare (0x8D...), a put's answer quoted ("0x8D..."), as Azure and Azurite do: the same
+    version, so nothing is reported or rewritten."""
+    class Bare(MemoryStore):
+        def put(self, name: str, metadata) -> str:
+            return f'"{super().put(name, metadata)}"'
+
+    blobs = Bare()
+    rig = Rig(blobs, clock)
+    for _ in range(3):
+        rig.sync((ME, OTHER), ME, READY)
+        clock.advance(30)
+    assert blobs.ops == ["put", "list", "list", "list"]
+    assert not [e for e in logs if e["event"] == "store.marker_forged"]

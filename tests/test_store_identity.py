@@ -14,9 +14,9 @@ import requests
 
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock, SystemClock
-from agent.coordination.blob_store import BlobStore, Settings
-from agent.coordination.identity_token import ManagedIdentityCredential
-from agent.coordination.store_protocol import READY, StoreError, event_folder, marker_blob, marker_record
+from agent.coordination.store.blob_store import BlobStore, Settings
+from agent.coordination.store.identity_token import ManagedIdentityCredential
+from agent.coordination.store.store_protocol import READY, StoreError, event_folder, marker_blob, marker_record
 from agent.emulator import Emulator
 from agent.imds.imds_client import ImdsClient
 from agent.metrics import Metrics

@@ -11,13 +11,16 @@ from datetime import UTC, datetime
 from email.utils import format_datetime
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock
-from agent.coordination.blob_store import BlobStore, Settings
-from agent.coordination.store_protocol import READY, StoreError, event_folder
+from agent.coordination.store.blob_store import BlobStore, Settings
+from agent.coordination.store.store_protocol import READY, Item, StoreError, event_folder
 from tests.azurite import ACCOUNT, KEY
 from tests.test_store_exchange import EVENT, MemoryStore, Rig
+from tests.test_store_shapes import ITEM, VMS
 
 ENTRY = ("<Blob><Name>{prefix}junk{n:09d}</Name><Properties><Last-Modified>Wed, 25 Nov 2026 12:00:00 GMT"
          "</Last-Modified><Etag>0x8D{n:012X}</Etag><Content-Length>0</Content-Length><BlobType>BlockBlob</BlobType>"
@@ -139,3 +142,27 @@ def test_odd_records_are_one_log_line_per_listing_that_changed(clock: FakeClock,
         clock.advance(60)
     lines = [e for e in logs if e["event"] == "store.invalid_record"]
     assert len(lines) == 1 and lines[0]["count"] == 1000 and len(lines[0]["more"]) == 4
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(ITEM, max_size=6))
+def test_any_listing_through_the_exchange_leaves_the_event_free_to_ask_again(clock: FakeClock,
+                                                                           items: list[Item]) -> None:
+    """Whatever a listing holds, the exchange takes it in (or fails it like any store error): the event is never
+    left busy, and a verdict is always there (today: a listing with a None value left the event busy for good)."""
+    class Listed(MemoryStore):
+        lists = 0
+
+        def list_folder(self, prefix: str):
+            self.lists += 1
+            return items, datetime.now(UTC)
+
+    store = Listed()
+    rig = Rig(store, clock)
+    rig.sync(VMS, VMS[0], READY)
+    step = rig.exchange.verdict(EVENT, VMS, VMS[0], 60)[1]
+    assert step.action in ("wait", "claim", "take_over", "done")
+    clock.advance(61)
+    rig.sync(VMS, VMS[0], READY)
+    assert step.action == "done" or store.lists == 2, "the event never asked the store again"
+    rig.exchange.stop()

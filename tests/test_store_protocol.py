@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from agent.coordination.store_protocol import (
+from agent.coordination.store.store_protocol import (
     APPROVED,
     CLAIMED,
     PREPARING,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.coordination.store_protocol import (
+from agent.coordination.store.store_protocol import (
     APPROVED,
     CLAIMED,
     READY,

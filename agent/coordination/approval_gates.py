@@ -37,7 +37,7 @@ from agent.coordination.coordination_rules import (
     peer_state,
     query_samples,
 )
-from agent.coordination.peer_client import PeerClient
+from agent.coordination.peers.peer_client import PeerClient
 from agent.metrics import Metrics
 from agent.model.gate_specs import Gates, PrometheusGate
 

@@ -27,8 +27,8 @@ from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.coordination_rules import Held
-from agent.coordination.store_backend import StoreBackend
-from agent.coordination.store_protocol import Step
+from agent.coordination.store.store_backend import StoreBackend
+from agent.coordination.store.store_protocol import Step
 from agent.errors import ImdsError, StateError
 from agent.imds.imds_client import is_transient
 from agent.metrics import Metrics

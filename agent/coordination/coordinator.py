@@ -39,10 +39,10 @@ from agent.coordination.coordination_rules import (
     split_ranks,
 )
 from agent.coordination.coordination_settings import CoordinationConfig
-from agent.coordination.peer_addressing import Address
-from agent.coordination.peer_directory import SHOWN_PEERS
-from agent.coordination.peer_exchange import Exchange, PeerExchange, peer_fleet
-from agent.coordination.store_backend import StoreBackend
+from agent.coordination.peers.peer_addressing import Address
+from agent.coordination.peers.peer_directory import SHOWN_PEERS
+from agent.coordination.peers.peer_exchange import Exchange, PeerExchange, peer_fleet
+from agent.coordination.store.store_backend import StoreBackend
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 from agent.model.events import SCHEDULED

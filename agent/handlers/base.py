@@ -119,11 +119,17 @@ class Context:
         return json.dumps(self.payload(), default=str).encode()
 
 
+NOTE_PREFIX = "note:"
+"""A handler's note on an event is stored among the event's results as `note:<handler name>`."""
+
+
 class Handler:
     """Base class: subclasses set `type_name`, optionally `Options`, and define phase methods."""
 
     type_name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
+    defaults: ClassVar[dict[str, Any]] = {}
+    """Defaults of common keys that differ for this type (e.g. `{"on_failure": "continue"}`)."""
 
     def __init__(self, spec: HandlerSpec, services: Services) -> None:
         self.spec = spec
@@ -143,6 +149,24 @@ class Handler:
     def minimum_timeout(self, settings: Settings) -> float:
         """A floor under the configured timeout (a drain needs its whole LB wait)."""
         return 0.0
+
+    def keep(self) -> float | None:
+        """Work that lasts while maintenance lasts (keep a silence or a lease alive), on maintd's keeper
+        thread: called when maintd starts, after each run of this handler, and again after the seconds it
+        returns; None: nothing to keep until its next run. It shares that thread: keep it short."""
+        return None
+
+    def note(self, event_id: str) -> dict[str, Any] | None:
+        """This handler's note on the event (small JSON it keeps across restarts; shown in /v1/events/{id})."""
+        return self.services.store.result(event_id, NOTE_PREFIX + self.spec.name)
+
+    def set_note(self, event_id: str, note: dict[str, Any]) -> None:
+        """Keep a note on the event (written through; raises StateError when the disk refuses, kept in memory)."""
+        self.services.store.record(event_id, NOTE_PREFIX + self.spec.name, note)
+
+    def notes(self) -> dict[str, dict[str, Any]]:
+        """This handler's notes on every stored event (present or gone), by EventId."""
+        return self.services.store.records_under(NOTE_PREFIX + self.spec.name)
 
     def run(self, ctx: Context) -> Result:
         """Dispatch to the phase method; None from it means ok."""

@@ -14,11 +14,16 @@ from __future__ import annotations
 from agent.handlers.base import CANCELED, OK, Context, Handler, Result, Settings
 
 
+def drain_key(event_id: str) -> str:
+    """The rotation's key for the drain this handler holds for an event."""
+    return f"event:{event_id}"
+
+
 class DrainHandler(Handler):
     type_name = "drain"
 
     def _key(self, ctx: Context) -> str:
-        return f"event:{ctx.event.event_id}"
+        return drain_key(ctx.event.event_id)
 
     def minimum_timeout(self, settings: Settings) -> float:
         """The run needs at least the whole wait (the runner still caps it at the deadline)."""

@@ -25,7 +25,7 @@ from agent.model.events import KNOWN_TYPES
 ENTRY_POINT_GROUP = "maintd.handlers"
 
 
-BUILTIN_TYPES = ("drain", "exec", "webhook", "health")
+BUILTIN_TYPES = ("drain", "exec", "webhook", "health", "alertmanager")
 
 
 def _builtin(name: str) -> type[Handler] | None:
@@ -43,6 +43,9 @@ def _builtin(name: str) -> type[Handler] | None:
     if name == "health":
         from agent.handlers.health import HealthHandler
         return HealthHandler
+    if name == "alertmanager":
+        from agent.handlers.alertmanager import AlertmanagerHandler
+        return AlertmanagerHandler
     return None
 
 
@@ -88,7 +91,7 @@ def available() -> dict[str, type[Handler]]:
 @dataclasses.dataclass(frozen=True)
 class CommonKeys:
     name: str = opt(text(r"^[A-Za-z0-9_.-]{1,64}$", "letters, digits, _ . - (up to 64)"), doc="unique handler name")
-    type: str = opt(text(), doc="handler type (drain, exec, webhook, health, or a plugin)")
+    type: str = opt(text(), doc="handler type (drain, exec, webhook, health, alertmanager, or a plugin)")
     phases: tuple[str, ...] = opt(list_of(choice(*PHASES), min_len=1, unique=True), doc="phases it runs in")
     event_types: tuple[str, ...] = opt(list_of(text(), unique=True), (), "only these EventTypes (default all)")
     event_sources: tuple[str, ...] = opt(list_of(choice("Platform", "User"), unique=True), (),
@@ -124,7 +127,7 @@ def _parse_one(item: Any) -> HandlerSpec:
             known = sorted(COMMON_KEYS + option_keys)
             raise ConfigValueError(str(key), f"unknown key for a {kind} handler{did_you_mean(str(key), known)}; "
                                    f"known keys: {', '.join(known)}")
-    common = parse_section(CommonKeys, {k: v for k, v in item.items() if k in COMMON_KEYS})
+    common = parse_section(CommonKeys, {**cls.defaults, **{k: v for k, v in item.items() if k in COMMON_KEYS}})
     options: Any = parse_section(cls.Options, {k: v for k, v in item.items() if k in option_keys})
     unsupported = [p for p in common.phases if p not in cls.supported_phases()]
     if unsupported:

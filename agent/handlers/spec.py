@@ -66,6 +66,8 @@ class Settings:
     """Seconds in-flight connections get after that (`probe.drain_grace`, or the profile's)."""
     handlers: tuple[str, ...] | None = None
     """Only these handlers run (the profile in force narrows them); None: all."""
+    computer_name: str = ""
+    """This VM's computer name (IMDS osProfile.computerName) once learned; "" when unknown."""
 
     @property
     def drain_wait(self) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 
 from agent import logs
 from agent.http.http_wire import Request, head_end, parse_head
+from agent.http.peer_owner import PeerOwners
 
 READ, BUSY, WRITE, LINGER = range(4)
 """A connection waits for a request, is with a worker, is sending an answer, or is closing."""
@@ -69,10 +70,10 @@ class Conn:
     """One client connection: its socket, who it is, what has arrived and what is left to send."""
 
     __slots__ = ("sock", "client", "uid", "gid", "buffered", "buf", "state", "deadline", "out", "request", "accepted",
-                 "eof")
+                 "eof", "scheduled", "local_uid")
 
     def __init__(self, sock: socket.socket, client: str, creds: tuple[int, int] | None, buffered: Buffered,
-                 now: float) -> None:
+                 now: float, local_uid: int | None = None) -> None:
         self.sock, self.client = sock, client
         self.uid: int | None
         self.gid: int | None
@@ -86,11 +87,15 @@ class Conn:
         self.accepted = now
         self.eof = False
         """The client has shut down its sending side: answer what it sent, then close."""
+        self.scheduled = False
+        """In the loop's line of connections to serve (each is in it at most once)."""
+        self.local_uid = local_uid
+        """Over loopback TCP, the uid owning the client's end (it counts the connection; it authorizes nothing)."""
 
     @classmethod
-    def accepted_from(cls, sock: socket.socket, addr: Any, buffered: Buffered, now: float) -> Conn:
+    def accepted_from(cls, sock: socket.socket, addr: Any, buffered: Buffered, now: float, owners: PeerOwners) -> Conn:
         """A just-accepted socket, non-blocking: a unix socket's caller by uid/gid (`SO_PEERCRED`), a TCP one by
-        address."""
+        address, and a loopback one also by the uid owning its other end."""
         sock.setblocking(False)
         if sock.family == socket.AF_UNIX:
             _, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
@@ -98,7 +103,7 @@ class Conn:
         # headers and body leave in one write, but a client's delayed ACK must never hold an answer
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, UNSENT_LIMIT)
-        return cls(sock, addr[0], None, buffered, now)
+        return cls(sock, addr[0], None, buffered, now, owners.uid(sock))
 
     @property
     def open(self) -> bool:
@@ -106,7 +111,11 @@ class Conn:
 
     @property
     def who(self) -> str:
-        """Whom the per-client cap counts this connection against: its address, or its uid on the unix socket."""
+        """Whom the per-client cap counts this connection against: its address; over loopback TCP, the uid owning
+        the other end (one local user's connections cannot crowd out root's watchdog or the local probe); on the
+        unix socket, its uid."""
+        if self.local_uid is not None:
+            return f"local uid {self.local_uid}"
         return self.client or f"uid {self.uid}"
 
     def feed(self, data: bytes) -> None:
@@ -201,6 +210,31 @@ class Table:
         if self.buffered.fits(more) or not self._by_fd:
             return None
         return max(self._by_fd.values(), key=lambda c: len(c.buf))
+
+
+class Line:
+    """The connections waiting to be served, each at most once: those that were idle (a new connection's first
+    request, a keep-alive client's next) first, then those with more pipelined requests, round-robin."""
+
+    def __init__(self) -> None:
+        self._first: collections.deque[Conn] = collections.deque()
+        self._then: collections.deque[Conn] = collections.deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._first or self._then)
+
+    def add(self, conn: Conn, first: bool = False) -> None:
+        """Put `conn` in line when it may have a request to answer (or its half-close to act on)."""
+        if conn.scheduled or conn.state != READ or not conn.open or not (conn.buf or conn.eof):
+            return
+        conn.scheduled = True
+        (self._first if first else self._then).append(conn)
+
+    def next(self) -> Conn:
+        """The connection to serve next (taken out of line)."""
+        conn = (self._first or self._then).popleft()
+        conn.scheduled = False
+        return conn
 
 
 class Deadlines:

@@ -16,7 +16,6 @@ wake-up while idle. A connection's state, parsing and deadlines are `httpconn`'s
 from __future__ import annotations
 
 import collections
-import errno
 import selectors
 import socket
 import threading
@@ -26,11 +25,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, cast
 
 from agent import logs
-from agent.http.http_connection import BUSY, LINGER, READ, WRITE, Conn, Deadlines, Drops, Table, try_send
+from agent.http.http_admission import Admission
+from agent.http.http_connection import BUSY, LINGER, READ, WRITE, Conn, Deadlines, Drops, Line, Table, try_send
 from agent.http.http_wire import MAX_HEAD, HttpError, Request
 
-PIPELINE_TURN = 8
-"""Requests answered from one connection's buffer before the loop turns to the others (fairness)."""
+TURN_BUDGET = 64
+"""Requests answered in one turn of the loop, all connections together, one request per connection at a time
+(round-robin): however many connections pipeline, a turn stays short, and a flood costs the flooder its own
+turns, never the load balancer's probe."""
+RECV_SIZE = 16 * 1024
+"""Bytes read from a connection at a time. A connection in line to be served is not read until its turn comes,
+so a pipelining client holds about this much of the server's memory per connection, and waits for its answers
+(thousands of flooding connections stay within the buffer budget instead of being evicted one by one)."""
 MAX_BUFFERED = 32 * 1024 * 1024
 """Bytes of requests still arriving held by all connections together (at least four whole requests):
 beyond it the largest buffer is dropped, so many partial heads cannot hold the memory of thousands."""
@@ -118,17 +124,14 @@ class EventLoopServer:
         self._dropped = Drops(on_drop)
         self._conns = Table(per_client, max_connections, max(max_buffered, 4 * (MAX_HEAD + max_body)))
         self._sel = selectors.DefaultSelector()
-        self._listeners = listeners
-        for sock in listeners:
-            sock.setblocking(False)
-            self._sel.register(sock, selectors.EVENT_READ, self._accept)
+        self._deadlines = Deadlines()
+        self._doors = Admission(self._sel, listeners, self._conns, self._deadlines, self._dropped, request_timeout,
+                                self._readable, self._receive)
+        self._close = self._doors.close
         self._workers = Workers(workers, app.answer)
         self._sel.register(self._workers.wake_r, selectors.EVENT_READ, self._woken)
-        self._deadlines = Deadlines()
-        self._ready: collections.deque[Conn] = collections.deque()
-        """Connections with more pipelined requests in their buffer than their last turn answered."""
+        self._line = Line()
         self._stop = False
-        self._paused = False
         self._thread: threading.Thread | None = None
 
     @property
@@ -148,7 +151,7 @@ class EventLoopServer:
 
     def close(self, timeout: float = 1.0) -> None:
         """Stop serving within `timeout` seconds: the listeners and every connection are closed."""
-        self._stop = True
+        self._stop = self._doors.stopping = True
         self._workers.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -159,30 +162,38 @@ class EventLoopServer:
     def _run(self) -> None:
         try:
             while not self._stop:
-                for key, mask in self._sel.select(0 if self._ready else self._deadlines.timeout()):
+                for key, mask in self._sel.select(0 if self._line else self._deadlines.timeout()):
                     try:
                         key.data(key.fileobj, mask)
                     except Exception as exc:  # a bug costs one connection, never the server
-                        self._failed(cast(socket.socket, key.fileobj), exc)
+                        self._failed(self._conns.get(cast(socket.socket, key.fileobj).fileno()), exc)
                     if self._stop:
                         break
-                self._serve_ready()
+                self._serve_turn()
                 self._expire(time.monotonic())
         finally:
             for conn in self._conns.all():
                 self._close(conn)
-            for sock in (*self._listeners, self._workers.wake_r, self._workers.wake_w):
+            for sock in (*self._doors.listeners, self._workers.wake_r, self._workers.wake_w):
                 sock.close()
             self._sel.close()
 
-    def _failed(self, sock: socket.socket, exc: Exception) -> None:
+    def _failed(self, conn: Conn | None, exc: Exception) -> None:
+        """A bug while serving `conn`: logged (throttled, `http.internal_error`), counted
+        (`maintd_http_connections_dropped_total{reason="internal_error"}`), and that connection alone is
+        answered 500 (when no answer of it has begun) and closed; every other connection goes on."""
         self._errors.log(self.log.error, type(exc).__name__, "http.internal_error", error=repr(exc), exc_info=True)
-        conn = self._conns.get(sock.fileno())
-        if conn is not None:
-            try:
-                self._close(conn)
-            except (OSError, KeyError, ValueError):
-                pass
+        if conn is None or not conn.open:
+            return
+        self._dropped.on_drop("internal_error")
+        try:
+            if conn.state == READ:
+                self._send(conn, self.app.refuse(HttpError(500, "internal error; see maintd's log "
+                                                                "(http.internal_error)", close=True)), True)
+                return
+        except Exception:  # closed below, whatever broke
+            pass
+        self._close(conn)
 
     def _expire(self, now: float) -> None:
         for conn in self._deadlines.expired(now):
@@ -194,68 +205,23 @@ class EventLoopServer:
                 else:
                     self._close(conn)  # idle keep-alive, a client that does not read its answer, or done lingering
             except Exception as exc:
-                self._failed(conn.sock, exc)
+                self._failed(conn, exc)
 
     # --- connections ---------------------------------------------------------------------
 
-    def _accept(self, listener: socket.socket, _: int) -> None:
-        for _ in range(64):
-            try:
-                sock, addr = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # out of file descriptors: make room, or stop accepting until one closes
-                self.log.warning("http.accept_failed", error=str(exc), open_connections=len(self._conns))
-                if exc.errno in (errno.EMFILE, errno.ENFILE) and not self._evict():
-                    self._pause(True)
-                return
-            conn = Conn.accepted_from(sock, addr, self._conns.buffered, time.monotonic())
-            if self._conns.over_share(conn):
-                self._dropped("per_client", conn.who, len(self._conns))
-                sock.close()
-                continue
-            if self._conns.full and not self._evict():
-                sock.close()
-                continue
-            self._conns.add(conn)
-            self._sel.register(sock, selectors.EVENT_READ, self._readable)
-            self._deadlines.set(conn, self.request_timeout)
-
-    def _evict(self) -> bool:
-        """Make room for a connection (see `Table.to_evict`); False when there is none to close."""
-        victim = self._conns.to_evict()
-        if victim is None:
-            return False
-        self._dropped("evicted", victim.who, len(self._conns))
-        self._close(victim)
-        return True
-
-    def _close(self, conn: Conn) -> None:
-        if conn.sock.fileno() < 0:
-            return
-        self._conns.remove(conn)
-        if conn.state != BUSY:
-            self._sel.unregister(conn.sock)
-        conn.sock.close()
-        self._pause(False)
-
-    def _pause(self, paused: bool) -> None:
-        """Stop (or resume) accepting: a listener that cannot accept would otherwise wake the loop at once, forever."""
-        if paused == self._paused or self._stop:
-            return
-        self._paused = paused
-        for sock in self._listeners:
-            if paused:
-                self._sel.unregister(sock)
-            else:
-                self._sel.register(sock, selectors.EVENT_READ, self._accept)
-
     def _readable(self, sock: socket.socket, _: int) -> None:
         conn = self._conns.get(sock.fileno())
-        if conn is None:
+        if conn is not None:
+            self._receive(conn)
+
+    def _receive(self, conn: Conn) -> None:
+        """Read what arrived, and put the connection in line to be served: first in line when it was idle (a
+        probe on a new connection), behind the others when it still has requests waiting (a pipelining flood).
+        A connection in line is not read until its turn has come."""
+        if conn.scheduled:
             return
         try:
-            data = sock.recv(65536)
+            data = conn.sock.recv(RECV_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -266,48 +232,42 @@ class EventLoopServer:
             if conn.state == LINGER:
                 self._close(conn)
             else:
-                self._serve(conn)  # pipelined requests sent before the half-close are still answered
-        elif conn.state == LINGER:
-            pass  # dropped: the answer is sent, the connection is closing
-        else:
-            self._make_room(len(data))
+                self._line.add(conn)  # pipelined requests sent before the half-close are still answered
+        elif conn.state != LINGER:  # a closing connection's bytes are dropped: its answer is sent
+            idle = not conn.buf
+            self._doors.make_room(len(data))
             if conn.open:
                 conn.feed(data)
-                self._serve(conn)
+                self._line.add(conn, first=idle)
 
-    def _make_room(self, size: int) -> None:
-        """Close the connections holding the largest buffers until `size` more bytes fit in the budget."""
-        while (largest := self._conns.to_shrink(size)) is not None:
-            self._dropped("memory", largest.who, len(self._conns))
-            self._close(largest)
-
-    def _serve(self, conn: Conn) -> None:
-        """Answer the requests complete in the buffer one after another (a loop, never a recursion), until one
-        goes to a worker, an answer waits for the client to read, or the turn is over (then the rest waits
-        in `_ready` while other connections are served)."""
-        for _ in range(PIPELINE_TURN):
-            if conn.state != READ or not conn.open:
-                return
+    def _serve_turn(self) -> None:
+        """Answer up to TURN_BUDGET requests, one per connection in line at a time (round-robin), the connections
+        that were idle first; a connection with more pipelined requests goes to the back of the line."""
+        budget = TURN_BUDGET
+        while budget > 0 and self._line:
+            conn = self._line.next()
             try:
-                request = conn.take(self.max_body)
-            except HttpError as exc:
-                self._send(conn, self.app.refuse(exc), True)
-                return
-            if request is None:
-                if conn.eof:
-                    self._close(conn)  # nothing more can arrive
-                return
-            self._dispatch(conn, request)
-        if conn.state == READ and conn.open and conn.buf:
-            self._ready.append(conn)
-
-    def _serve_ready(self) -> None:
-        for _ in range(len(self._ready)):
-            conn = self._ready.popleft()
-            try:
-                self._serve(conn)
+                if self._serve_one(conn):
+                    budget -= 1
+                    self._line.add(conn)
             except Exception as exc:
-                self._failed(conn.sock, exc)
+                self._failed(conn, exc)
+
+    def _serve_one(self, conn: Conn) -> bool:
+        """Answer (or hand to a worker) the next request complete in `conn`'s buffer; False when there is none."""
+        if conn.state != READ or not conn.open:
+            return False
+        try:
+            request = conn.take(self.max_body)
+        except HttpError as exc:
+            self._send(conn, self.app.refuse(exc), True)
+            return True
+        if request is None:
+            if conn.eof:
+                self._close(conn)  # nothing more can arrive
+            return False
+        self._dispatch(conn, request)
+        return True
 
     def _dispatch(self, conn: Conn, request: Request) -> None:
         if self.app.cheap(request):
@@ -321,12 +281,16 @@ class EventLoopServer:
         self._workers.submit(conn, request)
 
     def _woken(self, sock: socket.socket, _: int) -> None:
-        for conn, data, close in self._workers.answers():
-            if conn.open:
+        for conn, data, close in list(self._workers.answers()):  # all taken first: one failing loses no other
+            if not conn.open:
+                continue
+            try:
                 conn.state = READ
                 self._sel.register(conn.sock, selectors.EVENT_READ, self._readable)
                 self._send(conn, data, close)
-                self._serve(conn)  # a pipelined request may already have arrived
+                self._line.add(conn)  # a pipelined request may already have arrived
+            except Exception as exc:
+                self._failed(conn, exc)
 
     # --- answers -------------------------------------------------------------------------
 
@@ -361,7 +325,7 @@ class EventLoopServer:
         conn = self._conns.get(sock.fileno())
         if conn is not None:
             self._flush(conn)
-            self._serve(conn)  # a pipelined request may already have arrived
+            self._line.add(conn)  # a pipelined request may already have arrived
 
     def _linger(self, conn: Conn) -> None:
         try:

@@ -2,7 +2,8 @@
 
 Strict where leniency lets one request be read two ways (request smuggling): two Content-Length
 headers, a Content-Length that is not plain digits, Transfer-Encoding (not supported: 411), folded
-header lines, and a line ending other than CRLF (a bare LF or CR inside the head). Limits: the
+header lines, a line ending other than CRLF (a bare LF or CR inside the head), and a target that is
+neither a path nor an absolute http(s) URL (`http://[` is a 400 here, never an exception later). Limits: the
 request line (414 beyond `MAX_LINE`), the whole head (431 beyond `MAX_HEAD`) and the number of
 header lines (431 beyond `MAX_HEADERS`).
 """
@@ -14,6 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from agent.errors import HttpError
 
@@ -22,6 +24,8 @@ MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
 _TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _VERSION = re.compile(rb"^HTTP/(\d)\.(\d)$")
+_TARGET = re.compile(rb"^[\x21-\x7e\x80-\xff]+$")
+_ABSOLUTE = re.compile(r"^https?://", re.IGNORECASE)
 
 
 @dataclass
@@ -32,6 +36,8 @@ class Request:
     target: str
     version: tuple[int, int]
     headers: dict[str, str]
+    path: str = "/"
+    """The target's path (an absolute-form target's too), without the query."""
     content_length: int = 0
     body: bytes = b""
     client: str = ""
@@ -83,6 +89,8 @@ def parse_head(head: bytes, max_body: int) -> Request:
     if len(parts) != 3 or not _TOKEN.match(parts[0]) or not parts[1]:
         raise HttpError(400, "malformed request line", close=True)
     method, target, version_text = parts
+    if not _TARGET.match(target):
+        raise HttpError(400, "a control character in the request target", close=True)
     version = _VERSION.match(version_text)
     if not version:
         raise HttpError(400, "malformed HTTP version", close=True)
@@ -99,7 +107,9 @@ def parse_head(head: bytes, max_body: int) -> Request:
         if key == "content-length":
             lengths.append(value.strip(b" \t"))
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    request = Request(method.decode("ascii"), target.decode("latin-1"), (1, int(version.group(2))), headers)
+    text_target = target.decode("latin-1")
+    request = Request(method.decode("ascii"), text_target, (1, int(version.group(2))), headers,
+                      target_path(text_target))
     if "transfer-encoding" in headers:
         raise HttpError(411, "send the body with a Content-Length, not chunked", close=True)
     if len(lengths) > 1:
@@ -111,6 +121,19 @@ def parse_head(head: bytes, max_body: int) -> Request:
         if request.content_length > max_body:
             raise HttpError(413, f"body of {request.content_length} bytes exceeds the limit of {max_body}", close=True)
     return request
+
+
+def target_path(target: str) -> str:
+    """The path a request target names: origin-form ("/x?q") or absolute-form ("http://h/x?q"); "*" stays "*".
+    Raises HttpError 400 for anything else, such as `http://[` (which `urlsplit` refuses with ValueError)."""
+    if target.startswith("/") or target == "*":
+        return target.partition("?")[0].partition("#")[0]
+    if _ABSOLUTE.match(target):
+        try:
+            return urlsplit(target).path or "/"
+        except ValueError:
+            pass
+    raise HttpError(400, "malformed request target: a path (/probe) or an absolute http URL", close=True)
 
 
 def response(status: int, body: bytes, content_type: str, *, head_only: bool = False, close: bool = False,

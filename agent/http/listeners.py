@@ -16,8 +16,10 @@ import stat
 __all__ = ["listen_tcp", "listen_unix"]
 
 
-def listen_tcp(host: str, port: int, backlog: int = 128) -> socket.socket:
-    """A listening TCP socket on host:port (IPv6 when host has a colon)."""
+def listen_tcp(host: str, port: int, backlog: int = socket.SOMAXCONN) -> socket.socket:
+    """A listening TCP socket on host:port (IPv6 when host has a colon), with the longest accept queue the kernel
+    allows (net.core.somaxconn): while a flood opens thousands of connections, the LB's SYN is queued, not dropped
+    and retransmitted a second later."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

@@ -29,7 +29,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from agent import jsonsafe, logs
 from agent.http.http_connection import is_loopback
@@ -212,13 +212,13 @@ class Router:
         return None, ""
 
     def cheap(self, request: Request) -> bool:
-        found, _ = self.route(urlsplit(request.target).path)
+        found, _ = self.route(request.path)
         return found is not None and found.cheap
 
     def answer(self, request: Request) -> tuple[bytes, bool]:
         head_only = request.method == "HEAD"
         method = "GET" if head_only else request.method
-        path = urlsplit(request.target).path
+        path = request.path
         found, arg = self.route(path)
         name = found.name if found else "unknown"
         try:

@@ -17,6 +17,7 @@ from agent import __version__, logs
 from agent.clock import Clock
 from agent.config.config import Config
 from agent.coordination.coordinator import Coordinator
+from agent.handlers.base import NOTE_PREFIX
 from agent.health.health_store import HealthStore, parse_report
 from agent.health.rotation import MANUAL, Rotation
 from agent.http.routes import ApiError, token_ok
@@ -112,8 +113,19 @@ class LocalApi:
             "profile": lv.profile.name, "profile_approval": lv.profile.approval,
             "profile_next_change": iso_z_or_none(nxt),
             "restart_needed": list(lv.restart_needed),
+            "notes": self._notes(lv.tracked),
             **self.coordinator.status(lv.tracked, lv.vm_name),
         }
+
+    def _notes(self, tracked: dict[str, Tracked]) -> dict[str, str]:
+        """Per present event, what its handlers keep noted (an Alertmanager silence's id and end), as one line."""
+        out = {}
+        for eid in tracked:
+            lines = [f"{key[len(NOTE_PREFIX):]}: {rec['summary']}" for key, rec in self.store.results(eid).items()
+                     if key.startswith(NOTE_PREFIX) and isinstance(rec.get("summary"), str)]
+            if lines:
+                out[eid] = "; ".join(lines)
+        return out
 
     def fleet(self) -> dict[str, Any]:
         """Each pending event naming this VM: the VMs it names, their state, who approved (`maintd fleet`)."""

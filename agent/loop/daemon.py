@@ -253,6 +253,7 @@ class Daemon:
         if self._resume_pending:  # once after a start: the events known before it, as IMDS shows them now (0102)
             self._resume_pending = False
             self.runner.resume(self.preparation.resume({e: t for e, t in self.tracked.items() if e in known}))
+            self.parts.keeper.wake()  # what handlers keep (silences) is taken up again after a restart
         self._coordinate()
         return transitions
 

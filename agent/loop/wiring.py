@@ -21,7 +21,7 @@ from agent.clock import Clock, Waitable
 from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.store_backend import StoreBackend
+from agent.coordination.store.store_backend import StoreBackend
 from agent.errors import ConfigError, ImdsError, StateError
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate
@@ -35,6 +35,7 @@ from agent.loop.api import LocalApi, LoopView
 from agent.metrics import Metrics
 from agent.model.identity import Identity
 from agent.prepare.handler_runner import Runner, handler_settings
+from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
 from agent.retry import retrying as retrying_on
 from agent.secretfile import SecretFiles
@@ -126,7 +127,9 @@ class Parts:
         self.services = Services(clock=clock, store=self.store, metrics=self.metrics, rotation=self.rotation,
                                  health=self.health)
         self.runner = Runner(instantiate(config.handlers, self.services), self.services, dry_run=config.dry_run,
-                             on_result=callbacks.handler_result)
+                             on_result=self._handler_result)
+        self.keeper = Keeper(lambda: self.runner.handlers, clock)
+        self._on_result = callbacks.handler_result
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
                                        profiles=config.profiles, prepare=config.prepare)
         self.coordinator = Coordinator(
@@ -153,6 +156,11 @@ class Parts:
                             local_health=self.health_json,
                             warning_as_error=lambda: self.config.health.consider_warning_as_error)
 
+    def _handler_result(self, event_id: str, handler: str, phase: str, result: Result) -> None:
+        """A handler run finished: the loop's report, and the keeper looks at what the handler keeps."""
+        self._on_result(event_id, handler, phase, result)
+        self.keeper.wake()
+
     def peer_token(self) -> str | None:
         """The shared token peers must present on /v1 reads (None: reads are open)."""
         return self.secrets.read("coordination.token_file", self.config.coordination.token_file)
@@ -168,7 +176,9 @@ class Parts:
     def publish_settings(self, profile: Profile | None) -> None:
         """Hand the handlers one immutable snapshot of what they read (name, drain timings, profile)."""
         probe = self.config.probe
-        self.services.settings = handler_settings(self.vm_name, probe.lb_timeout, probe.drain_grace, profile)
+        identity = self.coordinator.identity
+        self.services.settings = handler_settings(self.vm_name, probe.lb_timeout, probe.drain_grace, profile,
+                                                  identity.computer_name if identity is not None else "")
 
     def reconfigure(self, new: Config) -> Config:
         """Apply a reloaded config to the running parts; returns the config now in force.
@@ -197,6 +207,7 @@ class Parts:
             self.runner.handlers = instantiate(new.handlers, self.services)
             for h in self.runner.handlers:
                 self.metrics.init_handler(h.spec.name, h.spec.phases)
+            self.keeper.wake()
         self.runner.dry_run = new.dry_run
         self.rules.update(new.health_rules)
         coordinator = self.coordinator
@@ -290,6 +301,7 @@ class Parts:
         """Let handlers finish for `handler_grace` seconds, stop the workers, write the state a last time."""
         self._stopping.set()
         self.runner.stop(handler_grace)
+        self.keeper.stop()
         self.rules.stop()
         self.coordinator.stop()
         try:

@@ -57,13 +57,15 @@ def budget(timeout: float, phase: str, not_before: datetime | None, now: datetim
     return min(timeout, (not_before - now).total_seconds() - DEADLINE_MARGIN)
 
 
-def handler_settings(vm_name: str | None, lb_timeout: float, drain_grace: float, profile: Profile | None) -> Settings:
-    """The snapshot handlers read: this VM's name, the drain timings (the profile's override the
+def handler_settings(vm_name: str | None, lb_timeout: float, drain_grace: float, profile: Profile | None,
+                     computer_name: str = "") -> Settings:
+    """The snapshot handlers read: this VM's names, the drain timings (the profile's override the
     probe's) and the handlers the profile lets run."""
     if profile is None:
-        return Settings(vm_name or "", lb_timeout, drain_grace)
+        return Settings(vm_name or "", lb_timeout, drain_grace, computer_name=computer_name)
     return Settings(vm_name or "", profile.lb_timeout if profile.lb_timeout is not None else lb_timeout,
-                    profile.drain_grace if profile.drain_grace is not None else drain_grace, profile.handlers)
+                    profile.drain_grace if profile.drain_grace is not None else drain_grace, profile.handlers,
+                    computer_name)
 
 
 class Runner:

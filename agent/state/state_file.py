@@ -60,10 +60,11 @@ def check_dir(directory: str | os.PathLike[str], create: bool = False) -> None:
     """Refuse a state dir that anyone but root or maintd's user owns or could change, itself or through a directory
     above it (`agent.pathtrust`): they could plant results, approvals or symlinks, or rename the state away.
     `create`: make a missing one first (mode 755, exclusively: one another user made in between is theirs)."""
+    if create and not os.path.lexists(directory):
+        # made in between: judged by its owner below; not makeable (read-only, no room): the first write says so
+        with contextlib.suppress(OSError):
+            Path(directory).mkdir(mode=0o755, parents=True)
     try:
-        if create and not os.path.lexists(directory):
-            with contextlib.suppress(FileExistsError):  # made in between: judged by its owner below
-                Path(directory).mkdir(mode=0o755, parents=True)
         st = os.stat(directory)
     except FileNotFoundError:
         st = None  # created by the first write: the directories above it say who else could create it

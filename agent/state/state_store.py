@@ -27,7 +27,8 @@ Layout of state.json (format 1, `statefile.STATE_FORMAT`; files from before the 
      "events":  {EventId: {"event": {...IMDS fields}, "names_self", "first_seen", "boot_id",
                            "seen_started", "history": [{"kind", "at", "status", "outcome"}],
                            "vanished_at", "outcome"}},
-     "results": {EventId: {key: {...}}},     # handler results, approval records ("handler:drain:scheduled", "approval")
+     "results": {EventId: {key: {...}}},     # handler results, approval records, handler notes
+                                             # ("handler:drain:scheduled", "approval", "note:silence")
      "flags":   {name: {...}}}               # JSON objects, e.g. the drains
 """
 
@@ -237,6 +238,12 @@ class Store:
         """Every recorded result of one event."""
         with self._lock:
             return json.loads(json.dumps(self._data["results"].get(event_id, {})))
+
+    def records_under(self, key: str) -> dict[str, dict[str, Any]]:
+        """Every event's result under `key` (a handler's note, say), by EventId, as copies."""
+        with self._lock:
+            return {eid: json.loads(json.dumps(results[key])) for eid, results in self._data["results"].items()
+                    if key in results}
 
     def record(self, event_id: str, key: str, value: dict[str, Any], journal: str | None = None, *,
                wait: bool = True) -> None:

@@ -51,7 +51,7 @@ def test_watch_shows_the_event_live_and_ctrl_c_gives_the_terminal_back(start_emu
     tmux = Tmux(tmp_path / "tmux.sock")
     # bash waits for watch, then says how it ended and how the terminal was left (echo and canonical input back on)
     command = (f"{sys.executable} -m agent watch --config {agent.config_path}; echo \"watch exited $?\"; "
-               "stty -a | tr ' ' '\\n' | grep -x -e '-*echo' -e '-*icanon' | tr '\\n' ' '; exec sleep 60")
+               "stty -a | tr ' ' '\\n' | grep -x -e '-*echo' -e '-*icanon' | tr '\\n' ' '; echo '(end)'; exec sleep 60")
     tmux("new-session", "-d", "-s", "w", "-x", "80", "-y", "24", "-c", str(ROOT), "bash", "-c", command)
     try:
         wait_until(lambda: "in rotation" in tmux.screen(), 30, "the view: " + tmux.screen())
@@ -63,7 +63,7 @@ def test_watch_shows_the_event_live_and_ctrl_c_gives_the_terminal_back(start_emu
         shown = tmux.screen()
         assert "checkpoint ok" in shown and all(len(line) < 80 for line in shown.splitlines()), shown
         tmux("send-keys", "-t", "w", "C-c")
-        wait_until(lambda: "watch exited" in tmux.screen(), 10, "watch to exit on Ctrl-C: " + tmux.screen())
+        wait_until(lambda: "(end)" in tmux.screen(), 20, "watch to exit on Ctrl-C: " + tmux.screen())
         after = tmux.screen()
         assert "watch exited 0" in after and "icanon echo" in after and "-echo" not in after, after
         assert tmux.pane("#{alternate_on}") == "0" and tmux.pane("#{cursor_flag}") == "1", "the screen and cursor back"

@@ -117,7 +117,7 @@ def test_an_approval_record_with_an_empty_attempt_is_taken_over_and_one_post_goe
     parse raises on every VM, their lanes stay busy, 0 POSTs)."""
     from azure.storage.blob import ContainerClient
 
-    from agent.coordination.store_protocol import CLAIMED, approval_blob, approval_record
+    from agent.coordination.store.store_protocol import CLAIMED, approval_blob, approval_record
 
     server = start(tmp_path)
     try:
@@ -145,7 +145,7 @@ def test_a_forged_ready_marker_is_noticed_rewritten_and_no_post_before_the_victi
     hook (today: the forged `ready` stands, the POST goes at ~5 s, 3 s before the victim is done)."""
     from azure.storage.blob import ContainerClient
 
-    from agent.coordination.store_protocol import READY, marker_blob, marker_record
+    from agent.coordination.store.store_protocol import READY, marker_blob, marker_record
 
     server = start(tmp_path)
     try:

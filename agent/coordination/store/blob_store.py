@@ -33,7 +33,7 @@ from azure.core.exceptions import (
 )
 from azure.storage.blob import ContainerClient, LinearRetry
 
-from agent.coordination.store_protocol import Item, StoreError
+from agent.coordination.store.store_protocol import Item, StoreError
 from agent.httpdates import parse_http_date
 
 CONNECT_TIMEOUT, READ_TIMEOUT = 5.0, 10.0

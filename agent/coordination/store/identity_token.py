@@ -20,7 +20,7 @@ from azure.core.credentials import AccessToken
 from azure.core.exceptions import ClientAuthenticationError
 
 from agent import jsonsafe
-from agent.coordination.store_protocol import Fetch
+from agent.coordination.store.store_protocol import Fetch
 from agent.errors import MaintdError
 
 STORAGE_RESOURCE = "https://storage.azure.com/"

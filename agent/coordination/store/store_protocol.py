@@ -215,6 +215,11 @@ def _aware(value: object) -> datetime | None:
     return value if isinstance(value, datetime) and value.utcoffset() is not None else None
 
 
+def same_etag(a: str, b: str) -> bool:
+    """Whether two ETags name the same version: a listing gives them bare (`0x8D...`), headers quoted."""
+    return a.strip('"') == b.strip('"')
+
+
 def age_of(item: Item, server_time: datetime) -> float | None:
     """Seconds since the blob was last written, on the store's own clock (never negative); None when the answer
     gave no usable Last-Modified (or no usable clock)."""

@@ -33,9 +33,9 @@ from agent.coordination.coordination_rules import (
     readiness_due,
     watch_chain,
 )
-from agent.coordination.peer_addressing import Address
-from agent.coordination.peer_client import INVALID, UNREACHABLE, Answer, PeerClient
-from agent.coordination.peer_directory import PeerDirectory
+from agent.coordination.peers.peer_addressing import Address
+from agent.coordination.peers.peer_client import INVALID, UNREACHABLE, Answer, PeerClient
+from agent.coordination.peers.peer_directory import PeerDirectory
 from agent.health.health_store import HealthStore
 from agent.lanes import Lanes
 from agent.metrics import Metrics

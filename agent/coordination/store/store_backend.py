@@ -17,9 +17,9 @@ from agent import logs
 from agent.clock import Clock
 from agent.coordination.coordination_rules import OK, UNREACHABLE, peer_state
 from agent.coordination.coordination_settings import AzureBlobConfig
-from agent.coordination.store_claim import StoreClaims
-from agent.coordination.store_exchange import FORGED, Snapshot, Store, StoreExchange
-from agent.coordination.store_protocol import (
+from agent.coordination.store.store_claim import StoreClaims
+from agent.coordination.store.store_exchange import FORGED, Snapshot, Store, StoreExchange
+from agent.coordination.store.store_protocol import (
     HEALTHY,
     PREPARING,
     READY,
@@ -76,8 +76,8 @@ class StoreBackend:
                                                      "names this VM)")
 
     def _open(self) -> Store:
-        from agent.coordination.blob_store import BlobStore, Settings
-        from agent.coordination.identity_token import ManagedIdentityCredential
+        from agent.coordination.store.blob_store import BlobStore, Settings
+        from agent.coordination.store.identity_token import ManagedIdentityCredential
 
         c = self.config
         count = self._count

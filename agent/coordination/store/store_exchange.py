@@ -29,7 +29,7 @@ from typing import Protocol
 
 from agent import logs
 from agent.clock import Clock
-from agent.coordination.store_protocol import (
+from agent.coordination.store.store_protocol import (
     APPROVED,
     Approval,
     Item,
@@ -45,6 +45,7 @@ from agent.coordination.store_protocol import (
     parse_listing,
     recheck_delay,
     retry_delay,
+    same_etag,
     takeover_check_delay,
     vm_state,
 )
@@ -314,7 +315,7 @@ class StoreExchange:
         if now is not None:
             st.checks += 1
             st.due = now + recheck_delay(st.checks, len(st.resources))
-        if seen is None or seen == st.own_etag:
+        if seen is None or (st.own_etag is not None and same_etag(seen, st.own_etag)):
             return
         st.marker = None  # written again on the next tick
         if seen == "" or st.own_etag is None:

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from agent.coordination.store_exchange import OTHER, Result, Store, StoreExchange, internal_error
-from agent.coordination.store_protocol import (
+from agent.coordination.store.store_exchange import OTHER, Result, Store, StoreExchange, internal_error
+from agent.coordination.store.store_protocol import (
     APPROVED,
     CLAIMED,
     RELEASED,
@@ -23,6 +23,7 @@ from agent.coordination.store_protocol import (
     approval_blob,
     approval_record,
     parse_approval,
+    same_etag,
 )
 
 
@@ -109,7 +110,7 @@ class StoreClaims:
             return f"cannot confirm the claim: {self._as_store_error(exc, event_id, 'confirm')}"
         if found is None:
             return "the approval record is gone from the store"
-        if found[1] != claim.etag:
+        if not same_etag(found[1], claim.etag):
             return "the approval record changed since this VM claimed it: another VM took the claim over"
         return self._past(claim, within)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent import jsonsafe
-from agent.coordination.peer_addressing import event_url
+from agent.coordination.peers.peer_addressing import event_url
 from agent.errors import AnswerTooLarge
 
 if TYPE_CHECKING:

@@ -1,0 +1,50 @@
+"""Model checking S1 and S2 (tests/model): states explored and time for each backend's model, and the
+counterexamples if any property breaks (each one the numbered steps that lead there).
+
+The same explorations run in the test suite (tests/model/test_model_check.py); this records their size and
+time on this machine: `python -m bench model`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bench.common import write
+from tests.model.common import CAP, LOST_ANSWER, MAX_FAULTS, PAUSE, POST_ERROR, TICK, VMS
+from tests.model.explorer import explore
+from tests.model.peer_model import PeerModel
+from tests.model.store_model import StoreModel
+
+PAIRED = (PAUSE, POST_ERROR, LOST_ANSWER)
+"""Also recorded: two faults per path, a pause with a failed or lost POST."""
+BUDGET = 60.0
+"""Seconds the whole check may take in CI on a 2-core machine (both models)."""
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    started = time.monotonic()
+    results = [explore(model, outcomes={"a POST": lambda s: bool(s.imds.posted_by)})
+               for model in (PeerModel(), StoreModel())]
+    in_suite = time.monotonic() - started
+    paired = [explore(model, outcomes={"a POST": lambda s: bool(s.imds.posted_by)})
+              for model in (PeerModel(2, PAIRED), StoreModel(2, PAIRED))]
+    total = time.monotonic() - started
+    figures: dict[str, Any] = {"vms": len(VMS), "faults_per_path": MAX_FAULTS, "tick_seconds": TICK,
+                               "ages_capped_at_ticks": CAP, "one_fault_seconds": round(in_suite, 2),
+                               "total_seconds": round(total, 2), "paired_faults": list(PAIRED)}
+    checks = []
+    for r in results + paired:
+        key = r.model if r in results else f"{r.model}_two_faults"
+        figures[key] = r.figures()
+        print(f"  {key}: {r.states} states, {r.transitions} transitions, depth {r.depth}, "
+              f"{r.seconds:.1f} s, complete {r.complete}, states with a POST {r.reached.get('a POST', 0)}",
+              flush=True)
+        for found in r.violations.values():
+            print(found.render(), flush=True)
+        broken = ", ".join(sorted(r.violations)) or "none"
+        checks.append((f"{key} model: properties broken ({r.states} states, {r.seconds:.1f} s)", broken,
+                       "none", not r.violations and r.complete))
+    checks.append(("both models, one fault per path (the suite's run; CI budget)", f"{in_suite:.1f} s",
+                   f"< {BUDGET:.0f} s", in_suite < BUDGET))
+    return write("model_check", figures, checks, quick)

@@ -1,0 +1,105 @@
+"""S1 and S2 hold in every reachable state of both backends: three VMs, every interleaving, one fault of
+any kind per path (crash and restart, pause, lost answer, lost message, odd record, restart, IMDS 500),
+the real decision functions deciding (see tests/model/*_model.py for what each step calls).
+
+A failure prints the shortest counterexample: the numbered steps from the start to the broken promise.
+The figures (states, time) go to bench/results/model_check.json through `python -m bench model`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.coordination import coordination_rules, coordinator
+from agent.coordination.approver import Approver
+from agent.coordination.coordination_rules import not_ready
+from tests.model.common import LOST_ANSWER, PAUSE, POST_ERROR
+from tests.model.explorer import Result, explore
+from tests.model.peer_model import PeerModel
+from tests.model.store_model import StoreModel
+
+POSTED = {"a POST": lambda s: bool(s.imds.posted_by)}
+PAIRED = (PAUSE, POST_ERROR, LOST_ANSWER)
+"""The faults the two-fault run combines: a pause with a failed or lost POST."""
+
+
+@pytest.fixture(scope="module")
+def peers() -> Result:
+    result = explore(PeerModel(), outcomes=POSTED)
+    print(f"\npeers: {result.figures()}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def store() -> Result:
+    result = explore(StoreModel(), outcomes=POSTED)
+    print(f"\nstore: {result.figures()}")
+    return result
+
+
+def holds(result: Result, prop: str) -> None:
+    found = result.violations.get(prop)
+    assert found is None, f"{result.model} model:\n{found.render() if found else ''}"
+
+
+def test_the_search_is_complete_and_reaches_a_post(peers: Result, store: Result):
+    """Every reachable state was visited, and some of them POST (a model that never approves proves nothing)."""
+    for result in (peers, store):
+        assert result.complete and result.states > 1000
+        assert result.reached.get("a POST", 0) > 0
+
+
+def test_peers_s1_no_post_before_every_vm_said_ready(peers: Result):
+    """Peer backend: no POST while any VM named has not said it is ready, whoever is silent and why."""
+    holds(peers, "S1")
+
+
+def test_peers_s2_one_vm_posts(peers: Result):
+    """Peer backend: at most one VM POSTs, also when the leader is paused between its decision and its send."""
+    holds(peers, "S2")
+
+
+def test_store_s1_no_post_before_every_vm_said_ready(store: Result):
+    """Store backend: no POST while any VM named has no readable `ready` marker."""
+    holds(store, "S1")
+
+
+def test_store_s2_one_vm_posts(store: Result):
+    """Store backend: at most one VM POSTs, also when the claimer is paused past takeover_after and resumes."""
+    holds(store, "S2")
+
+
+def test_store_records_of_any_shape_never_raise(store: Result):
+    """Store backend: an odd approval record or marker is a problem to report, never an exception."""
+    holds(store, "records")
+
+
+def test_store_a_pause_inside_the_retry_backoff_after_an_imds_500():
+    """Store backend, two faults on one path (the issue's run: the claimer's first POST gets a 500 and the pause
+    falls in its retry backoff; or a lost answer and a pause): still one VM POSTs, none early."""
+    result = explore(StoreModel(max_faults=2, kinds=PAIRED), outcomes=POSTED)
+    print(f"\nstore, two of {PAIRED}: {result.figures()}")
+    for prop in ("S1", "S2"):
+        holds(result, prop)
+
+
+def test_the_checker_finds_a_leader_whose_silence_waives_its_readiness(monkeypatch: pytest.MonkeyPatch):
+    """The checker is not blind: with the old rule (only higher-ranked peers need to be ready) it finds S1 broken
+    by a paused leader, and prints the steps."""
+    def old_rule(lower, higher, peers, now, unreachable_peers, peer_timeout):  # noqa: ANN001, ANN202
+        return not_ready(higher, peers, now, unreachable_peers, peer_timeout)
+
+    monkeypatch.setattr(coordinator, "readiness_missing", old_rule)  # the decision
+    monkeypatch.setattr(coordination_rules, "readiness_missing", old_rule)  # the recheck before the send
+    result = explore(PeerModel(kinds=(PAUSE,)))
+    assert "S1" in result.violations
+    trace = result.violations["S1"].render()
+    assert "FAULT vm-a is paused" in trace and "POSTs StartRequests" in trace
+
+
+def test_the_checker_finds_a_paused_claimer_posting_again(monkeypatch: pytest.MonkeyPatch):
+    """The checker is not blind: without the recheck before each send it finds S2 broken by a paused claimer."""
+    monkeypatch.setattr(Approver, "lapsed", lambda self, order, deadline: None)
+    result = explore(StoreModel(kinds=(PAUSE,)))
+    assert "S2" in result.violations
+    assert "is paused" in result.violations["S2"].render()
