@@ -71,11 +71,13 @@ def fleet_of(server: Azurite, hooks: tuple[float, ...]) -> Iterator[Fleet]:
         return agents[-1]
 
     with tempfile.TemporaryDirectory() as tmp:
-        fleet = start_fleet(start_emulator, start_agent, Path(tmp), server, hooks)
+        fleet = None
         try:
+            fleet = start_fleet(start_emulator, start_agent, Path(tmp), server, hooks)
             yield fleet
         finally:
-            fleet.stop()
+            if fleet is not None:
+                fleet.stop()
             for process in [*agents, *emulators]:
                 process.stop()
 
