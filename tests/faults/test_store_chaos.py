@@ -19,7 +19,6 @@ from tests.store_chaos import (
     big_listing,
     latency,
     lost_answers,
-    no_fault,
     odd_record,
     start_fleet,
     throttled,
@@ -36,15 +35,6 @@ def fleet(start_emulator, start_agent, tmp_path: Path, azurite: Azurite) -> Iter
     started.stop()
 
 
-def test_an_event_without_faults_costs_a_few_requests_and_no_false_alarm(fleet: Fleet) -> None:
-    """The baseline: one POST after the last hook, at most 10 store requests per VM over the event and the
-    8 s after it, and no VM takes its own marker for a forged one (an Error that holds the fleet gate)."""
-    result = no_fault(fleet)
-    assert (result.approvals, result.early) == (1, 0), result
-    assert result.figures["marker_forged_lines"] == 0, result
-    assert result.figures["requests_per_vm_max"] <= 10, result
-
-
 def test_lost_answers_after_the_write_landed_cost_one_post_in_all(fleet: Fleet) -> None:
     """The first answer to each VM's marker write, listing, claim and outcome record is lost after the
     write landed: the fleet still approves once, after the last hook."""
@@ -53,9 +43,6 @@ def test_lost_answers_after_the_write_landed_cost_one_post_in_all(fleet: Fleet) 
     assert (result.approvals, result.early) == (1, 0), result
 
 
-@pytest.mark.xfail(strict=True, reason="Retry-After is not honoured: the SDK's LinearRetry (blob_store.py, "
-                   "BlobStore.open) asks again after 1 s and store_exchange's retry_delay backs off from 1 s, "
-                   "whatever the store said")
 def test_throttling_is_honoured_and_the_fleet_still_approves_once(fleet: Fleet) -> None:
     """503 ServerBusy with Retry-After: 3 on listings, marker writes and the claim: no VM asks that path again
     before the 3 s are up, and the one POST still goes out after the last hook."""
