@@ -315,13 +315,20 @@ def paused_claimer(fleet: Fleet, imds_500: bool = False, limit: float = 40.0) ->
                    claimer_posts_after_resume=len(after))
 
 
+def _children(pid: int) -> list[str]:
+    """The child processes of `pid` (its hook, once spawned)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return [c for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+
+
 def paused_preparing(fleet: Fleet, pause: float, limit: float = 40.0) -> Outcome:
-    """The slowest VM (the last one) is paused while its hook runs, past its hook's end and 2 x takeover_after:
-    no POST before its hook ended; one after it resumed."""
+    """The slowest VM (the last one) is paused once its hook runs (a child of the agent, which runs on), past
+    its hook's end and 2 x takeover_after: no POST before its hook ended; one after it resumed."""
     vm = fleet.vms[-1]
     fleet.emu.add_event(event_type="Reboot", resources=fleet.vms, notice=300)
-    fleet.agents[vm].wait_log("handler.started", timeout=20)
-    resumed = _pause(fleet.agents[vm], pause)
+    agent = fleet.agents[vm]
+    wait_until(lambda: _children(agent.proc.pid), 20, "its hook to run")
+    resumed = _pause(agent, pause)
     settle(fleet, limit)
     approvals = fleet.approvals()
     return outcome(fleet, "preparing VM paused past its hook's end",
