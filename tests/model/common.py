@@ -168,8 +168,9 @@ def order(vm: str, mode: str, decided: int, step: Any = None) -> Order:
 
 
 def lapsed(o: Order, started: int, within: float, right: Callable[[Order], str | None],
-           claim: Any = None) -> str | None:
+           backend: Any) -> str | None:
     """The real approver's recheck right before a send (`Approver.lapsed`): the order's deadline and the POST's
-    own (`within` from `started` ticks ago), the coordinator's part (`right`) and the store's claim check."""
-    approver = SimpleNamespace(clock=ModelClock(), right=right, claim=claim)
+    own (`within` from `started` ticks ago), the coordinator's part (`right`) and the backend's
+    (`Backend.right_to_post`: the peers' rule, or the store's claim check)."""
+    approver = SimpleNamespace(clock=ModelClock(), right=right, backend=backend)
     return Approver.lapsed(approver, o, min(o.deadline, (at(started) or 0.0) + within))  # type: ignore[arg-type]

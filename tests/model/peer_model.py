@@ -5,7 +5,7 @@ What each step calls of the real code:
   is about to (`leads_soon`), the peers ranked after it not yet ready (`readiness_due`'s rule);
 - what an answer or a silence does to its knowledge: `failed_since`, on a real `PeerState`;
 - which peers block it and whether a lower-ranked one is still present: the real
-  `Coordinator._peer_inputs` (bound to a stand-in that hands it the model's `PeerState`s);
+  `PeerBackend.inputs` (bound to a stand-in that hands it the model's `PeerState`s);
 - whether it approves: `approval_policy.decide`, with the coordinator tick's own rules around it
   (an unconfirmed `sending` record waits `RETRY_FAILED_AFTER`, a failed POST too);
 - when the POST's retries give up: the real `agent.retry.retrying` on the model's clock.
@@ -25,8 +25,10 @@ from typing import NamedTuple
 from agent.coordination.coordination_rules import PeerState, failed_since, leads_soon, watch_chain
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import RETRY_FAILED_AFTER, Coordinator
+from agent.coordination.peers.peer_backend import PeerBackend
+from agent.model.approval import AUTO
 from agent.model.events import SCHEDULED
-from agent.windows.approval_policy import AUTO, decide
+from agent.windows.approval_policy import decide
 from tests.model.common import (
     CRASH,
     DOWN,
@@ -128,13 +130,12 @@ def _peers(vm: Vm) -> dict[str, PeerState]:
 def peer_inputs(i: int, vm: Vm) -> tuple[list[str], list[str]]:
     """(peers not ready, lower-ranked peers still present) as the real coordinator computes them."""
     peers = _peers(vm)
-    stand_in = SimpleNamespace(settings=settings, _silent=lambda *args: None,
+    stand_in = SimpleNamespace(settings=lambda: settings, _silent=lambda *args: None, _events={},
                                peers=SimpleNamespace(run=lambda *args: None, peers_now=lambda exchange: peers))
-    tracked = SimpleNamespace(event=SimpleNamespace(resources=VMS, status=vm.seen))
-    waiting, reachable, _ = Coordinator._peer_inputs(stand_in, EVENT_ID, SimpleNamespace(exchange=None),  # type: ignore[arg-type]
-                                                     tracked, VMS[i], AUTO, [] if vm.prepared else ["hook"],
-                                                     vm.record == SENT, NOW)
-    return waiting, reachable
+    event = SimpleNamespace(resources=VMS, status=vm.seen)
+    given = PeerBackend.inputs(stand_in, EVENT_ID, event, VMS[i], [] if vm.prepared else ["hook"],  # type: ignore[arg-type]
+                               AUTO, False, vm.record == SENT, NOW)
+    return given.waiting, given.reachable
 
 
 @functools.cache
@@ -142,12 +143,12 @@ def withheld(i: int, know: tuple[Known | None, ...], seen: str, decided: int, st
     """Why the real approver withholds the POST right before a send (`Approver.lapsed`, with the coordinator's
     `still_right` on this VM's last poll and its peer knowledge now), or None: it sends."""
     peers = {VMS[j]: k.real() for j, k in enumerate(know) if k is not None}
-    coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset(),
-                                  published={EVENT_ID: SimpleNamespace(exchange=None)}, store_backend=None,
-                                  settings=settings, clock=ModelClock(),
-                                  peers=SimpleNamespace(peers_now=lambda exchange: peers))
+    coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset())
+    backend = SimpleNamespace(published={EVENT_ID: object()}, settings=lambda: settings, clock=ModelClock(),
+                              peers=SimpleNamespace(peers_now=lambda exchange: peers))
+    check = SimpleNamespace(right_to_post=lambda *args: PeerBackend.right_to_post(backend, *args))  # type: ignore[arg-type]
     return lapsed(order(VMS[i], AUTO, decided), started, SETTINGS.approval_retry_for,
-                  lambda o: Coordinator.still_right(coordinator, o))  # type: ignore[arg-type]
+                  lambda o: Coordinator.still_right(coordinator, o), check)  # type: ignore[arg-type]
 
 
 @functools.cache

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.coordination import coordination_rules, coordinator
+from agent.coordination import coordination_rules
 from agent.coordination.approver import Approver
 from agent.coordination.coordination_rules import not_ready
+from agent.coordination.peers import peer_backend
 from tests.model.common import LOST_ANSWER, PAUSE, POST_ERROR
 from tests.model.explorer import Result, explore
 from tests.model.peer_model import PeerModel
@@ -90,7 +91,7 @@ def test_the_checker_finds_a_leader_whose_silence_waives_its_readiness(monkeypat
     def old_rule(lower, higher, peers, now, unreachable_peers, peer_timeout):  # noqa: ANN001, ANN202
         return not_ready(higher, peers, now, unreachable_peers, peer_timeout)
 
-    monkeypatch.setattr(coordinator, "readiness_missing", old_rule)  # the decision
+    monkeypatch.setattr(peer_backend, "readiness_missing", old_rule)  # the decision
     monkeypatch.setattr(coordination_rules, "readiness_missing", old_rule)  # the recheck before the send
     result = explore(PeerModel(kinds=(PAUSE,)))
     assert "S1" in result.violations
