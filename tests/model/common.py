@@ -44,8 +44,8 @@ VMS = ("vm-a", "vm-b", "vm-c")
 """Resources of the event in rank order: vm-a leads."""
 EVENT_ID = "6b1f0c2e-8d1a-4b7e-9c55-0d2f6a9e3b11"
 UP, PAUSED, DOWN = "up", "paused", "down"
-CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, ODD_RECORD, RESTART, POST_ERROR = (
-    "crash", "pause", "lost answer", "lost message", "odd record", "restart", "IMDS 500")
+CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, ODD_RECORD, RESTART, POST_ERROR, WEDGE = (
+    "crash", "pause", "lost answer", "lost message", "odd record", "restart", "IMDS 500", "wedge")
 
 
 def at(age: int | None) -> float | None:

@@ -1,6 +1,7 @@
 """S1 and S2 hold in every reachable state of both backends: three VMs, every interleaving, one fault of
-any kind per path (crash and restart, pause, lost answer, lost message, odd record, restart, IMDS 500),
-the real decision functions deciding (see tests/model/*_model.py for what each step calls).
+any kind per path (crash and restart, pause, lost answer, lost message, odd record, restart, IMDS 500, and
+on the peers a wedged server), the real decision functions deciding (see tests/model/*_model.py for what
+each step calls).
 
 A failure prints the shortest counterexample: the numbered steps from the start to the broken promise.
 The figures (states, time) go to bench/results/model_check.json through `python -m bench model`.
