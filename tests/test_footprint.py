@@ -42,6 +42,10 @@ NOT_FOR_THE_SHIPPED_CONFIG = (
     "agent.handlers.webhook",
     "agent.handlers.health",
     "agent.cliclient",  # the commands that talk to a running daemon
+    "agent.clitext",  # their text and views: `maintd run` never prints them
+    "agent.cliviews",
+    "agent.cliwatch",
+    "agent.coordination.store",  # the azure_blob coordination backend only (the shipped one is the peers)
     "agent.emulator",
     "agent.demo",
     "agent.docgen",
@@ -104,3 +108,30 @@ def test_the_store_backend_loads_the_azure_sdk_only_when_an_event_needs_the_stor
     assert "agent.coordination.store.store_backend" in loaded
     assert offenders(loaded, ("azure", "agent.coordination.store.blob_store",
                               "agent.coordination.store.identity_token")) == []
+
+
+IMDS_EXCHANGE = """
+import socket, sys, threading
+from agent.imds.imds_connection import Connection
+
+server = socket.create_server(("127.0.0.1", 0))
+
+def answer() -> None:
+    conn, _ = server.accept()
+    conn.recv(65536)
+    conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\n{}")
+    conn.close()
+
+threading.Thread(target=answer, daemon=True).start()
+reply = Connection(f"http://127.0.0.1:{server.getsockname()[1]}").exchange(
+    b"GET / HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n", 5.0, 1024)
+print(sorted(m for m in sys.modules if m in ("encodings.idna", "stringprep", "unicodedata")))
+"""
+
+
+def test_polling_imds_by_address_loads_no_international_domain_name_tables():
+    """Every poll opens or reuses a connection to IMDS: resolving its ASCII address must not load the idna
+    codec's tables (stringprep, unicodedata), which would stay resident for the life of the process."""
+    out = subprocess.run([sys.executable, "-c", IMDS_EXCHANGE], capture_output=True, text=True, timeout=60,
+                         check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -14,14 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from functools import reduce
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import logs
 from agent.clock import Clock, Waitable
 from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.store.store_backend import StoreBackend
 from agent.errors import ConfigError, ImdsError, kept_in_memory
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate
@@ -43,6 +42,9 @@ from agent.secretfile import SecretFiles
 from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
 from agent.windows.approval_policy import Profile
+
+if TYPE_CHECKING:
+    from agent.coordination.store.store_backend import StoreBackend
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 STOP_DRAIN = "stop"
@@ -149,6 +151,8 @@ class Parts:
         c = self.config.coordination
         if c.backend != "azure_blob" or c.azure_blob is None:
             return None
+        from agent.coordination.store.store_backend import StoreBackend  # the peers backend never loads it
+
         return StoreBackend(c.azure_blob,
                             token=lambda resource, client_id: self.imds.identity_token(resource, client_id),
                             clock=self.clock, metrics=self.metrics, health=self.health, secret=self.secrets.read,
