@@ -12,7 +12,8 @@ decides who the caller is:
   readiness only: an event's id, status, rank and `ready`, and health states without descriptions
   — what the coordinator and the fleet gate read — never hook output.
 
-The probe, /healthz and /metrics answer everyone. Errors are JSON: {"error": ..., "status": ...}.
+The probe, /app-health (the Application Health extension's, for automatic instance repairs), /healthz and
+/metrics answer everyone. Errors are JSON: {"error": ..., "status": ...}.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Backend(Protocol):
     """What the server reads and asks of the daemon; `by` says who asked, for the audit journal."""
 
     def probe(self) -> tuple[bool, str]: ...
+    def app_health(self) -> tuple[bool, str]: ...
     def alive(self) -> tuple[bool, str]: ...
     def metrics_text(self) -> bytes: ...
     def status(self) -> dict[str, Any]: ...
@@ -180,6 +182,7 @@ class Router:
         get, post = ("GET",), ("POST",)
         self.exact: dict[str, Route] = {
             probe_path: Route("probe", get, self._probe, cheap=True, content_type="text/plain; charset=utf-8"),
+            "/app-health": Route("app_health", get, self._app_health, cheap=True),
             "/healthz": Route("healthz", get, self._healthz, cheap=True),
             "/metrics": Route("metrics", get, lambda c: (200, b.metrics_text()),
                               content_type="text/plain; version=0.0.4; charset=utf-8"),
@@ -254,6 +257,11 @@ class Router:
     def _probe(self, _: Call) -> tuple[int, Any]:
         ok, reason = self.backend.probe()
         return (200 if ok else 503), (reason + "\n").encode()
+
+    def _app_health(self, _: Call) -> tuple[int, Any]:
+        """The Application Health extension's rich health states (200 either way: the body says which)."""
+        healthy, reason = self.backend.app_health()
+        return 200, {"ApplicationHealthState": "Healthy" if healthy else "Unhealthy", "reason": reason}
 
     def _healthz(self, _: Call) -> tuple[int, Any]:
         ok, detail = self.backend.alive()

@@ -77,6 +77,9 @@ class LocalApi:
         v = self.rotation.verdict()
         return v.in_rotation, v.reason
 
+    def app_health(self) -> tuple[bool, str]:
+        return self.rotation.app_health()
+
     def alive(self) -> tuple[bool, str]:
         stuck = self.view().stuck_for(self.clock.monotonic())
         if stuck > 0:
