@@ -29,6 +29,8 @@ from agent.state.state_store import Store
 
 DRAINS_FLAG = "drains"
 MANUAL = "manual"
+OUT_OF_ROTATION = "rotation"
+"""The state store's record, per event, of when its drain began and was lifted (the fleet history reads it)."""
 MAINTENANCE_SOURCES = ("maintenance", "maintd")
 """The SourceIds whose reports are about maintenance itself (the loop's `maintenance/pending`, the `health`
 handler's `maintd/maintenance/<EventId>`): never a reason for `/app-health` to say Unhealthy."""
@@ -119,12 +121,17 @@ class Rotation:
         self._changed()
         return True
 
-    def undrain(self, key: str) -> bool:
-        """Lift the drain `key`; False if there was none."""
+    def undrain(self, key: str, event_id: str | None = None, now: datetime | None = None) -> bool:
+        """Lift the drain `key`; False if there was none. An event's drain (`event_id`, `now`) leaves its interval
+        out of rotation in the state store, under the event (`OUT_OF_ROTATION`: `out_at`, `back_at`)."""
         with self._lock:
             drains = self.drains()
-            if drains.pop(key, None) is None:
+            lifted = drains.pop(key, None)
+            if lifted is None:
                 return False
+            if event_id is not None and now is not None:  # saved with the drains just below
+                self.store.record(event_id, OUT_OF_ROTATION, {"out_at": lifted.get("since"), "back_at": iso_z(now)},
+                                  wait=False)
             self._save(drains)
         self._changed()
         return True

@@ -30,7 +30,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from agent import jsonsafe, logs
 from agent.http.http_connection import is_loopback
@@ -61,6 +61,7 @@ class Backend(Protocol):
     def metrics_text(self) -> bytes: ...
     def status(self) -> dict[str, Any]: ...
     def fleet(self) -> dict[str, Any]: ...
+    def fleet_history(self, since: str | None) -> dict[str, Any]: ...
     def events(self) -> list[dict[str, Any]]: ...
     def event(self, event_id: str) -> dict[str, Any] | None: ...
     def health(self) -> dict[str, Any]: ...
@@ -189,6 +190,8 @@ class Router:
             "/v1/status": Route("status", get, lambda c: self._operator(c, b.status)),
             "/v1/events": Route("events", get, lambda c: self._operator(c, b.events)),
             "/v1/fleet": Route("fleet", get, lambda c: self._operator(c, b.fleet)),
+            "/v1/fleet/history": Route("fleet_history", get, lambda c: self._operator(
+                c, lambda: b.fleet_history(_query(c.request.target, "since")))),
             "/v1/health": Route("health", get, self._health),
             "/v1/drain": Route("drain", post, lambda c: self._mutate(c, lambda: b.drain(_reason(self._json(c)),
                                                                                        c.caller.by))),
@@ -329,6 +332,12 @@ def how_to_act(unix_socket: str | None, loopback: bool) -> str:
                   f"curl --unix-socket {unix_socket} -X POST http://localhost/v1/...), or " if unix_socket else "")
     return (f"loopback alone cannot make changes: {socket_way}{token}; "
             "server.require_token_on_loopback: false lets every local user act (see the README's upgrade notes)")
+
+
+def _query(target: str, name: str) -> str | None:
+    """A query parameter of the request's target (its last value; None when absent)."""
+    values = parse_qs(urlsplit(target).query).get(name)
+    return values[-1] if values else None
 
 
 def _reason(body: Any) -> str:
