@@ -27,8 +27,9 @@ Layout of state.json (format 1, `statefile.STATE_FORMAT`; files from before the 
      "events":  {EventId: {"event": {...IMDS fields}, "names_self", "first_seen", "boot_id",
                            "seen_started", "history": [{"kind", "at", "status", "outcome"}],
                            "vanished_at", "outcome"}},
-     "results": {EventId: {key: {...}}},     # handler results, approval records, handler notes
-                                             # ("handler:drain:scheduled", "approval", "note:silence")
+     "results": {EventId: {key: {...}}},     # handler results, approval records, handler notes, the event's
+                                             # drain interval and its fleet-history write ("handler:drain:scheduled",
+                                             # "approval", "note:silence", "rotation", "history")
      "flags":   {name: {...}}}               # JSON objects, e.g. the drains
 """
 
