@@ -157,3 +157,46 @@ def test_the_outcome_comes_from_the_state_store_s_records():
     late = outcome_for("web_1", record, {**results, "approval": {"status": "failed"}}, prepared=False, chosen="forced")
     assert late.ready_at is None and late.prepared_before_start is False and late.approved_by is None
     assert late.chosen == "forced"
+
+
+class Lane:
+    """The history lane as the loop sees it: what it was handed (the real one writes to the store)."""
+
+    def __init__(self) -> None:
+        self.handed: list[tuple[str, VmOutcome, int]] = []
+
+    def write(self, group: str, outcome: VmOutcome, attempt: int) -> None:
+        self.handed.append((group, outcome, attempt))
+
+
+def test_the_loop_hands_an_event_over_once_and_only_after_its_completed_runs_finished(tmp_path, clock):
+    from agent.loop.event_end import CHECK_EVERY, EventEnds
+    from agent.model.tracker import Tracked, Transition
+    from tests.test_runner import ev, make, spec
+
+    runner, store, _ = make(tmp_path, clock, spec("prep"), spec("undo", phases=("completed",)))
+    lane = Lane()
+    ends = EventEnds(store, runner, lane, clock, lambda: "web")  # type: ignore[arg-type]
+    e = ev(clock=clock)
+    appeared = Transition("appeared", e, True, clock.now())
+    store.apply({"E1": Tracked(e, True, clock.now(), "b", False)}, [appeared])
+    runner.submit(appeared)
+    assert runner.wait_idle(5)
+    clock.advance(60)
+    gone = Transition("vanished", e, True, clock.now(), outcome="completed")
+    store.apply({}, [gone])
+    ends.tick("vm1")
+    assert lane.handed == []  # gone, but its `completed` run has not run yet: not ended for this VM
+    runner.submit(gone)
+    assert runner.wait_idle(5)
+    for _ in range(3):
+        clock.advance(CHECK_EVERY)
+        ends.tick("vm1")
+    assert [(g, o.event_id, o.vm, n) for g, o, n in lane.handed] == [("web", "E1", "vm1", 1)]
+    assert lane.handed[0][1].ready_at is not None and lane.handed[0][1].prepared_before_start is True
+    store.record("E1", "history", {"status": SENDING, "attempt": 1, "at": iso_z(clock.now())})
+    restarted = EventEnds(store, runner, lane, clock, lambda: "web")  # type: ignore[arg-type]
+    restarted.tick("vm1")  # killed mid-request: once more, and never a third time
+    clock.advance(CHECK_EVERY)
+    restarted.tick("vm1")
+    assert [n for _, _, n in lane.handed] == [1, 2]

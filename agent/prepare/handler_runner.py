@@ -313,10 +313,11 @@ class Runner:
         return not self._blocking(event, names_self)
 
     def finished(self, event: Event, names_self: bool) -> bool:
-        """Whether a gone event's work is all done: no run of it running or to run again, and every `completed`
-        handler that runs for it has its result (the undrain, say): the event has ended for this VM."""
+        """Whether a gone event's work is all done: no run of it running, and every `completed` handler that runs
+        for it has its result (the undrain, say): the event has ended for this VM. (An interrupted run that will not
+        run again keeps its `interrupted` record for good: it counts as done.)"""
         results = self.store.results(event.event_id)
-        if any(r.get("outcome") in (RUNNING, INTERRUPTED) for k, r in results.items() if RunKey.parse(k)):
+        if any(r.get("outcome") == RUNNING for k, r in results.items() if RunKey.parse(k)):
             return False
         return all(str(RunKey(h.spec.name, PHASE_COMPLETED)) in results
                    for h in self.selected(PHASE_COMPLETED, event, names_self) if h.spec.dry_run or not self.dry_run)
