@@ -133,9 +133,9 @@ class Parts:
                              on_result=self._handler_result)
         self.keeper = Keeper(lambda: self.runner.handlers, clock)
         self._on_result = callbacks.handler_result
+        backend = self._store_backend(callbacks)
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
                                        profiles=config.profiles, prepare=config.prepare)
-        backend = self._store_backend(callbacks)
         self.coordinator = Coordinator(
             config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store, clock=clock,
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,
