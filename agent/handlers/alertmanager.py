@@ -32,7 +32,7 @@ from typing import Any
 import requests
 
 from agent import boundedhttp, logs
-from agent.errors import ConfigValueError, MaintdError, StateError
+from agent.errors import ConfigValueError, MaintdError, kept_in_memory
 from agent.handlers.alertmanager_api import Credentials, Failed, Replica, ReplicaWork, instant, times
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result, Services
 from agent.handlers.drain import drain_key
@@ -335,10 +335,8 @@ class AlertmanagerHandler(Handler):
             self.services.health.remove("handlers", prop)
 
     def _save(self, eid: str, note: dict[str, Any]) -> None:
-        try:
+        with kept_in_memory():
             self.set_note(eid, note)
-        except StateError:  # kept in memory; the loop reports the disk and its writer retries
-            pass
 
     def _count(self) -> None:
         held = sum(1 for note in self.notes().values() if note.get("state") in (KEEPING, EXPIRING)

@@ -38,6 +38,7 @@ from agent.boundedhttp import Reply
 from agent.errors import ConfigValueError
 from agent.handlers.base import FAILED, OK, Context, Handler, Result
 from agent.httpdates import retry_after, transient_status
+from agent.model.approval import APPROVAL_KEY, approved_by
 from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, text
 from agent.model.outcomes import PHASE_SCHEDULED, PHASE_STARTED
 from agent.model.timefmt import iso_z
@@ -256,8 +257,7 @@ class WebhookHandler(Handler):
         """Who approved the event, when known here (ctx says so, or this VM sent the approval)."""
         if ctx.approved_by:
             return ctx.approved_by
-        record = self.services.store.result(ctx.event.event_id, "approval")
-        return record.get("by") if record and record.get("status") == "sent" else None
+        return approved_by(self.services.store.result(ctx.event.event_id, APPROVAL_KEY))
 
     def body(self, ctx: Context) -> tuple[bytes, str]:
         """The request body and its content type, for the preset or template."""

@@ -33,13 +33,14 @@ from typing import Any, NamedTuple, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from agent import jsonsafe, logs
+from agent.addresses import parse_listen
 from agent.http.http_connection import is_loopback
 from agent.http.http_loop import EventLoopServer
 from agent.http.http_wire import HttpError, Request, error_body, json_body, response
 from agent.http.listeners import listen_tcp, listen_unix
 from agent.metrics import Metrics
 
-__all__ = ["ApiError", "ApiServer", "Backend", "is_loopback", "parse_listen", "token_ok"]
+__all__ = ["ApiError", "ApiServer", "Backend", "is_loopback", "token_ok"]
 
 ApiError = HttpError
 """An error answer: HTTP status and message (the backend raises it too)."""
@@ -79,12 +80,6 @@ def token_ok(authorization: str | None, token: str | None) -> bool:
         return False
     scheme, _, value = authorization.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """('host', port) from 'host:port' or '[v6]:port'."""
-    host, _, port = listen.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def peer_event_view(view: dict[str, Any]) -> dict[str, Any]:

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from agent import jsonsafe, logs
+from agent.addresses import is_loopback_url
 from agent.clock import Clock
 from agent.errors import AnswerTooLarge, ImdsError, ImdsRequestRejected, ImdsUnavailable
 from agent.httpdates import retry_after
@@ -55,10 +56,6 @@ class PollResult:
     duration: float
 
 
-def _is_loopback(endpoint: str) -> bool:
-    host = urlsplit(endpoint).hostname or ""
-    return host == "localhost" or host.startswith("127.") or host == "::1"
-
 
 def _text(body: bytes) -> str:
     return body[:500].decode("utf-8", "replace")
@@ -89,7 +86,7 @@ class ImdsClient:
         self._answered = False
         self._lock = threading.Lock()
         self._last_request = float("-inf")
-        self._min_gap = 0.0 if _is_loopback(self.endpoint) else MIN_REQUEST_GAP
+        self._min_gap = 0.0 if is_loopback_url(self.endpoint) else MIN_REQUEST_GAP
 
     def _target(self, path: str, api_version: str) -> str:
         return f"{path}?{urlencode({'api-version': api_version})}"

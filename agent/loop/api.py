@@ -25,6 +25,7 @@ from agent.health.health_store import HealthStore, parse_report
 from agent.health.rotation import MANUAL, Rotation
 from agent.http.routes import ApiError, token_ok
 from agent.metrics import Metrics
+from agent.model.approval import MANUAL_APPROVAL_KEY
 from agent.model.events import SCHEDULED
 from agent.model.timefmt import iso_z, iso_z_or_none, since_instant
 from agent.model.tracker import Tracked
@@ -226,7 +227,7 @@ class LocalApi:
             raise ApiError(404, f"no current event {event_id}")
         if tracked.event.status != SCHEDULED:
             raise ApiError(409, f"event {event_id} is {tracked.event.status}; only Scheduled events can be approved")
-        self.store.record(event_id, "manual_approval", {"at": iso_z(self.clock.now()), "by": by},
+        self.store.record(event_id, MANUAL_APPROVAL_KEY, {"at": iso_z(self.clock.now()), "by": by},
                           journal="approval.manual")
         self.log.info("approval.manual", event_id=event_id, by=by)
         self.preparation.release(event_id, "operator")  # an operator's go starts a held preparation

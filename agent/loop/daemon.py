@@ -34,6 +34,7 @@ from agent.loop.report import Reporter
 from agent.loop.wiring import STOP_DRAIN, Callbacks, Parts, serve
 from agent.metrics import Metrics
 from agent.model.events import Document
+from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.tracker import Tracked, Transition, diff
 from agent.state.state_file import LoadReport
 from agent.systemd import Notifier, call_pinging
@@ -310,7 +311,7 @@ class Daemon:
         """On a handler thread: report it; when this VM just became ready, decide (and tell the leader) now."""
         self.report.handler_result(event_id, handler, phase, result)
         tracked = self.tracked.get(event_id)
-        if phase == "scheduled" and tracked is not None and self.vm_name and self.runner.is_ready(tracked):
+        if phase == PHASE_SCHEDULED and tracked is not None and self.vm_name and self.runner.is_ready(tracked):
             self.wake_coordination()  # the coordinator's tick pushes readiness to the acting leader
 
     def wake_coordination(self) -> None:

@@ -24,9 +24,10 @@ from agent.coordination.coordinator import Coordinator
 from agent.coordination.store.fleet_history import HISTORY_KEY, FleetHistory
 from agent.coordination.store.history_protocol import group_name
 from agent.coordination.store.store_backend import StoreBackend
-from agent.errors import ConfigError, ImdsError, StateError
+from agent.errors import ConfigError, ImdsError, kept_in_memory
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate
+from agent.handlers.spec import Settings
 from agent.health.health_store import HealthState, HealthStore
 from agent.health.rotation import Rotation
 from agent.health.sampling import RuleEngine
@@ -37,7 +38,7 @@ from agent.loop.api import LocalApi, LoopView
 from agent.loop.event_end import EventEnds
 from agent.metrics import Metrics
 from agent.model.identity import Identity
-from agent.prepare.handler_runner import Runner, handler_settings
+from agent.prepare.handler_runner import Runner
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
 from agent.retry import retrying as retrying_on
@@ -196,8 +197,8 @@ class Parts:
         """Hand the handlers one immutable snapshot of what they read (name, drain timings, profile)."""
         probe = self.config.probe
         identity = self.coordinator.identity
-        self.services.settings = handler_settings(self.vm_name, probe.lb_timeout, probe.drain_grace, profile,
-                                                  identity.computer_name if identity is not None else "")
+        self.services.settings = Settings.for_profile(self.vm_name, probe.lb_timeout, probe.drain_grace, profile,
+                                                      identity.computer_name if identity is not None else "")
 
     def reconfigure(self, new: Config) -> Config:
         """Apply a reloaded config to the running parts; returns the config now in force.
@@ -325,10 +326,8 @@ class Parts:
         if self.history is not None:
             self.history.stop()
         self.coordinator.stop()
-        try:
+        with kept_in_memory():
             self.store.flush()
-        except StateError:  # the daemon's last report says so (state.write_failed)
-            pass
 
 
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:

@@ -39,6 +39,7 @@ import dataclasses
 import json
 import os
 import threading
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from agent.clock import Clock
 from agent.errors import StateError
 from agent.model.events import parse_event
 from agent.model.timefmt import iso_z, parse_iso
-from agent.model.tracker import Tracked, Transition
+from agent.model.tracker import VANISHED, Tracked, Transition
 from agent.state.journal import JOURNAL_FILE, set_aside_newer
 from agent.state.journal import append as append_journal
 from agent.state.state_file import STATE_FILE, STATE_FORMAT, LoadReport, read_state, replace_file
@@ -197,7 +198,7 @@ class Store:
                                                             "names_self": tr.names_self, "first_seen": iso_z(tr.at)})
                 rec["history"].append({"kind": tr.kind, "at": iso_z(tr.at), "status": tr.event.status,
                                        **({"outcome": tr.outcome} if tr.outcome else {})})
-                if tr.kind == "vanished":
+                if tr.kind == VANISHED:
                     rec["vanished_at"] = iso_z(tr.at)
                     rec["outcome"] = tr.outcome
                 self._queue_line(f"event.{tr.outcome if tr.outcome else tr.kind}", event_id=tr.event.event_id,
@@ -246,7 +247,7 @@ class Store:
             return {eid: json.loads(json.dumps(results[key])) for eid, results in self._data["results"].items()
                     if key in results}
 
-    def record(self, event_id: str, key: str, value: dict[str, Any], journal: str | None = None, *,
+    def record(self, event_id: str, key: str, value: Mapping[str, Any], journal: str | None = None, *,
                wait: bool = True) -> None:
         """Store a result and write it through; raises StateError if the disk refused (kept in memory).
         With `wait=False` (the loop's path) it returns at once and the background writer saves it."""

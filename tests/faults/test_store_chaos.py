@@ -19,6 +19,7 @@ from tests.store_chaos import (
     big_listing,
     latency,
     lost_answers,
+    no_fault,
     odd_record,
     start_fleet,
     throttled,
@@ -33,6 +34,15 @@ def fleet(start_emulator, start_agent, tmp_path: Path, azurite: Azurite) -> Iter
     started = start_fleet(start_emulator, start_agent, tmp_path, azurite, (0.3, 0.6, 1.0))
     yield started
     started.stop()
+
+
+def test_an_event_without_faults_costs_a_few_requests_and_no_false_alarm(fleet: Fleet) -> None:
+    """The baseline: one POST after the last hook, at most 10 store requests per VM over the event and the
+    8 s after it, and no VM takes its own marker for a forged one (an Error that holds the fleet gate)."""
+    result = no_fault(fleet)
+    assert (result.approvals, result.early) == (1, 0), result
+    assert result.figures["marker_forged_lines"] == 0, result
+    assert result.figures["requests_per_vm_max"] <= 10, result
 
 
 def test_lost_answers_after_the_write_landed_cost_one_post_in_all(fleet: Fleet) -> None:

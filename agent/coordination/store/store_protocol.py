@@ -29,13 +29,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agent.coordination.coordination_rules import UNREACHABLE
+from agent.coordination.coordination_rules import OK, UNHEALTHY, UNREACHABLE
 from agent.errors import MaintdError
 
 VERSION = "1"
 PREPARING, READY = "preparing", "ready"
 CLAIMED, APPROVED, RELEASED, UNREADABLE = "claimed", "approved", "released", "unreadable"
-HEALTHY, UNHEALTHY = "ok", "unhealthy"
 MARKER_FIELDS = frozenset({"maintd", "kind", "event", "vm", "state", "health"})
 APPROVAL_FIELDS = frozenset({"maintd", "kind", "event", "by", "state", "attempt"})
 MAX_ATTEMPT = 1_000_000
@@ -91,7 +90,7 @@ def unstorable(event_id: str, names: Sequence[str]) -> str | None:
     return f"Resources holds names the store does not take: {', '.join(n[:40] for n in odd[:3])}" if odd else None
 
 
-def marker_record(event_id: str, vm: str, state: str, health: str = HEALTHY) -> dict[str, str]:
+def marker_record(event_id: str, vm: str, state: str, health: str = OK) -> dict[str, str]:
     """A VM's marker as blob metadata: its readiness, and its health as the fleet gate counts it."""
     return {"maintd": VERSION, "kind": "vm", "event": event_id.lower(), "vm": vm, "state": state, "health": health}
 
@@ -120,7 +119,7 @@ class Marker:
     vm: str
     state: str
     age: float
-    health: str = HEALTHY
+    health: str = OK
     etag: str = ""
     """As the listing said ("" when it said none): a VM knows the ETag of its own last write."""
 
@@ -190,7 +189,7 @@ def parse_marker(event_id: str, path_name: str, metadata: Mapping[Any, Any], age
         return f"names VM {fields['vm'][:64]!r}"
     if fields["state"] not in (PREPARING, READY):
         return f"unknown state {fields['state'][:16]!r}"
-    if fields["health"] not in (HEALTHY, UNHEALTHY):
+    if fields["health"] not in (OK, UNHEALTHY):
         return f"unknown health {fields['health'][:16]!r}"
     return Marker(fields["vm"], fields["state"], age, fields["health"], etag)
 
