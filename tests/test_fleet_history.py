@@ -154,6 +154,9 @@ def test_the_outcome_comes_from_the_state_store_s_records():
     assert (out.approved_by, out.approved_at, out.ended_at, out.day) == ("web_1", at(61), at(202), date(2026, 11, 27))
     assert out.prepared_before_start is True and out.out_seconds == 200.0
     assert out.handlers == (("drain", "completed", "ok"), ("drain", "scheduled", "ok"), ("hook", "scheduled", "ok"))
+    started = {**record, "event": {**record["event"], "EventStatus": "Started", "NotBefore": ""},
+               "not_before": "2026-11-28T00:05:00Z"}  # IMDS sends no NotBefore once Started: the one kept counts
+    assert outcome_for("web_1", started, results, prepared=True, chosen=None).day == date(2026, 11, 28)
     late = outcome_for("web_1", record, {**results, "approval": {"status": "failed"}}, prepared=False, chosen="forced")
     assert late.ready_at is None and late.prepared_before_start is False and late.approved_by is None
     assert late.chosen == "forced"

@@ -58,13 +58,14 @@ def outcome_for(vm: str, record: dict[str, Any], results: dict[str, dict[str, An
             *(_instant(r.get("finished_at")) for _, r in runs)]
     ended = max(t for t in ends if t is not None)
     first_seen = _instant(record.get("first_seen")) or ended
-    return VmOutcome(event_id=event.event_id, event_type=event.event_type, vm=vm, not_before=event.not_before,
+    not_before = event.not_before or _instant(record.get("not_before"))
+    return VmOutcome(event_id=event.event_id, event_type=event.event_type, vm=vm, not_before=not_before,
                      out_at=_instant(rotation.get("out_at")), back_at=_instant(rotation.get("back_at")),
                      ready_at=ready_at, started_at=started,
                      approved_by=approval.get("by") if sent else None,
                      approved_at=_instant(approval.get("at")) if sent else None,
                      handlers=tuple((key.handler, key.phase, str(r.get("outcome"))) for key, r in runs),
-                     chosen=chosen, ended_at=ended, day=(event.not_before or first_seen).date())
+                     chosen=chosen, ended_at=ended, day=(not_before or first_seen).date())
 
 
 class EventEnds:

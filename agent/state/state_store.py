@@ -24,7 +24,8 @@ in-memory copy, the locks and the generations.
 
 Layout of state.json (format 1, `statefile.STATE_FORMAT`; files from before the field say "version": 1):
     {"format": 1,
-     "events":  {EventId: {"event": {...IMDS fields}, "names_self", "first_seen", "boot_id",
+     "events":  {EventId: {"event": {...IMDS fields}, "names_self", "first_seen", "boot_id", "not_before" (the last
+                           NotBefore seen, kept once IMDS sends "" for a started event),
                            "seen_started", "history": [{"kind", "at", "status", "outcome"}],
                            "vanished_at", "outcome"}},
      "results": {EventId: {key: {...}}},     # handler results, approval records, handler notes, the event's
@@ -193,6 +194,8 @@ class Store:
                 rec = events.setdefault(eid, {"history": []})
                 rec.update(event=t.event.to_json(), names_self=t.names_self, first_seen=iso_z(t.first_seen),
                            boot_id=t.boot_id, seen_started=t.seen_started, vanished_at=None, outcome=None)
+                if t.event.not_before is not None:  # kept once the event has started (IMDS then sends "")
+                    rec["not_before"] = iso_z(t.event.not_before)
             for tr in transitions:
                 rec = events.setdefault(tr.event.event_id, {"history": [], "event": tr.event.to_json(),
                                                             "names_self": tr.names_self, "first_seen": iso_z(tr.at)})

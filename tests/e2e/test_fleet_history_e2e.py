@@ -72,7 +72,7 @@ def test_after_an_event_each_vm_is_in_the_fleet_history_once_even_one_killed_mid
             assert v["prepared_before_start"] is True, v
             assert v["out_seconds"] is not None and v["out_seconds"] >= 11, v
             assert v["chosen_or_forced"] is None
-        assert event["approved_by"] == sent["by"]
+        assert event["approved_by"] == sent["by"] and event["not_before"] is not None
         summary = event["summary"]
         assert summary["vms"] == 3 and summary["most_out_at_once"] == 3
         assert summary["not_prepared_before_start"] == []
