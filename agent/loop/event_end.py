@@ -18,7 +18,7 @@ from typing import Any
 from agent import logs
 from agent.clock import Clock
 from agent.coordination.approver import APPROVAL_KEY
-from agent.coordination.store.fleet_history import HISTORY_KEY, FleetHistory, due
+from agent.coordination.store.fleet_history import HISTORY_KEY, FleetHistory, due, finished
 from agent.coordination.store.history_protocol import VmOutcome
 from agent.health.rotation import OUT_OF_ROTATION
 from agent.model.events import STARTED, parse_event
@@ -83,6 +83,8 @@ class EventEnds:
         self._checked = float("-inf")
         self._sent: dict[str, int] = {}
         """Event -> the attempt this run of maintd queued last (the loop's own)."""
+        self._done: set[str] = set()
+        """Events this run of maintd is done with: recorded, given up, too old or unreadable (the loop's own)."""
 
     def tick(self, vm_name: str | None) -> None:
         """At most every CHECK_EVERY seconds: queue the outcome of each event that ended and is not recorded yet."""
@@ -91,21 +93,21 @@ class EventEnds:
             return
         self._checked = mono
         now = self.clock.now()
-        notes = self.store.records_under(HISTORY_KEY)
-        records = self.store.event_records()
+        records = self.store.gone_records(self._done)
         self._sent = {eid: n for eid, n in self._sent.items() if eid in records}
         for eid, rec in records.items():
             try:
-                self._consider(vm_name, eid, rec, notes.get(eid), now)
+                self._consider(vm_name, eid, rec, self.store.result(eid, HISTORY_KEY), now)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                self._sent[eid] = 99  # never again in this run
+                self._done.add(eid)
                 self.log.warning("history.unreadable_event", event_id=eid, error=f"{type(exc).__name__}: {exc}"[:300],
                                  effect="this VM records no fleet history for the event")
 
     def _consider(self, vm_name: str, eid: str, rec: dict[str, Any], note: dict[str, Any] | None,
                   now: datetime) -> None:
         vanished = _instant(rec.get("vanished_at"))
-        if not rec.get("names_self") or vanished is None or (now - vanished).total_seconds() > RECORD_WITHIN:
+        if vanished is None or (now - vanished).total_seconds() > RECORD_WITHIN or finished(note):
+            self._done.add(eid)  # never looked at again by this run of maintd
             return
         attempt = due(note, now, self._sent.get(eid))
         if attempt is None:

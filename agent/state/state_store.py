@@ -40,7 +40,7 @@ import dataclasses
 import json
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -184,6 +184,13 @@ class Store:
         """Every stored event record, as copies."""
         with self._lock:
             return json.loads(json.dumps(self._data["events"]))
+
+    def gone_records(self, skip: Container[str] = ()) -> dict[str, dict[str, Any]]:
+        """The records of the events naming this VM that have left the document, but those in `skip`, as copies
+        (only those are copied)."""
+        with self._lock:
+            return json.loads(json.dumps({eid: rec for eid, rec in self._data["events"].items()
+                                          if rec.get("vanished_at") and rec.get("names_self") and eid not in skip}))
 
     def apply(self, tracked: dict[str, Tracked], transitions: list[Transition]) -> None:
         """Store the tracker's new view and each transition (history, journal); written in the background."""

@@ -46,6 +46,15 @@ Note = Callable[[str, dict[str, Any], bool], None]
 """(event_id, value, write_through): record the write's progress under HISTORY_KEY in the state store."""
 
 
+def finished(note: dict[str, Any] | None) -> bool:
+    """Whether nothing more will ever be written for the event: recorded, or its last attempt failed."""
+    if note is None:
+        return False
+    attempt = note.get("attempt")
+    return note.get("status") in (RECORDED, EXISTED) or (note.get("status") == FAILED and isinstance(attempt, int)
+                                                          and attempt >= MAX_ATTEMPTS)
+
+
 def due(note: dict[str, Any] | None, now: datetime, sent: int | None) -> int | None:
     """The attempt to make now for an ended event (None: nothing to do), from its note in the state store and the
     attempt this run of maintd last queued (`sent`; None: none since it started)."""
