@@ -126,7 +126,7 @@ class StoreProxy:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+            def log_message(self, format: str, *args: object) -> None:  # the base class's name
                 pass
 
             def _any(self) -> None:

@@ -15,6 +15,7 @@ from agent.errors import ImdsUnavailable
 from agent.metrics import Metrics
 from agent.model.gate_specs import NO_GATES
 from agent.state.state_store import Store
+from agent.windows.tick import Tick
 from tests.test_coordinator import step, tracked
 
 
@@ -59,8 +60,8 @@ def test_an_event_started_in_the_poll_during_the_backoff_is_not_posted_again(tmp
     clock, posts = PausingClock(), []
     coord = Coordinator(CoordinationConfig(), approve=failing_once(clock, 0.1, posts), store=Store(tmp_path, clock),
                         clock=clock, metrics=Metrics())
-    clock.during_pause = lambda: coord.tick(tracked(clock, ["vm1"], status="Started"), "vm1", _auto(), False,
-                                            lambda t: [])
+    clock.during_pause = lambda: coord.tick(Tick.of(tracked(clock, ["vm1"], status="Started"), "vm1", _auto(), False,
+                                            lambda t: []))
     step(coord, tracked(clock, ["vm1"]), "vm1")
     assert len(posts) == 1
     assert "no longer Scheduled" in next(e for e in logs if e["event"] == "approval.withheld")["reason"]

@@ -156,7 +156,7 @@ def liveness_interval(poll_interval: float, takeover_after: float) -> float:
 
 def recheck_delay(asks: int, poll_interval: float, recheck_max: float) -> float:
     """Wait before asking a not-ready peer again after `asks` asks: poll_interval doubling up to recheck_max."""
-    return min(recheck_max, poll_interval * 2 ** max(0, min(asks, 32) - 1))
+    return min(recheck_max, poll_interval * 2.0 ** max(0, min(asks, 32) - 1))
 
 
 def readiness_due(peer: PeerState, now: float, poll_interval: float, recheck_max: float) -> bool:

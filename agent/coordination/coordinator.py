@@ -43,7 +43,8 @@ from agent.model.gate_specs import NO_GATES, Gates
 from agent.model.identity import Identity
 from agent.model.tracker import Tracked
 from agent.state.state_store import Store
-from agent.windows.approval_policy import Decision, Profile, decide
+from agent.windows.approval_policy import Decision, decide
+from agent.windows.tick import Tick
 
 CLAIMS = ("claim", "take_over")
 """The backend steps that let this VM approve (the store's: it claims first); any other step holds it."""
@@ -134,9 +135,9 @@ class Coordinator:
 
     # --- decisions ----------------------------------------------------------------------
 
-    def tick(self, tracked: dict[str, Tracked], vm_name: str, profile: Profile, dry_run: bool,
-             local_pending: Callable[[Tracked], list[str]]) -> None:
+    def tick(self, tick: Tick) -> None:
         """Ask the backend and decide for every Scheduled event naming this VM; send approvals due."""
+        tracked, vm_name, profile, dry_run = tick.tracked, tick.vm_name, tick.profile, tick.dry_run
         now = self.clock.monotonic()
         self.scheduled = frozenset(eid for eid, t in tracked.items() if t.event.status == SCHEDULED)
         self.absorb()
@@ -151,7 +152,7 @@ class Coordinator:
             state = self._events.setdefault(event_id, EventCoordination())
             mode, rule = profile.approval_for(t.event)
             state.mode, state.rule = mode, rule
-            pending = local_pending(t)
+            pending = tick.pending_for(event_id)
             manual = self.store.result(event_id, MANUAL_APPROVAL_KEY) is not None
             sent = self._sent(event_id)
             given = self.backend.inputs(event_id, t.event, vm_name, pending, mode, manual, sent, now)

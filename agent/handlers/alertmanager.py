@@ -180,7 +180,7 @@ class AlertmanagerHandler(Handler):
                                               for s in note["silences"].values() if s.get("id"))
         if mono >= due or starting:  # read back every recheck; at once when the VM left rotation
             self._sync(eid, event, note, mono, never)
-        return min(ROTATION_CHECK, max(0.0, self._checked[eid] + self.options.recheck - clock.monotonic()))
+        return min(ROTATION_CHECK, max(0.0, self._checked[eid] + float(self.options.recheck) - clock.monotonic()))
 
     def _keep_expiring(self, eid: str, note: dict[str, Any]) -> float | None:
         """After the event: expire once the VM is back in rotation; a silence that ran out needs nothing."""

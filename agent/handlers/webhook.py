@@ -28,7 +28,7 @@ import string
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import requests
@@ -78,7 +78,7 @@ def _template(value: Any) -> str:
         _SafeFormatter().vformat(tpl, (), dict.fromkeys(TEMPLATE_FIELDS, "x"))
     except ValueError as exc:
         raise ConfigValueError("", f"not a valid template: {exc}") from None
-    return tpl
+    return cast(str, tpl)
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ class WebhookHandler(Handler):
 
     def _url(self) -> str:
         if self.options.url:
-            return self.options.url
+            return cast(str, self.options.url)
         assert self.options.url_file is not None
         problem = _url_file_problem(self.options.url_file)
         if problem:

@@ -23,7 +23,8 @@ from agent.coordination.store.store_protocol import StoreError
 from agent.handlers.base import NOTE_PREFIX
 from agent.health.health_store import HealthStore, parse_report
 from agent.health.rotation import MANUAL, Rotation
-from agent.http.routes import ApiError, token_ok
+from agent.http.auth import peer_authorized
+from agent.http.routes import ApiError
 from agent.metrics import Metrics
 from agent.model.approval import MANUAL_APPROVAL_KEY
 from agent.model.events import SCHEDULED
@@ -248,5 +249,4 @@ class LocalApi:
         return {"accepted": True, "SourceId": report.source_id, "Property": report.property}
 
     def peer_authorized(self, authorization: str | None) -> bool:
-        token = self.peer_token()
-        return token is None or token_ok(authorization, token)
+        return peer_authorized(authorization, self.peer_token())

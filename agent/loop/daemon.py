@@ -39,6 +39,7 @@ from agent.model.tracker import Tracked, Transition, diff
 from agent.state.state_file import LoadReport
 from agent.systemd import Notifier, call_pinging
 from agent.windows.approval_policy import Profile, in_force
+from agent.windows.tick import Tick
 
 HANDLER_STOP_GRACE = 10.0
 """Seconds running handlers get to finish when maintd stops, before they are cut short."""
@@ -296,7 +297,7 @@ class Daemon:
         if self.vm_name is None:
             return
         profile = self._update_profile()
-        self.coordinator.tick(self.tracked, self.vm_name, profile, self.config.dry_run, self.runner.pending)
+        self.coordinator.tick(Tick.of(self.tracked, self.vm_name, profile, self.config.dry_run, self.runner.pending))
 
     def _prune_state(self, now: float) -> None:
         """Drop finished events older than `state.retention`, checked every min(60 s, retention / 4)."""

@@ -17,10 +17,10 @@ from typing import Any
 
 from agent import logs
 from agent.clock import Clock
-from agent.coordination.approver import APPROVAL_KEY
 from agent.coordination.store.fleet_history import HISTORY_KEY, FleetHistory, due, finished
 from agent.coordination.store.history_protocol import VmOutcome
 from agent.health.rotation import OUT_OF_ROTATION
+from agent.model.approval import APPROVAL_KEY, SENT, approved_by, has_status
 from agent.model.events import STARTED, parse_event
 from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.timefmt import parse_iso
@@ -52,8 +52,8 @@ def outcome_for(vm: str, record: dict[str, Any], results: dict[str, dict[str, An
     else:
         ready_at = None
     rotation = results.get(OUT_OF_ROTATION, {})
-    approval = results.get(APPROVAL_KEY, {})
-    sent = approval.get("status") == "sent"
+    approval = results.get(APPROVAL_KEY)
+    sent = has_status(approval, SENT)
     ends = [_instant(record.get("vanished_at")), _instant(rotation.get("back_at")),
             *(_instant(r.get("finished_at")) for _, r in runs)]
     ended = max(t for t in ends if t is not None)
@@ -62,8 +62,8 @@ def outcome_for(vm: str, record: dict[str, Any], results: dict[str, dict[str, An
     return VmOutcome(event_id=event.event_id, event_type=event.event_type, vm=vm, not_before=not_before,
                      out_at=_instant(rotation.get("out_at")), back_at=_instant(rotation.get("back_at")),
                      ready_at=ready_at, started_at=started,
-                     approved_by=approval.get("by") if sent else None,
-                     approved_at=_instant(approval.get("at")) if sent else None,
+                     approved_by=approved_by(approval),
+                     approved_at=_instant(approval.get("at")) if sent and approval is not None else None,
                      handlers=tuple((key.handler, key.phase, str(r.get("outcome"))) for key, r in runs),
                      chosen=chosen, ended_at=ended, day=(not_before or first_seen).date())
 

@@ -43,7 +43,7 @@ import threading
 from collections.abc import Container, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agent.clock import Clock
 from agent.errors import StateError
@@ -183,14 +183,15 @@ class Store:
     def event_records(self) -> dict[str, dict[str, Any]]:
         """Every stored event record, as copies."""
         with self._lock:
-            return json.loads(json.dumps(self._data["events"]))
+            return cast(dict[str, dict[str, Any]], json.loads(json.dumps(self._data["events"])))
 
     def gone_records(self, skip: Container[str] = ()) -> dict[str, dict[str, Any]]:
         """The records of the events naming this VM that have left the document, but those in `skip`, as copies
         (only those are copied)."""
         with self._lock:
-            return json.loads(json.dumps({eid: rec for eid, rec in self._data["events"].items()
-                                          if rec.get("vanished_at") and rec.get("names_self") and eid not in skip}))
+            gone = {eid: rec for eid, rec in self._data["events"].items()
+                    if rec.get("vanished_at") and rec.get("names_self") and eid not in skip}
+            return cast(dict[str, dict[str, Any]], json.loads(json.dumps(gone)))
 
     def apply(self, tracked: dict[str, Tracked], transitions: list[Transition]) -> None:
         """Store the tracker's new view and each transition (history, journal); written in the background."""
@@ -249,7 +250,7 @@ class Store:
     def results(self, event_id: str) -> dict[str, dict[str, Any]]:
         """Every recorded result of one event."""
         with self._lock:
-            return json.loads(json.dumps(self._data["results"].get(event_id, {})))
+            return cast(dict[str, dict[str, Any]], json.loads(json.dumps(self._data["results"].get(event_id, {}))))
 
     def records_under(self, key: str) -> dict[str, dict[str, Any]]:
         """Every event's result under `key` (a handler's note, say), by EventId, as copies."""

@@ -35,7 +35,7 @@ def history_note(agent: Any, eid: str) -> str | None:
 
 
 def test_after_an_event_each_vm_is_in_the_fleet_history_once_even_one_killed_mid_event(
-        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:  # noqa: F811
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
     container = azurite.new_container()
     emu = start_emulator(VMS)
     done = tmp_path / "done"

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def fleet(start_emulator, start_agent, tmp_path: Path, azurite: Azurite) -> Iterator[Fleet]:  # noqa: F811
+def fleet(start_emulator, start_agent, tmp_path: Path, azurite: Azurite) -> Iterator[Fleet]:
     """Three agents (hooks of 0.3, 0.6 and 1 s) on a new container, each through its own proxy."""
     started = start_fleet(start_emulator, start_agent, tmp_path, azurite, (0.3, 0.6, 1.0))
     yield started
@@ -82,7 +82,7 @@ def test_an_odd_record_never_stops_the_fleet(fleet: Fleet, kind: str) -> None:
 
 
 def test_a_50_mb_listing_answer_costs_bounded_memory_and_log(start_emulator, start_agent, tmp_path: Path,
-                                                             azurite: Azurite) -> None:  # noqa: F811
+                                                             azurite: Azurite) -> None:
     """A VM alone in its event gets a listing answer padded to 50 MB of blobs the protocol did not write: its RSS
     stays within 100 MB of what it was, it logs a summary (not a line per blob), its polls go on, and its one
     POST goes out."""

@@ -88,7 +88,7 @@ def test_store_a_pause_inside_the_retry_backoff_after_an_imds_500():
 def test_the_checker_finds_a_leader_whose_silence_waives_its_readiness(monkeypatch: pytest.MonkeyPatch):
     """The checker is not blind: with the old rule (only higher-ranked peers need to be ready) it finds S1 broken
     by a paused leader, and prints the steps."""
-    def old_rule(lower, higher, peers, now, unreachable_peers, peer_timeout):  # noqa: ANN001, ANN202
+    def old_rule(lower, higher, peers, now, unreachable_peers, peer_timeout):
         return not_ready(higher, peers, now, unreachable_peers, peer_timeout)
 
     monkeypatch.setattr(peer_backend, "readiness_missing", old_rule)  # the decision

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Final, Literal
 
 from agent import logs
 from agent.clock import Clock
@@ -36,7 +36,14 @@ from agent.model.timefmt import iso_z
 
 HISTORY_KEY = "history"
 """The state store's record, per event, of this VM's history write: {"status", "attempt", "at", "error"}."""
-SENDING, RECORDED, EXISTED, FAILED = "sending", "recorded", "existed", "failed"
+HistoryStatus = Literal["sending", "recorded", "existed", "failed"]
+"""Where this VM's history write for an event stands (the state store's `history` record)."""
+SENDING: Final = "sending"
+"""Noted (written through) before the create: found after a restart, the write is made once more."""
+RECORDED: Final = "recorded"
+EXISTED: Final = "existed"
+"""The create found the record there (a retry of a write that had landed)."""
+FAILED: Final = "failed"
 MAX_ATTEMPTS = 2
 """Creates per VM per event at most (the first, and one more after a failure or a restart mid-request)."""
 RETRY_AFTER = 60.0

@@ -379,7 +379,7 @@ def recheck_delay(checks: int, vms: int) -> float:
     [RECHECK_FLOOR, RECHECK_MAX]. The last VM ready claims from its own list; these are for a takeover,
     a late operator's go, or a claimer that failed, so a large fleet need not look often."""
     cap = min(RECHECK_MAX, max(RECHECK_FLOOR, vms / FLEET_LIST_RATE))
-    return min(cap, max(RECHECK_FIRST, cap / 4) * 2 ** max(0, min(checks, 16) - 1))
+    return min(cap, max(RECHECK_FIRST, cap / 4) * 2.0 ** max(0, min(checks, 16) - 1))
 
 
 def takeover_check_delay(listing: Listing, me: str, takeover_after: float, vms: int, jitter: float) -> float | None:
@@ -400,4 +400,4 @@ RETRY_AFTER_MAX = 300.0
 
 def retry_delay(failures: int) -> float:
     """Wait after `failures` failed store requests in a row before the next one."""
-    return min(RETRY_MAX, RETRY_FIRST * 2 ** max(0, min(failures, 16) - 1))
+    return min(RETRY_MAX, RETRY_FIRST * 2.0 ** max(0, min(failures, 16) - 1))
