@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from agent.model.events import Event
 from agent.model.tracker import Tracked
@@ -38,6 +38,26 @@ class Inputs:
     """The backend's protocol step (the store: wait, claim, take over, done); None: no step of its own."""
     leading: bool = False
     """This VM acts as the event's leader (the `maintd_coordination_leader` gauge)."""
+
+
+class PeerView(TypedDict):
+    """One peer as /v1/events/{id} shows it."""
+
+    ready: bool
+    detail: str
+    url: str | None
+    via: str
+    unreachable_seconds: float
+
+
+class EventView(TypedDict):
+    """A backend's fields of /v1/events/{id}: the peers' exchange (empty on a backend that asks no peer)."""
+
+    acting_leader: str | None
+    readiness_pushed_to: str | None
+    peers_ready: int
+    peers_known: int
+    peers: dict[str, PeerView]
 
 
 class Backend(Protocol):
@@ -68,7 +88,7 @@ class Backend(Protocol):
     def hint(self, event_id: str, name: str) -> bool:
         """A peer says it became ready: True if it is asked again at once (any thread)."""
 
-    def view(self, event_id: str) -> dict[str, Any]:
+    def view(self, event_id: str) -> EventView:
         """The backend's fields of /v1/events/{id} (any thread)."""
 
     def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> dict[str, Any]:

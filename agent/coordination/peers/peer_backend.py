@@ -15,7 +15,7 @@ from typing import Any
 
 from agent import logs
 from agent.clock import Clock
-from agent.coordination.backend import FleetStates, Inputs
+from agent.coordination.backend import EventView, FleetStates, Inputs
 from agent.coordination.coordination_rules import (
     lower_reachable,
     readiness_missing,
@@ -125,7 +125,7 @@ class PeerBackend:
         exchange = self.published.get(event_id)
         return exchange is not None and self.peers.hint(exchange, name, self.clock.monotonic())
 
-    def view(self, event_id: str) -> dict[str, Any]:
+    def view(self, event_id: str) -> EventView:
         exchange = self.published.get(event_id)
         leader, told, known = self.peers.copy_of(exchange) if exchange is not None else (None, None, {})
         now = self.clock.monotonic()

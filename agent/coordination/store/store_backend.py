@@ -16,7 +16,7 @@ from typing import Any
 
 from agent import logs
 from agent.clock import Clock
-from agent.coordination.backend import FleetStates, Inputs
+from agent.coordination.backend import EventView, FleetStates, Inputs
 from agent.coordination.coordination_rules import OK, UNHEALTHY, UNREACHABLE, peer_state
 from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.coordination.store.store_claim import StoreClaims
@@ -174,7 +174,7 @@ class StoreBackend:
         """No peer is asked on this backend: a peer's hint changes nothing."""
         return False
 
-    def view(self, event_id: str) -> dict[str, Any]:
+    def view(self, event_id: str) -> EventView:
         """The peers' fields of /v1/events/{id}, empty: no peer is asked on this backend."""
         return {"acting_leader": None, "readiness_pushed_to": None, "peers_ready": 0, "peers_known": 0, "peers": {}}
 
