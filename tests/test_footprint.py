@@ -45,7 +45,8 @@ NOT_FOR_THE_SHIPPED_CONFIG = (
     "agent.clitext",  # their text and views: `maintd run` never prints them
     "agent.cliviews",
     "agent.cliwatch",
-    "agent.coordination.store",  # the azure_blob coordination backend only (the shipped one is the peers)
+    "agent.coordination.store.store_backend",  # the azure_blob backend only (the shipped one is the peers)
+    "agent.coordination.store.store_claim",
     "agent.emulator",
     "agent.demo",
     "agent.docgen",
