@@ -42,6 +42,7 @@ from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peer_addressing import Address
 from agent.coordination.peers.peer_directory import SHOWN_PEERS
 from agent.coordination.peers.peer_exchange import Exchange, PeerExchange, peer_fleet
+from agent.coordination.store.budget import Budget
 from agent.coordination.store.store_backend import StoreBackend
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
@@ -95,7 +96,8 @@ class Coordinator:
                  poll_interval: float = 1.0, on_change: Callable[[], None] = lambda: None,
                  gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
                  warning_as_error: bool = False, health: HealthStore | None = None,
-                 backend: StoreBackend | None = None) -> None:
+                 backend: StoreBackend | None = None, budget: Budget | None = None) -> None:
+        self.budget = budget
         self.settings, self.store_backend, self.health = settings, backend, health
         self.approve_fn = approve
         self.store = store
@@ -187,6 +189,9 @@ class Coordinator:
                 lower_ranked_reachable=reachable if mode != MANUAL else [], dry_run=dry_run)
             if decision.approve and step is not None and step.action not in CLAIMS:
                 decision = Decision(False, step.reason)
+            if decision.approve and self.budget is not None \
+                    and (held := self.budget.approval_blocked(event_id, t.event.resources)) is not None:
+                decision = Decision(False, held)
             self._note(event_id, t, state, decision)
             if decision.approve and not state.sending and state.failed_at is None and self._unconfirmed(event_id):
                 state.failed_at = now  # sent by a previous run that died before the answer: give IMDS time

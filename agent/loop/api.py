@@ -131,8 +131,10 @@ class LocalApi:
         """Each pending event naming this VM: the VMs it names, their state, who approved (`maintd fleet`)."""
         lv = self.view()
         mine = {eid: t for eid, t in lv.tracked.items() if t.names_self}
+        budget = self.coordinator.budget
         return {"vm_name": lv.vm_name, "backend": lv.config.coordination.backend,
-                "events": self.coordinator.fleet(mine, lv.vm_name, self.runner.is_ready)}
+                "events": self.coordinator.fleet(mine, lv.vm_name, self.runner.is_ready),
+                **({"budget": budget.snapshot} if budget is not None else {})}
 
     def _ready(self, tracked: Tracked | None) -> bool:
         """Whether this VM has finished preparing for the event (every scheduled handler settled)."""

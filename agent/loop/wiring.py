@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from functools import reduce
 from pathlib import Path
@@ -21,6 +21,7 @@ from agent.clock import Clock, Waitable
 from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
 from agent.coordination.coordinator import Coordinator
+from agent.coordination.store.budget import Budget, Want
 from agent.coordination.store.store_backend import StoreBackend
 from agent.errors import ConfigError, ImdsError, StateError
 from agent.handlers.base import Result, Services
@@ -33,7 +34,11 @@ from agent.http.routes import ApiServer
 from agent.imds.imds_client import ImdsClient, is_transient
 from agent.loop.api import LocalApi, LoopView
 from agent.metrics import Metrics
+from agent.model.budget_gate import NO_BUDGET, LeaveGate
+from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
+from agent.model.outcomes import PHASE_SCHEDULED
+from agent.model.tracker import Tracked
 from agent.prepare.handler_runner import Runner, handler_settings
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
@@ -41,7 +46,7 @@ from agent.retry import retrying as retrying_on
 from agent.secretfile import SecretFiles
 from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
-from agent.windows.approval_policy import Profile
+from agent.windows.approval_policy import NOW, Profile
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 STOP_DRAIN = "stop"
@@ -130,14 +135,18 @@ class Parts:
                              on_result=self._handler_result)
         self.keeper = Keeper(lambda: self.runner.handlers, clock)
         self._on_result = callbacks.handler_result
+        backend = self._store_backend(callbacks)
+        self.budget = self._budget(backend, callbacks)
+        if self.budget is not None and self.vm_name is not None:  # named in the config: no IMDS topology
+            self.budget.identify(self.vm_name, "", "", "")
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
-                                       profiles=config.profiles, prepare=config.prepare)
+                                       profiles=config.profiles, prepare=config.prepare, budget=self.budget is not None)
         self.coordinator = Coordinator(
             config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store, clock=clock,
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,
             on_change=callbacks.coordination_changed, gates=config.gates, local_health=self.health_json,
             warning_as_error=config.health.consider_warning_as_error, health=self.health,
-            backend=self._store_backend(callbacks))
+            backend=backend, budget=self.budget)
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
         self._stopping = threading.Event()  # cuts an identity lookup's retries short at stop
         self._lookup: concurrent.futures.Future[Identity | None] | None = None
@@ -155,6 +164,39 @@ class Parts:
                             takeover_after=lambda: self.config.coordination.takeover_after,
                             local_health=self.health_json,
                             warning_as_error=lambda: self.config.health.consider_warning_as_error)
+
+    def _budget(self, backend: StoreBackend | None, callbacks: Callbacks) -> Budget | None:
+        """The disruption budget, when the config asks for one (the store backend only: refused otherwise)."""
+        c = self.config.coordination
+        if backend is None or c.budget is None:
+            return None
+        states = {"ok": HealthState.OK, "warning": HealthState.WARNING}
+        return Budget(c.budget, store=backend.exchange.store, describe=backend.config.describe, clock=self.clock,
+                      on_change=callbacks.coordination_changed, metrics=self.metrics,
+                      health=lambda prop, state, text: self.health.set("coordination", prop, states[state], text),
+                      needs=self.preparation_needs, lead_time=self._lead_seconds)
+
+    def _lead_seconds(self) -> float:
+        lead = self.config.prepare.lead_time
+        return 0.0 if lead == NOW else float(lead)
+
+    def leave_gate(self, tracked: Mapping[str, Tracked]) -> LeaveGate:
+        """The disruption budget's word to preparation (the loop's thread): which due events may leave rotation.
+        This VM is out while drained, or while an event naming it is prepared or Started."""
+        if self.budget is None:
+            return NO_BUDGET
+        wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting()]
+        out = bool(self.rotation.drains()) or any(
+            t.names_self and (t.event.status != SCHEDULED or self.preparation.started(eid))
+            for eid, t in tracked.items())
+        gate = self.budget.tick(wants, out)
+        self.budget.publish()
+        return gate
+
+    def preparation_needs(self) -> float:
+        """What this VM's preparation needs before NotBefore: its drain wait plus its hooks' timeouts."""
+        return self.services.settings.drain_wait + sum(h.timeout for h in self.config.handlers
+                                                       if PHASE_SCHEDULED in h.phases and h.type != "drain")
 
     def _handler_result(self, event_id: str, handler: str, phase: str, result: Result) -> None:
         """A handler run finished: the loop's report, and the keeper looks at what the handler keeps."""
@@ -241,6 +283,8 @@ class Parts:
         """This VM is `identity`: its name for the loop, computer name and scale set for addressing peers."""
         self.vm_name = identity.name
         self.coordinator.identity = identity
+        if self.budget is not None:
+            self.budget.identify(identity.name, identity.zone, identity.fault_domain, identity.scale_set)
 
     def look_up_identity(self, attempts: int) -> None:
         """Start asking IMDS for this VM's identity on a thread of its own, unless a lookup runs already
@@ -304,6 +348,8 @@ class Parts:
         self.keeper.stop()
         self.rules.stop()
         self.coordinator.stop()
+        if self.budget is not None:
+            self.budget.stop()
         try:
             self.store.flush()
         except StateError:  # the daemon's last report says so (state.write_failed)

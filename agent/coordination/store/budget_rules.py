@@ -32,6 +32,8 @@ from agent.model.timefmt import iso_z, parse_iso
 CHOSEN, FORCED, WAITING = "chosen", "forced", "waiting"
 """Why a member is listed: out by maintd's choice, out over budget (the platform's deadline), or waiting."""
 SPREADS = ("none", "zone", "fault_domain")
+TAKE, FORCE, RELEASE, RENEW, READ = "take", "force", "release", "renew", "read"
+"""What a member asks of the record in one step (`apply_step`)."""
 FORCED_AT_ONCE = frozenset({"Preempt", "Terminate"})
 """Event types whose notice is too short to wait: out at once, over budget if need be."""
 MEMBER_FORGET = 30 * 86400.0
@@ -293,3 +295,29 @@ def counts(places: Places) -> dict[str, int]:
     """maintd_budget_members{state}: out by choice, forced, waiting."""
     return {"out": sum(1 for h in places.holders if h.why == CHOSEN),
             "forced": sum(1 for h in places.holders if h.why == FORCED), "waiting": len(places.waiting)}
+
+
+def apply_step(places: Places, action: str, me: Me, event: str, cap: int, spread: str, now: datetime,
+               renew_after: float = 0.0) -> tuple[str, str, Places]:
+    """One member's step on the (live) record: (what it came to, why, the record to write back with If-Match).
+
+    take: `acquired` when `blocked` says nothing, else `waiting` (queued, first come first); force: `forced`
+    (never refused: the platform's deadline); release: `released`; renew: `renewed` (a holder's renewal);
+    read: `read` (registered among the members if it was not). A waiter already queued for the event is
+    written again only once its entry is `renew_after` old: a waiting member's polls are reads."""
+    if action == FORCE:
+        return "forced", "its last safe moment came without a place", take(places, me, event, FORCED, now)
+    if action == TAKE:
+        why = blocked(places, me, cap, spread)
+        if why is None:
+            return "acquired", "a place was free", take(places, me, event, CHOSEN, now)
+        queued = places.waiter(me.vm)
+        if queued is not None and queued.event == event and _age(queued.renewed, now) < renew_after:
+            return "waiting", why, places
+        return "waiting", why, queue(places, me, event, now)
+    if action == RELEASE:
+        return "released", "back in rotation", release(places, me.vm, now)
+    if action == RENEW:
+        held = places.holder(me.vm)
+        return "renewed", "still out", take(places, me, held.event, held.why, now) if held else places
+    return "read", "", places if me.vm in places.members else register(places, me.vm, now)
