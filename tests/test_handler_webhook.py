@@ -235,6 +235,26 @@ def test_an_unusable_url_file_fails_the_run_without_quoting_it(make, clock, tmp_
 
 
 @responses.activate
+def test_a_url_file_another_user_could_replace_is_refused(make, clock, tmp_path):
+    """A url_file in a group-writable directory: another user could point the webhook, and its secret headers, at
+    their host. Refused at load naming the directory and the fix; made so after the load, the run fails and
+    nothing is sent (issue 28, LOW 7: paths checked like sshd's StrictModes)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    url_file = shared / "url"
+    url_file.write_text(HOOK_URL)
+    item = f'{{name: ops, type: webhook, phases: [scheduled], url_file: "{url_file}", headers: {{X-Api-Key: k}}}}'
+    shared.chmod(0o770)
+    with pytest.raises(ConfigError, match=f"url_file: {shared} is writable by group or others .*chmod go-w {shared}"):
+        make(item)
+    shared.chmod(0o755)
+    h = make(item)
+    shared.chmod(0o777)
+    result = h.run(context(clock))
+    assert result.outcome == FAILED and f"chmod go-w {shared}" in result.detail and not responses.calls
+
+
+@responses.activate
 def test_secrets_never_reach_logs_or_results(make, clock, tmp_path, logs):
     """Connection errors quote the URL in their text; maintd logs and records only scheme://host."""
     url_file = tmp_path / "url"

@@ -50,3 +50,21 @@ def test_a_look_is_handed_over_whole_and_a_dropped_watch_ends_its_thread(tmp_pat
     del watch
     gc.collect()
     assert mine and wait_for(lambda: not any(t.is_alive() for t in mine), 2)
+
+
+def test_a_peers_file_another_user_could_change_is_not_used(tmp_path):
+    """A peers file others can write (or one in a directory they can) steers where the peer token goes: it is
+    refused, naming the component and the fix, and the last good map stays in force."""
+    from agent.coordination.peers.peers_file import PeersFile
+
+    path = tmp_path / "peers.yaml"
+    path.write_text("web_1: http://10.0.0.5:8088\n")
+    os.chmod(path, 0o644)
+    peers = PeersFile(str(path))
+    assert peers.current() == ({"web_1": "http://10.0.0.5:8088"}, True)
+    path.write_text("web_1: http://attacker.example:8088\n")
+    os.chmod(path, 0o666)
+    mapped, changed = peers.current()
+    assert changed and mapped == {"web_1": "http://10.0.0.5:8088"}
+    problem = peers.problem or ""
+    assert "writable by group or others" in problem and "chmod go-w" in problem

@@ -1,6 +1,6 @@
 """The HTTP server against the attacks of issue 28: a malformed pipelined target must not silence /v1, /metrics
-and the unix socket (finding 1), and one local user holding 127.0.0.1's connections must not lock out root's
-watchdog or the local probe (finding 6)."""
+and the unix socket (finding 1), a pipelining flood must not make the LB's probe wait for it (finding 2), and one
+local user holding 127.0.0.1's connections must not lock out root's watchdog or the local probe (finding 6)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_server import AUTH
+from tests.test_server import AUTH, FakeBackend
 from tests.test_server_attacks import exchange
 from tests.test_server_hostile import connect, servers, unix_request  # noqa: F401
 
@@ -124,3 +124,41 @@ def test_the_peer_of_a_loopback_connection_is_known_by_its_owner():
             with local, other:
                 assert PeerOwners().uid(local) == scan.uid(local) == os.geteuid()
                 assert PeerOwners().uid(other) is None and scan.uid(other) is None
+
+
+class Counting(FakeBackend):
+    """Counts the /healthz answers, and how many had been given when each probe was answered (both on the loop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.healthz = 0
+        self.at_probe: list[int] = []
+
+    def alive(self):
+        self.healthz += 1
+        return super().alive()
+
+    def probe(self):
+        self.at_probe.append(self.healthz)
+        return super().probe()
+
+
+def test_a_new_connections_probe_waits_for_one_short_turn_not_for_the_flood(servers):
+    """100 connections from 4 addresses each pipeline 400 /healthz: a probe on a new connection from another address
+    is answered after at most a few turns' worth of the flood (64 requests a turn), not after every flooding
+    connection's share of two turns (old: 8 + 8 from each of the 100, thousands before the probe)."""
+    srv, backend, port = servers(Counting(), read_timeout=30)
+    flood = [connect(port, f"127.0.0.{2 + n % 4}") for n in range(100)]
+    try:
+        for s in flood:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 400)
+        deadline = time.monotonic() + 5
+        while backend.healthz < 2000 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        sent_at = backend.healthz
+        assert get(port, "/probe", "127.0.0.9").startswith(b"HTTP/1.1 200")
+        assert backend.healthz < 100 * 400, "the flood was over before the probe: no measure"
+        assert backend.at_probe[-1] - sent_at < 400, backend.at_probe[-1] - sent_at
+    finally:
+        for s in flood:
+            s.close()

@@ -110,8 +110,8 @@ class ServerConfig:
                               "a request (head and body) must arrive whole within this long, however it trickles; "
                               "an idle keep-alive connection is closed after it")
     max_connections_per_client: int = opt(integer(1, 65536), 32,
-                                          "open connections one client address (this host's too) may hold; "
-                                          "more are closed")
+                                          "open connections one client address may hold (from 127.0.0.1 or "
+                                          "::1, one local user, by uid); more are closed")
     max_connections: int = opt(integer(16, 1_000_000), 4096,
                                "open connections in all; a new one then replaces an idle one of the client "
                                "holding the most")

@@ -41,6 +41,7 @@ from agent.httpdates import retry_after, transient_status
 from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, text
 from agent.model.outcomes import PHASE_SCHEDULED, PHASE_STARTED
 from agent.model.timefmt import iso_z
+from agent.pathtrust import first_problem
 from agent.retry import retrying
 
 TEMPLATE_FIELDS = ("event_id", "event_type", "status", "vm", "resources", "not_before", "phase", "description",
@@ -95,6 +96,16 @@ class WebhookOptions:
     def validate(self) -> None:
         if (self.url is None) == (self.url_file is None):
             raise ConfigValueError("url", "set exactly one of url and url_file")
+        problem = _url_file_problem(self.url_file)
+        if problem:
+            raise ConfigValueError("url_file", problem)
+
+
+def _url_file_problem(path: str | None) -> str | None:
+    """Why another user could choose where the webhook (its body and `headers`) goes: `path` or a directory above
+    it is theirs or writable by them (`agent.pathtrust`); None when not (or no url_file)."""
+    problem = first_problem(path) if path else None
+    return problem and f"{problem} (another user could send this webhook, its headers too, where they like)"
 
 
 # --- the body ------------------------------------------------------------------------------
@@ -229,6 +240,9 @@ class WebhookHandler(Handler):
         if self.options.url:
             return self.options.url
         assert self.options.url_file is not None
+        problem = _url_file_problem(self.options.url_file)
+        if problem:
+            raise ValueError(f"url_file {self.options.url_file} refused: {problem}")
         try:
             url = Path(self.options.url_file).read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:

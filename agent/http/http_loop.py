@@ -3,9 +3,14 @@
 Each connection costs a file descriptor and a small buffer, not a thread. A request must arrive
 whole (head and body) within `request_timeout` of the moment the server started waiting for it —
 a deadline per request, not per read, so trickling one byte at a time buys nothing. One client
-address (this host's too; on the unix socket, one uid) holds at most `per_client` connections; when
-`max_connections` are open, a new connection evicts an idle one of the client holding the most
-rather than being refused, so a load balancer's probe always gets in.
+address (from 127.0.0.1 or ::1, one local uid; on the unix socket, one uid) holds at most `per_client`
+connections; when `max_connections` are open, a new connection evicts an idle one of the client holding
+the most rather than being refused, so a load balancer's probe always gets in (`http_admission`).
+
+A turn answers at most TURN_BUDGET requests in all, one per connection at a time, connections that were
+idle first, and a new connection's first request in the turn that accepts it: a flood on many
+connections costs the flooder its turns, not the probe. A bug while serving one connection closes that
+connection alone (500), never the loop.
 
 Cheap answers (the probe, /healthz) are made on the loop itself, so they never wait for a busy
 worker; the rest runs on a small worker pool whose answers come back through a socketpair. The

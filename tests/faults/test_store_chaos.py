@@ -43,9 +43,6 @@ def test_lost_answers_after_the_write_landed_cost_one_post_in_all(fleet: Fleet) 
     assert (result.approvals, result.early) == (1, 0), result
 
 
-@pytest.mark.xfail(strict=True, reason="Retry-After is not honoured: the SDK's LinearRetry "
-                   "(blob_store.py, BlobStore.open) "
-                   "asks again after 1 s and store_exchange's retry_delay backs off from 1 s, whatever the store said")
 def test_throttling_is_honoured_and_the_fleet_still_approves_once(fleet: Fleet) -> None:
     """503 ServerBusy with Retry-After: 3 on listings, marker writes and the claim: no VM asks that path again
     before the 3 s are up, and the one POST still goes out after the last hook."""

@@ -209,3 +209,31 @@ def test_a_50_mb_listing_is_refused_with_little_memory_and_the_polls_keep_their_
         assert gap < 1.0, "the poll loop waited on the store"
     finally:
         junk.stop()
+
+
+def test_a_claimer_paused_after_its_claim_posts_nothing_once_another_vm_took_over(
+        start_emulator, start_agent, tmp_path: Path) -> None:
+    """The claimer's first POST is answered 500 and it is paused (SIGSTOP: a VM freeze, a live migration) right
+    after its claim, for 2 x takeover_after (8 s); another VM takes the claim over and POSTs. Resumed, the claimer
+    rechecks its claim before its retry (the deadline, the record's ETag) and sends nothing: one POST accepted in
+    all (before: the woken claimer POSTed again, 2 POSTs in 3 of 3 runs)."""
+    server = start(tmp_path)
+    try:
+        emu, vms, agents, done, container = fleet(start_emulator, start_agent, tmp_path, server, (0.5, 0.5, 2.0))
+        claimer = vms[2]
+        emu.admin("POST", "faults", claimer, vm=claimer, kind="status", status=500, count=1,
+                  path="/metadata/scheduledevents", method="POST")
+        eid = emu.add_event(event_type="Reboot", resources=vms, notice=300)
+        agents[claimer].wait_log("store.claimed", event_id=eid, timeout=30)
+        agents[claimer].proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: approvals(emu, vms), 20, "the taker's POST")
+            time.sleep(4)  # paused 2 x takeover_after in all
+        finally:
+            agents[claimer].proc.send_signal(signal.SIGCONT)
+        time.sleep(8)
+        assert [a["vm"] for a in approvals(emu, vms)] != [claimer] and len(approvals(emu, vms)) == 1
+        sent = [r for r in emu.requests(claimer) if r.get("method") == "POST" and r.get("status") == 200]
+        assert sent == [], sent
+    finally:
+        server.stop()

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from agent import jsonsafe
+from agent.pathtrust import first_problem
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_ENTRIES = 100_000
@@ -120,6 +121,9 @@ class PeersFile:
             if signature == self._signature:
                 return self.peers, False
             self._signature = signature  # an invalid file is read again only once it changes
+            untrusted = first_problem(self.path)  # whoever can change it steers where the peer token goes
+            if untrusted is not None:
+                raise ValueError(f"not used: {untrusted}")
             self.peers = parse(read_regular(self.path, MAX_BYTES))
             self.problem = None
             self.loads += 1

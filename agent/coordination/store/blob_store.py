@@ -34,8 +34,8 @@ from azure.core.exceptions import (
 )
 from azure.storage.blob import ContainerClient, LinearRetry
 
-from agent.coordination.store.store_protocol import Item, StoreError
-from agent.httpdates import parse_http_date
+from agent.coordination.store.store_protocol import RETRY_AFTER_MAX, Item, StoreError
+from agent.httpdates import parse_http_date, retry_after
 
 CONNECT_TIMEOUT, READ_TIMEOUT = 5.0, 10.0
 """Seconds to connect to the store and to wait for one answer."""
@@ -90,7 +90,16 @@ def _server_time(headers: Mapping[str, str], fallback: datetime) -> datetime:
 def bounded_answer(response: requests.Response, **_: Any) -> requests.Response:
     """A response hook on the store's requests session, run before requests reads the body: read it here, at
     most MAX_ANSWER_BYTES, and a listing page of at most PAGE blobs; else drop the connection and fail the
-    request (`too_large`, retried by maintd with backoff; never half a listing)."""
+    request (`too_large`, retried by maintd with backoff; never half a listing). A throttling answer (429, 503)
+    with a Retry-After ends the request here too, so the SDK does not ask again after its own 1 s: maintd
+    waits what the store asked for (`StoreError.retry_after`)."""
+    if response.status_code in (429, 503):
+        wait = retry_after(response.headers.get("Retry-After"), datetime.now(UTC), RETRY_AFTER_MAX)
+        if wait is not None:
+            response.close()
+            raise StoreError("throttled", f"store answered {response.status_code} "
+                                          f"{response.headers.get('x-ms-error-code', '')}, Retry-After {wait:g}s",
+                             retry_after=wait)
     body = bytearray()
     for chunk in response.raw.stream(CHUNK, decode_content=True):
         body += chunk

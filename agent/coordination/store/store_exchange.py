@@ -279,7 +279,7 @@ class StoreExchange:
 
     def _failed(self, event_id: str, st: EventState, error: StoreError, now: float) -> None:
         st.failures += 1
-        st.retry_at = now + retry_delay(st.failures)
+        st.retry_at = now + max(retry_delay(st.failures), error.retry_after or 0.0)  # the store's Retry-After honoured
         if st.error is None or str(st.error) != str(error):
             self.log.warning("store.request_failed", event_id=event_id, outcome=error.outcome, error=str(error),
                              retry_in=st.retry_at - now,
@@ -333,12 +333,16 @@ class StoreExchange:
                 need_all_ready: bool = True) -> tuple[list[str], Step]:
         """Who is not recorded ready, and the protocol's next step, from what the store last said.
 
-        A failing store, or no listing yet, means wait: this VM never approves on a guess.
+        A failing store, or no listing yet, means wait: this VM never approves on a guess. So does a failure's
+        backoff (the store's Retry-After included) while it lasts, even if another request answered meanwhile:
+        a claim is a request like any other.
         """
         st = self._events.get(event_id)
         if st is None or st.listing is None or st.error is not None:
             why = f"store: {st.error}" if st is not None and st.error is not None else "no answer from the store yet"
             return list(resources), Step("wait", why)
+        if (left := st.retry_at - self.clock.monotonic()) > 0:
+            return not_ready(st.listing, resources), Step("wait", f"store: asked again in {left:.1f}s after a failure")
         return not_ready(st.listing, resources), next_step(st.listing, resources, me, takeover_after, need_all_ready)
 
     def forget(self, keep: set[str]) -> None:

@@ -57,11 +57,13 @@ Fetch = Callable[[str, "str | None"], bytes]
 
 
 class StoreError(MaintdError):
-    """One store request failed: `outcome` is the metric's label, the message says why."""
+    """One store request failed: `outcome` is the metric's label, the message says why, `retry_after` the
+    seconds the store asked for before the next request (a 503 ServerBusy or 429 with Retry-After)."""
 
-    def __init__(self, outcome: str, message: str) -> None:
+    def __init__(self, outcome: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.outcome = outcome
+        self.retry_after = retry_after
 
 
 # --- layout --------------------------------------------------------------------------------------
@@ -391,6 +393,10 @@ def takeover_check_delay(listing: Listing, me: str, takeover_after: float, vms: 
     if approval is None or approval.state in (APPROVED, RELEASED) or approval.by.casefold() == me.casefold():
         return None
     return max(0.0, takeover_after - approval.age) + jitter * min(RECHECK_FLOOR, vms / FLEET_LIST_RATE)
+
+
+RETRY_AFTER_MAX = 300.0
+"""The longest Retry-After the store may ask for (a longer one is taken as 5 minutes)."""
 
 
 def retry_delay(failures: int) -> float:
