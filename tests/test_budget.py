@@ -51,7 +51,7 @@ def test_the_store_down_no_member_leaves_early_and_each_prepares_at_its_last_saf
     wants = {"vm0": [want("e0", nb)]}
     assert not settle([b], wants, {})["vm0"].allowed
     assert health.reports["budget"][0] == "warning" and "fake store" in health.reports["budget"][1]
-    clock.advance(10 * 60 - 121)
+    clock.advance(10 * 60 - 126)
     assert not settle([b], wants, {})["vm0"].allowed
     clock.advance(1)
     assert settle([b], wants, {})["vm0"].allowed == {"e0"}
@@ -104,7 +104,7 @@ def test_a_multi_vm_event_approves_early_only_when_every_member_holds_a_place_or
     settle([a, b], {"a": [want("e", nb)], "b": [want("e", nb)]}, {})
     holder = a if a.mine.why else b
     assert holder.approval_blocked("e", ["a", "b"]) is not None
-    clock.advance(10 * 60 - 60)  # the other's last safe moment
+    clock.advance(10 * 60 - 65)  # the other's last safe moment
     settle([a, b], {"a": [want("e", nb)], "b": [want("e", nb)]}, {})
     settle([a, b], {}, {"a": True, "b": True})
     assert holder.approval_blocked("e", ["a", "b"]) is None

@@ -10,6 +10,7 @@ import pytest
 from agent.config.config import loads
 from agent.coordination.store.budget_rules import (
     CHOSEN,
+    FORCE_MARGIN,
     FORCED,
     Me,
     Places,
@@ -106,10 +107,10 @@ def test_the_record_survives_a_round_trip_and_any_junk_is_a_reason_not_a_crash()
 
 def test_last_safe_moment_is_notbefore_minus_the_longer_of_needs_and_lead_time() -> None:
     nb = T0 + timedelta(minutes=10)
-    assert last_safe_moment(nb, 90, 0) == nb - timedelta(seconds=90)
-    assert last_safe_moment(nb, 90, 300) == nb - timedelta(seconds=300)
-    assert not forced_now("Reboot", nb, 90, 0, nb - timedelta(seconds=91))
-    assert forced_now("Reboot", nb, 90, 0, nb - timedelta(seconds=90))
+    assert last_safe_moment(nb, 90, 0) == nb - timedelta(seconds=90 + FORCE_MARGIN)
+    assert last_safe_moment(nb, 90, 300) == nb - timedelta(seconds=300 + FORCE_MARGIN)
+    assert not forced_now("Reboot", nb, 90, 0, nb - timedelta(seconds=91 + FORCE_MARGIN))
+    assert forced_now("Reboot", nb, 90, 0, nb - timedelta(seconds=90 + FORCE_MARGIN))
     assert forced_now("Preempt", nb, 90, 0, T0) and forced_now("Terminate", nb, 90, 0, T0)
 
 

@@ -40,6 +40,8 @@ MEMBER_FORGET = 30 * 86400.0
 """Seconds after which a member that wrote nothing is no longer counted among the group's members."""
 MAX_BODY = 512 * 1024
 MAX_ENTRIES = 5000
+FORCE_MARGIN = 5.0
+"""Seconds a forced member starts before what its preparation needs: the loop's and the store's own steps."""
 POLL_FIRST, POLL_MAX = 1.0, 30.0
 """A waiting member reads the record again: every second when it is next in line, slower further back."""
 
@@ -267,8 +269,8 @@ def poll_delay(ahead: int, cap: int) -> float:
 
 def last_safe_moment(not_before: datetime, needs: float, lead_time: float) -> datetime:
     """When a member that found no place prepares anyway: NotBefore minus what its preparation needs (its drain
-    wait plus its hooks' timeouts), or `prepare.lead_time` when that is longer."""
-    return not_before - timedelta(seconds=max(needs, lead_time))
+    wait plus its hooks' timeouts), or `prepare.lead_time` when that is longer; FORCE_MARGIN earlier still."""
+    return not_before - timedelta(seconds=max(needs, lead_time) + FORCE_MARGIN)
 
 
 def forced_now(event_type: str, not_before: datetime | None, needs: float, lead_time: float, now: datetime) -> bool:
