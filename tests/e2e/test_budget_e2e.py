@@ -1,0 +1,108 @@
+"""The disruption budget with real agents, the emulator and Azurite: a wave of separate events spread out in
+time, one member out at a time, the late ones forced at their last safe moment, the store down."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.azurite import Azurite, azurite  # noqa: F401 - the fixture
+from tests.e2e.harness import Agent, wait_until
+from tests.e2e.test_store_e2e import store_config
+from tests.test_cli import maintd
+
+pytestmark = pytest.mark.e2e
+
+VMS = ["web_a1", "web_b2", "web_c3", "web_d4"]
+DRAIN = {"probe": {"lb_timeout": "11s", "lb_interval": "5s", "drain_grace": "0s"},
+         "handlers": [{"name": "drain", "type": "drain", "phases": ["scheduled", "completed"], "timeout": "30s"}]}
+
+
+class ProbeSampler:
+    """Every member's /probe every 100 ms: who was down together."""
+
+    def __init__(self, agents: dict[str, Agent]) -> None:
+        self.agents = agents
+        self.most_down = 0
+        self.ever_down: set[str] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            down = {vm for vm, a in self.agents.items() if a.get("/probe").status_code != 200}
+            self.most_down = max(self.most_down, len(down))
+            self.ever_down |= down
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
+def budget(server: Azurite, container: str, workdir: Path, **config: Any) -> dict[str, Any]:
+    cfg = store_config(server, container, workdir, budget={"group": "web", "max_unavailable": 1, **config})
+    return {**cfg, **DRAIN}
+
+
+def wave(start_emulator, start_agent, azurite: Azurite, tmp_path: Path, notice: float):  # noqa: F811
+    container = azurite.new_container()
+    emu = start_emulator(VMS)
+    agents = {vm: start_agent(emu, vm, budget(azurite, container, tmp_path / f"{vm}-conf")) for vm in VMS}
+    sampler = ProbeSampler(agents)
+    events = {vm: emu.add_event(event_type="Reboot", resources=[vm], notice=notice, duration_seconds=2)
+              for vm in VMS}
+    return emu, agents, sampler, events
+
+
+def approvals(emu, vm: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    return emu.approvals(vm)
+
+
+def test_four_members_one_place_four_reboots_one_after_another_all_before_notbefore(
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:  # noqa: F811
+    """4 members, max_unavailable 1, 4 separate Reboots at once with 120 s notice: the probes are never down two
+    at a time, every member was out, and all 4 are approved before NotBefore, one after another."""
+    begun = time.time()
+    emu, agents, sampler, events = wave(start_emulator, start_agent, azurite, tmp_path, 120)
+    try:
+        wait_until(lambda: all(approvals(emu, vm) for vm in VMS), 115, "all 4 approvals")
+        wait_until(lambda: all(a.get("/probe").status_code == 200 for a in agents.values()), 30, "all back")
+    finally:
+        sampler.close()
+    assert sampler.most_down == 1 and sampler.ever_down == set(VMS)
+    times = sorted(approvals(emu, vm)[0]["time"] for vm in VMS)
+    assert times[-1] < begun + 120
+    assert all(b - a > 5 for a, b in zip(times, times[1:], strict=False))  # one after another, each drained first
+    acquired = [e for a in agents.values() for e in a.events("budget.acquired")]
+    assert len(acquired) == 4 and not [e for a in agents.values() for e in a.events("budget.forced")]
+    fleet = json.loads(maintd("fleet", "--url", agents[VMS[0]].base, "--json").stdout)
+    assert fleet["budget"]["group"] == "web" and fleet["budget"]["places"] == 1
+
+
+def test_short_notice_late_members_are_forced_at_their_last_safe_moment_and_prepared_before_notbefore(
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:  # noqa: F811
+    """The same with 45 s notice: the late members are forced at their last safe moment, prepared (drained) before
+    NotBefore, and counted as forced."""
+    begun = time.time()
+    emu, agents, sampler, events = wave(start_emulator, start_agent, azurite, tmp_path, 45)
+    try:
+        wait_until(lambda: all(approvals(emu, vm) for vm in VMS) or time.time() > begun + 50, 60, "approvals")
+        wait_until(lambda: all(a.get("/probe").status_code == 200 for a in agents.values()), 40, "all back")
+    finally:
+        sampler.close()
+    forced = [vm for vm, a in agents.items() if a.events("budget.forced")]
+    assert forced, "nobody was forced with 45 s notice for 4 members one at a time"
+    for vm in forced:
+        drained = [e for e in agents[vm].events("handler.finished") if e.get("handler") == "drain"]
+        assert drained and datetime.fromisoformat(drained[0]["timestamp"]).timestamp() < begun + 45, drained
+    assert sampler.ever_down == set(VMS)
+    text = agents[forced[0]].get("/metrics").text
+    assert "maintd_budget_members" in text and "maintd_budget_wait_seconds" in text
