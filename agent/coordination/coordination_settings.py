@@ -67,7 +67,7 @@ class BudgetConfig:
     spread: str = opt(choice("none", "zone", "fault_domain"), "none",
                       "none | zone | fault_domain: with zone, maintd's choices never have members of two zones out "
                       "at once (zone and platformFaultDomain from IMDS compute)")
-    release_after: float = opt(duration(60, 7 * 86400), 1800.0,
+    release_after: float = opt(duration(10, 7 * 86400), 1800.0,
                                "a member that never comes back frees its place this long after its last renewal "
                                "(store time)")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.azurite import Azurite, azurite  # noqa: F401 - the fixture
+from tests.azurite import Azurite, azurite, start  # noqa: F401 - the fixture
 from tests.e2e.harness import Agent, wait_until
 from tests.e2e.test_store_e2e import store_config
 from tests.test_cli import maintd
@@ -106,3 +106,54 @@ def test_short_notice_late_members_are_forced_at_their_last_safe_moment_and_prep
     assert sampler.ever_down == set(VMS)
     text = agents[forced[0]].get("/metrics").text
     assert "maintd_budget_members" in text and "maintd_budget_wait_seconds" in text
+
+
+def test_the_store_stopped_no_member_leaves_rotation_early_and_all_prepare_at_the_last_safe_moment(
+        start_emulator, start_agent, tmp_path: Path) -> None:
+    """Azurite stopped before the wave: nobody drains before its last safe moment (NotBefore - drain wait - 5 s),
+    all are drained before NotBefore, and the budget Warning names the store."""
+    server = start(tmp_path / "azurite")
+    container = server.new_container()
+    emu = start_emulator(VMS)
+    agents = {vm: start_agent(emu, vm, budget(server, container, tmp_path / f"{vm}-conf")) for vm in VMS}
+    server.stop()
+    begun = time.time()
+    sampler = ProbeSampler(agents)
+    for vm in VMS:
+        emu.add_event(event_type="Reboot", resources=[vm], notice=45, duration_seconds=2)
+    try:
+        health = wait_until(lambda: (h := agents[VMS[0]].get("/v1/health").json()) and "budget" in json.dumps(h)
+                            and h, 20, "the budget Warning")
+        assert "Warning" in json.dumps(health) or "warning" in json.dumps(health)
+        time.sleep(max(0.0, begun + 45 - 11 - 5 - 2 - time.time()))
+        early = set(sampler.ever_down)
+        wait_until(lambda: sampler.ever_down == set(VMS), 30, "every member drained")
+    finally:
+        sampler.close()
+    assert not early, f"left rotation before the last safe moment: {early}"
+    for vm, agent in agents.items():
+        drained = wait_until(lambda a=agent: [e for e in a.events("handler.finished") if e.get("handler") == "drain"],
+                             20, f"{vm} drained")
+        assert datetime.fromisoformat(drained[0]["timestamp"]).timestamp() < begun + 46, (vm, drained)
+        assert agent.events("budget.forced")
+
+
+def test_a_member_killed_while_out_frees_its_place_after_release_after(
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:  # noqa: F811
+    """Two members, one place: the holder is killed -9 while out; the other takes the place once release_after
+    (15 s, store time) has passed since the holder's last renewal, and not before."""
+    container = azurite.new_container()
+    emu = start_emulator(VMS[:2])
+    agents = {vm: start_agent(emu, vm, budget(azurite, container, tmp_path / f"{vm}-conf", release_after="15s"))
+              for vm in VMS[:2]}
+    first = VMS[0]
+    emu.add_event(event_type="Reboot", resources=[first], notice=600, duration_seconds=2)
+    agents[first].wait_log("budget.acquired", timeout=30)
+    agents[first].kill()
+    killed = time.time()
+    emu.add_event(event_type="Reboot", resources=[VMS[1]], notice=600, duration_seconds=2)
+    agents[VMS[1]].wait_log("budget.waiting", timeout=30)
+    taken = agents[VMS[1]].wait_log("budget.acquired", timeout=60)
+    assert taken and time.time() - killed > 10
+    freed = [e for e in agents[VMS[1]].events("budget.released") if e.get("vm") == first]
+    assert freed
