@@ -4,9 +4,9 @@ time, one member out at a time, the late ones forced at their last safe moment, 
 from __future__ import annotations
 
 import json
-from datetime import datetime
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +157,35 @@ def test_a_member_killed_while_out_frees_its_place_after_release_after(
     assert taken and time.time() - killed > 10
     freed = [e for e in agents[VMS[1]].events("budget.released") if e.get("vm") == first]
     assert freed
+
+
+def test_spread_zone_with_two_zones_never_both_zones_out(
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:  # noqa: F811
+    """4 members over 2 zones (IMDS compute zone), max_unavailable 2, spread zone, 4 Reboots at once: the members
+    out at any moment are all of one zone, and every member is approved before NotBefore."""
+    container = azurite.new_container()
+    emu = start_emulator(VMS, "--zones", "2")
+    zone = {vm: str(i % 2 + 1) for i, vm in enumerate(VMS)}
+    agents = {vm: start_agent(emu, vm, {**budget(azurite, container, tmp_path / f"{vm}-conf", max_unavailable=2,
+                                                 spread="zone"), "identity": {"name": "auto"}}) for vm in VMS}
+    zones_out: list[set[str]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            zones_out.append({zone[vm] for vm, a in agents.items() if a.get("/probe").status_code != 200})
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    begun = time.time()
+    for vm in VMS:
+        emu.add_event(event_type="Reboot", resources=[vm], notice=110, duration_seconds=2)
+    try:
+        wait_until(lambda: all(emu.approvals(vm) for vm in VMS), 105, "all 4 approvals")
+    finally:
+        stop.set()
+        sampler.join(5)
+    assert max(len(z) for z in zones_out) == 1, "two zones out at once"
+    assert {z for s in zones_out for z in s} == {"1", "2"}
+    assert all(emu.approvals(vm)[0]["time"] < begun + 110 for vm in VMS)
