@@ -76,7 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def run_once(daemon: Any) -> int:
     """Poll once, print what maintd sees and would do, change nothing on disk, exit."""
     from agent.errors import ImdsError
-    from agent.windows.approval_policy import phase_for
+    from agent.model.tracker import phase_for
 
     daemon.store.load()
     if daemon.vm_name is None:

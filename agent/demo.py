@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import requests
 import yaml
@@ -43,7 +43,7 @@ def demo_config(endpoint: str, listen: str, run_dir: str) -> dict[str, Any]:
     data["server"]["listen"] = listen
     data["server"]["unix_socket"] = str(Path(run_dir) / "maintd.sock")
     data["state"]["dir"] = str(Path(run_dir) / "state")
-    return data
+    return cast(dict[str, Any], data)
 
 
 def _hm(text: str | None) -> str:

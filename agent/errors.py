@@ -22,6 +22,8 @@ where they are raised; the IMDS client turns whatever its connection raises into
 
 from __future__ import annotations
 
+import contextlib
+
 
 class MaintdError(Exception):
     """Base of every maintd exception."""
@@ -91,6 +93,12 @@ class ImdsUnavailable(ImdsError):
 
 class StateError(MaintdError):
     """The state store could not be persisted (read-only or full disk)."""
+
+
+def kept_in_memory() -> contextlib.AbstractContextManager[None]:
+    """Around a state store write whose refusal must not stop the caller: what the disk refused stays in
+    memory, in effect; the store's writer retries it and the loop's report says so once (`state.write_failed`)."""
+    return contextlib.suppress(StateError)
 
 
 class HttpError(MaintdError):

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 SD_LISTEN_FDS_START = 3
 T = TypeVar("T")
@@ -81,7 +81,7 @@ def call_pinging(fn: Callable[[], T], notifier: Notifier, now: Callable[[], floa
     def call() -> None:
         try:
             outcome.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed back to the caller, which raises it
+        except BaseException as exc:  # handed back to the caller, which raises it
             outcome.append(exc)
 
     worker = threading.Thread(target=call, name="long-call", daemon=True)
@@ -92,7 +92,7 @@ def call_pinging(fn: Callable[[], T], notifier: Notifier, now: Callable[[], floa
         on_ping()
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
-    return outcome[0]
+    return cast(T, outcome[0])
 
 
 def listen_fds(environ: Mapping[str, str] | None = None) -> list[socket.socket]:

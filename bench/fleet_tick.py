@@ -19,12 +19,14 @@ from typing import Any
 from agent.clock import FakeClock
 from agent.coordination.coordination_rules import PeerState
 from agent.coordination.coordination_settings import CoordinationConfig
-from agent.coordination.coordinator import Coordinator, EventCoordination
+from agent.coordination.coordinator import Coordinator
+from agent.coordination.peers.peer_backend import EventPeers, PeerBackend
 from agent.metrics import Metrics
 from agent.model.events import Event
 from agent.model.tracker import Tracked
 from agent.state.state_store import Store
 from agent.windows.approval_policy import Profile
+from agent.windows.tick import Tick
 
 AUTO = Profile(name="default", approval="auto")
 
@@ -39,7 +41,9 @@ def tick_cost(n: int, ticks: int = 300, repeats: int = 5) -> dict[str, Any]:
         coord = Coordinator(CoordinationConfig(peer_url="http://{name}.invalid:8088"), approve=lambda ids: None,
                             store=Store(Path(tmp), clock), clock=clock, metrics=Metrics())
         try:
-            peers = coord._events.setdefault("E1", EventCoordination()).exchange.peers
+            backend = coord.backend
+            assert isinstance(backend, PeerBackend)
+            peers = backend._events.setdefault("E1", EventPeers()).exchange.peers
             now = clock.monotonic()
             for name in names[1:]:
                 peers[name] = PeerState(last_asked=now, asks=6, last_ok=now, ready=name in names[-2:])
@@ -47,7 +51,7 @@ def tick_cost(n: int, ticks: int = 300, repeats: int = 5) -> dict[str, Any]:
             for _ in range(repeats):
                 start = time.perf_counter()
                 for _ in range(ticks):
-                    coord.tick(tracked, names[0], AUTO, False, lambda t: [])
+                    coord.tick(Tick.of(tracked, names[0], AUTO, False, lambda t: []))
                 runs.append((time.perf_counter() - start) / ticks * 1000)
         finally:
             coord.stop()

@@ -23,7 +23,7 @@ FIRING = json.dumps({"status": "success", "data": {"alerts": [
 class Prometheus(BaseHTTPRequestHandler):
     queries = 0
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server's name
         type(self).queries += 1
         self.send_response(200)
         self.send_header("Content-Type", "application/json")

@@ -28,6 +28,7 @@ from tests.store_chaos import (
     big_listing,
     latency,
     lost_answers,
+    no_fault,
     odd_record,
     paused_claimer,
     paused_preparing,
@@ -42,6 +43,7 @@ Scenario = tuple[tuple[float, ...], Callable[[Fleet], Outcome]]
 
 def scenarios(quick: bool) -> list[Scenario]:
     found: list[Scenario] = [
+        (THREE, no_fault),
         (THREE, lost_answers),
         (THREE, throttled),
         (THREE, lambda f: latency(f, 0.5)),
@@ -69,11 +71,13 @@ def fleet_of(server: Azurite, hooks: tuple[float, ...]) -> Iterator[Fleet]:
         return agents[-1]
 
     with tempfile.TemporaryDirectory() as tmp:
-        fleet = start_fleet(start_emulator, start_agent, Path(tmp), server, hooks)
+        fleet = None
         try:
+            fleet = start_fleet(start_emulator, start_agent, Path(tmp), server, hooks)
             yield fleet
         finally:
-            fleet.stop()
+            if fleet is not None:
+                fleet.stop()
             for process in [*agents, *emulators]:
                 process.stop()
 

@@ -51,12 +51,10 @@ class Fleet:
     container: str
     server: Azurite
 
-    def add(self, make: Callable[[str], Rule | None]) -> None:
-        """One rule on each VM's proxy (`make(vm)`; None: none for that VM)."""
-        for vm, proxy in self.proxies.items():
-            rule = make(vm)
-            if rule is not None:
-                proxy.add(rule)
+    def add(self, make: Callable[[], Rule]) -> None:
+        """A rule of its own (`make()`: each counts its own matches) on each VM's proxy."""
+        for proxy in self.proxies.values():
+            proxy.add(make())
 
     def approvals(self) -> list[dict[str, Any]]:
         """The StartRequests POSTs IMDS accepted, in time order."""
@@ -139,13 +137,23 @@ def settle(fleet: Fleet, limit: float, after: float = 2 * TAKEOVER) -> None:
 
 # --- the scenarios --------------------------------------------------------------------------------
 
+def no_fault(fleet: Fleet, limit: float = 45.0) -> Outcome:
+    """No fault at all: the baseline, and what a VM costs when nothing goes wrong (its store requests over
+    the event and 2 x takeover_after after it, and `store.marker_forged` lines about its own marker)."""
+    fleet.emu.add_event(event_type="Reboot", resources=fleet.vms, notice=300)
+    settle(fleet, limit)
+    per_vm = [len(p.requests()) for p in fleet.proxies.values()]
+    forged = sum(len(a.events("store.marker_forged")) for a in fleet.agents.values())
+    return outcome(fleet, "none", requests_per_vm_max=max(per_vm), marker_forged_lines=forged)
+
+
 def lost_answers(fleet: Fleet, limit: float = 45.0) -> Outcome:
     """The first answer to each VM's marker write, listing, claim and outcome record is lost after the write
     landed (the connection is reset): the SDK retries, the claim's retry finds the VM's own record."""
-    fleet.add(lambda vm: Rule("lose", method="PUT", path="/vm/", count=1))
-    fleet.add(lambda vm: Rule("lose", query="comp=list", count=1))
-    fleet.add(lambda vm: Rule("lose", method="PUT", meta={"state": "claimed"}, count=1))
-    fleet.add(lambda vm: Rule("lose", method="PUT", meta={"state": "approved"}, count=1))
+    fleet.add(lambda: Rule("lose", method="PUT", path="/vm/", count=1))
+    fleet.add(lambda: Rule("lose", query="comp=list", count=1))
+    fleet.add(lambda: Rule("lose", method="PUT", meta={"state": "claimed"}, count=1))
+    fleet.add(lambda: Rule("lose", method="PUT", meta={"state": "approved"}, count=1))
     fleet.emu.add_event(event_type="Reboot", resources=fleet.vms, notice=300)
     settle(fleet, limit)
     lost = sum(r.fault == "lose" for r in fleet.store_requests())
@@ -169,9 +177,9 @@ def early_retries(fleet: Fleet) -> list[str]:
 
 def throttled(fleet: Fleet, retry_after: float = 3.0, limit: float = 60.0) -> Outcome:
     """503 ServerBusy with Retry-After on each VM's first two listings, its first marker write and its claim."""
-    fleet.add(lambda vm: Rule("throttle", query="comp=list", count=2, retry_after=retry_after))
-    fleet.add(lambda vm: Rule("throttle", method="PUT", path="/vm/", count=1, retry_after=retry_after))
-    fleet.add(lambda vm: Rule("throttle", method="PUT", meta={"state": "claimed"}, count=1, retry_after=retry_after))
+    fleet.add(lambda: Rule("throttle", query="comp=list", count=2, retry_after=retry_after))
+    fleet.add(lambda: Rule("throttle", method="PUT", path="/vm/", count=1, retry_after=retry_after))
+    fleet.add(lambda: Rule("throttle", method="PUT", meta={"state": "claimed"}, count=1, retry_after=retry_after))
     fleet.emu.add_event(event_type="Reboot", resources=fleet.vms, notice=300)
     settle(fleet, limit)
     early = early_retries(fleet)
@@ -189,7 +197,7 @@ def poll_gap(fleet: Fleet, vm: str, since: float) -> float:
 
 def latency(fleet: Fleet, delay: float, limit: float = 45.0) -> Outcome:
     """Every store request held `delay` seconds."""
-    fleet.add(lambda vm: Rule("latency", delay=delay))
+    fleet.add(lambda: Rule("latency", delay=delay))
     start = time.time()
     fleet.emu.add_event(event_type="Reboot", resources=fleet.vms, notice=300)
     settle(fleet, limit)
@@ -207,11 +215,11 @@ def odd_record(fleet: Fleet, kind: str, limit: float = 45.0) -> Outcome:
     None to the SDK, and no ETag, in each VM's first two listings)."""
     first = fleet.vms[0].casefold()
     if kind == "no Last-Modified":
-        fleet.add(lambda vm: Rule("rewrite", query="comp=list", count=2, edit=strip_element(f"vm/{first}",
+        fleet.add(lambda: Rule("rewrite", query="comp=list", count=2, edit=strip_element(f"vm/{first}",
                                                                                               "Last-Modified")))
     elif kind == "odd types":
         edits = (replace_element(f"vm/{first}", "state", "<b>ready</b>"), strip_element(f"vm/{first}", "Etag"))
-        fleet.add(lambda vm: Rule("rewrite", query="comp=list", count=2,
+        fleet.add(lambda: Rule("rewrite", query="comp=list", count=2,
                                   edit=lambda body: edits[1](edits[0](body))))
     eid = fleet.emu.add_event(event_type="Reboot", resources=fleet.vms, notice=300)
     if kind == "empty attempt":
@@ -307,13 +315,20 @@ def paused_claimer(fleet: Fleet, imds_500: bool = False, limit: float = 40.0) ->
                    claimer_posts_after_resume=len(after))
 
 
+def _children(pid: int) -> list[str]:
+    """The child processes of `pid` (its hook, once spawned)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return [c for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+
+
 def paused_preparing(fleet: Fleet, pause: float, limit: float = 40.0) -> Outcome:
-    """The slowest VM (the last one) is paused while its hook runs, past its hook's end and 2 x takeover_after:
-    no POST before its hook ended; one after it resumed."""
+    """The slowest VM (the last one) is paused once its hook runs (a child of the agent, which runs on), past
+    its hook's end and 2 x takeover_after: no POST before its hook ended; one after it resumed."""
     vm = fleet.vms[-1]
     fleet.emu.add_event(event_type="Reboot", resources=fleet.vms, notice=300)
-    fleet.agents[vm].wait_log("handler.started", timeout=20)
-    resumed = _pause(fleet.agents[vm], pause)
+    agent = fleet.agents[vm]
+    wait_until(lambda: _children(agent.proc.pid), 20, "its hook to run")
+    resumed = _pause(agent, pause)
     settle(fleet, limit)
     approvals = fleet.approvals()
     return outcome(fleet, "preparing VM paused past its hook's end",

@@ -10,7 +10,6 @@ each matching a request pattern (method, a path regex, a query part, request met
     latency   hold the request `delay` seconds, then forward it
     rewrite   forward it and pass the answer's body through `edit` (a listing with an odd record)
     pad       forward a listing and pad its answer to `size` bytes with blobs of its folder (50 MB)
-    pause     forward it, answer, and call `then(request)` before the answer goes out (SIGSTOP the claimer)
 
 Shared Key signatures cover the path and the x-ms-* headers, not the Host, so forwarding keeps them valid.
 """
@@ -66,7 +65,6 @@ class Rule:
     retry_after: float = 2.0
     size: int = 50 << 20
     edit: Callable[[bytes], bytes] | None = None
-    then: Callable[[Request], None] | None = None
     fired: int = 0
 
     def matches(self, method: str, path: str, query: str, meta: dict[str, str]) -> bool:
@@ -102,15 +100,10 @@ class StoreProxy:
             self.rules.append(rule)
         return rule
 
-    def clear(self) -> None:
+    def requests(self) -> list[Request]:
+        """What was received so far, in order."""
         with self._lock:
-            self.rules.clear()
-
-    def requests(self, blob: str | None = None, method: str | None = None) -> list[Request]:
-        """What was received so far (for `blob`: its path inside the container, a regex)."""
-        with self._lock:
-            seen = list(self.seen)
-        return [r for r in seen if (blob is None or re.search(blob, r.blob)) and method in (None, r.method)]
+            return list(self.seen)
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -133,7 +126,7 @@ class StoreProxy:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+            def log_message(self, format: str, *args: object) -> None:  # the base class's name
                 pass
 
             def _any(self) -> None:
@@ -162,8 +155,6 @@ class StoreProxy:
                     return
                 if rule is not None and kind == "rewrite" and rule.edit is not None:
                     answer = rule.edit(answer)
-                if rule is not None and kind == "pause" and rule.then is not None:
-                    rule.then(proxy.seen[-1])
                 if rule is not None and kind == "pad" and status == 200:
                     self._padded(status, headers, answer, path, query, rule.size)
                     return

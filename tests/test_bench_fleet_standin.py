@@ -20,7 +20,7 @@ from tests.e2e.harness import free_port, http, wait_until
 class _Leader(BaseHTTPRequestHandler):
     pushes: list[tuple[str, Any]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:  # http.server's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Leader.pushes.append((self.path, body))
         self.send_response(200)

@@ -16,6 +16,7 @@ from agent.clock import SystemClock
 from agent.model.events import Event
 from agent.model.tracker import Tracked
 from agent.windows.approval_policy import Profile
+from agent.windows.tick import Tick
 from tests.test_coordinator import make_coordinator
 
 AUTO = Profile(name="default", approval="auto")
@@ -53,7 +54,7 @@ def test_views_and_hints_never_fail_while_50_events_come_and_go(tmp_path):
                     for eid in list(tracked)[:10]:
                         coord.view(eid)
                         coord.hint(eid, "vm2")
-                except BaseException as exc:  # noqa: BLE001 - any failure of a reader is the finding
+                except BaseException as exc:  # any failure of a reader is the finding
                     errors.append(exc)
                     return
 
@@ -63,7 +64,7 @@ def test_views_and_hints_never_fail_while_50_events_come_and_go(tmp_path):
         try:
             for i in range(200):
                 window.append(events(clock, 5 * i, 50))
-                coord.tick(window[-1], "vm1", AUTO, False, lambda t: [])
+                coord.tick(Tick.of(window[-1], "vm1", AUTO, False, lambda t: []))
         finally:
             done.set()
             for r in readers:

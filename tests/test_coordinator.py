@@ -26,6 +26,7 @@ from agent.model.events import Event
 from agent.model.tracker import Tracked
 from agent.state.state_store import Store
 from agent.windows.approval_policy import Profile
+from agent.windows.tick import Tick
 from tests.samples import sample
 
 AUTO = Profile(name="default", approval="auto")
@@ -71,7 +72,7 @@ def answer(peers, name, ready=True, status=200, eid="E1"):
 
 def step(coord, t, vm, pending=lambda t: [], profile=AUTO):
     """One tick, its requests and approval run to the end, and their outcomes taken as the next tick would."""
-    coord.tick(t, vm, profile, False, pending)
+    coord.tick(Tick.of(t, vm, profile, False, pending))
     assert coord.wait_idle(5)
     coord.absorb()
 

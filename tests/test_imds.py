@@ -244,7 +244,7 @@ def test_compute_answers_that_cannot_be_used_fail_the_request_and_nothing_else(i
 
 def test_requests_to_real_imds_are_spaced_under_its_rate_limit(imds, clock, monkeypatch):
     """Back-to-back calls to a non-loopback IMDS are spaced ≥ 0.25 s apart (4 req/s < 5 req/s limit)."""
-    monkeypatch.setattr("agent.imds.imds_client._is_loopback", lambda endpoint: False)
+    monkeypatch.setattr("agent.imds.imds_client.is_loopback_url", lambda endpoint: False)
     client = make_client(imds, clock)
     imds.get(SE, json=DOC)
     start = clock.monotonic()

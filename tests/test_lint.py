@@ -1,5 +1,6 @@
 """The linters are part of the test run: `ruff check` (pyflakes, pycodestyle, import order, bugbear,
-pyupgrade) over the whole tree and `mypy agent/` (typed defs), both configured in pyproject.toml."""
+pyupgrade; RUF100: no noqa for a rule not enabled) over the whole tree and `mypy agent/` (strict), both configured
+in pyproject.toml."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from agent.errors import ImdsUnavailable
 from agent.metrics import Metrics
 from agent.model.gate_specs import NO_GATES
 from agent.state.state_store import Store
+from agent.windows.tick import Tick
 from tests.test_coordinator import step, tracked
 
 
@@ -59,8 +60,8 @@ def test_an_event_started_in_the_poll_during_the_backoff_is_not_posted_again(tmp
     clock, posts = PausingClock(), []
     coord = Coordinator(CoordinationConfig(), approve=failing_once(clock, 0.1, posts), store=Store(tmp_path, clock),
                         clock=clock, metrics=Metrics())
-    clock.during_pause = lambda: coord.tick(tracked(clock, ["vm1"], status="Started"), "vm1", _auto(), False,
-                                            lambda t: [])
+    clock.during_pause = lambda: coord.tick(Tick.of(tracked(clock, ["vm1"], status="Started"), "vm1", _auto(), False,
+                                            lambda t: []))
     step(coord, tracked(clock, ["vm1"]), "vm1")
     assert len(posts) == 1
     assert "no longer Scheduled" in next(e for e in logs if e["event"] == "approval.withheld")["reason"]
@@ -77,22 +78,23 @@ class LostClaim:
     def __init__(self) -> None:
         self.asked: list[str] = []
 
-    def claim_and_post(self, event_id, vm_name, step, retry_for, post) -> None:
+    def send(self, event_id, vm_name, step, retry_for, post) -> None:
         post(retry_for)
 
-    def claim_still_holds(self, event_id: str) -> str | None:
+    def right_to_post(self, event_id, resources, vm_name, mode, step) -> str | None:
         self.asked.append(event_id)
         return "the approval record is no longer at this VM's ETag"
 
 
 def test_the_store_backends_claim_check_runs_before_the_send_and_stops_it(tmp_path, clock, logs):
-    """The hook `claim_still_holds(event_id)` the store backend fills: a lost claim means no POST."""
+    """The backend's `right_to_post` (the store's: its claim still holds) runs before the send: a lost claim means
+    no POST."""
     posts: list[list[str]] = []
     claim = LostClaim()
     approver = Approver(approve=posts.append, store=Store(tmp_path, clock), clock=clock, metrics=Metrics(),
                         gate_checker=GateChecker(PeerClient(lambda: None, 1.0, 1), lambda n: None, dict, 1,
                                                  Metrics()),
-                        backend=claim, done=lambda: None, claim=claim)  # type: ignore[arg-type]
+                        backend=claim, done=lambda: None)  # type: ignore[arg-type]
     approver.submit(Order("E1", "vm1", "every affected VM is ready", NO_GATES, ("vm1",), Step("claim", ""), None,
                           60.0, False))
     assert approver.wait_idle(5)

@@ -16,8 +16,9 @@ import pytest
 
 from agent.config.config import DEFAULT_UNIX_SOCKET, ServerConfig, load, loads
 from agent.errors import ConfigError
+from agent.http.auth import how_to_act
 from agent.http.listeners import listen_unix
-from agent.http.routes import ApiServer, how_to_act
+from agent.http.routes import ApiServer
 from agent.metrics import Metrics
 from tests.e2e.harness import free_port
 from tests.test_cli import maintd

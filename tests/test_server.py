@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 import requests
 
-from agent.http.routes import ApiError, ApiServer, is_loopback, token_ok
+from agent.http.auth import token_ok
+from agent.http.http_connection import is_loopback
+from agent.http.routes import ApiError, ApiServer
 from agent.metrics import Metrics
 
 TOKEN = "s3cret-token"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.http.routes import ApiServer, socket_caller_ok
+from agent.http.auth import socket_caller_ok
+from agent.http.routes import ApiServer
 from agent.metrics import Metrics
 from tests.test_server import AUTH, TOKEN, FakeBackend, session, url
 
@@ -370,7 +371,7 @@ def test_socket_activation_overriding_server_listen_is_logged(logs):
 def test_the_peer_health_view_gives_the_fleet_gate_the_same_verdict(reports):
     """A peer's fleet gate reads the readiness-only /v1/health and decides as it would on the full one."""
     from agent.coordination.approval_gates import peer_state
-    from agent.http.routes import peer_health_view
+    from agent.http.auth import peer_health_view
 
     full = {"AggregatedHealthState": "Ok", "HealthEvents": reports}
     for warning_as_error in (False, True):

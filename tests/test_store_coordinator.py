@@ -17,6 +17,7 @@ from agent.model.gate_specs import FleetGate, Gates
 from agent.model.tracker import Tracked
 from agent.state.state_store import Store
 from agent.windows.approval_policy import Profile
+from agent.windows.tick import Tick
 from tests.test_store_exchange import MemoryStore
 
 EVENT = "5F1E2B0C-9A4D-4C61-8E2F-1A2B3C4D5E6F"
@@ -46,7 +47,7 @@ def tracked(clock):
 
 def ticks(coord, t, profile, n=3, pending=lambda t: [], dry_run=False):
     for _ in range(n):
-        coord.tick(t, ME, profile, dry_run, pending)
+        coord.tick(Tick.of(t, ME, profile, dry_run, pending))
         assert coord.wait_idle(5)
 
 

@@ -8,6 +8,7 @@ from agent.clock import FakeClock
 from agent.coordination.store.store_protocol import PREPARING, READY, marker_blob, marker_record
 from agent.health.health_store import HealthState
 from agent.windows.approval_policy import Profile
+from agent.windows.tick import Tick
 from tests.test_store_coordinator import EVENT, ME, OTHER, setup, ticks, tracked
 from tests.test_store_exchange import MemoryStore, Rig
 
@@ -65,7 +66,7 @@ def test_a_forged_marker_is_an_error_that_holds_the_fleet_gate(tmp_path, clock: 
     assert state[("coordination", "store_marker")] == HealthState.ERROR
     record = blobs.blobs[marker_blob(EVENT, ME)][0]
     assert (record["state"], record["health"]) == (PREPARING, "unhealthy")
-    coord.tick({}, ME, profile, False, lambda t: [])
+    coord.tick(Tick.of({}, ME, profile, False, lambda t: []))
     state = {(e.report.source_id, e.report.property): e.report.state for e in health.snapshot()}
     assert state[("coordination", "store_marker")] == HealthState.OK
 

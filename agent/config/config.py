@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from urllib.parse import urlsplit
 
+from agent.addresses import is_loopback_url
 from agent.config.config_loading import parse_yaml, read_text
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.errors import ConfigError, ConfigValueError
@@ -48,10 +48,6 @@ MAX_SOCKET_PATH = 107
 """sun_path holds 108 bytes with the terminating NUL."""
 
 
-def _is_loopback_url(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    return host == "localhost" or host.startswith("127.") or host == "::1"
-
 
 @dataclasses.dataclass(frozen=True)
 class ImdsConfig:
@@ -72,7 +68,7 @@ class ImdsConfig:
                                    "api-version of the compute metadata call that finds this VM's name")
 
     def validate(self) -> None:
-        if self.poll_interval < 0.2 and not _is_loopback_url(self.endpoint):
+        if self.poll_interval < 0.2 and not is_loopback_url(self.endpoint):
             raise ConfigValueError("poll_interval", "below 200ms would exceed IMDS's shared limit of 5 requests/s; "
                                    "only a loopback endpoint (the emulator) may be polled faster")
 

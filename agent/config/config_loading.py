@@ -96,7 +96,7 @@ class _BoundedLoader(yaml.SafeLoader):
         self.depth += 1
         try:
             if self.depth > MAX_YAML_DEPTH:
-                raise _too_deep(self.peek_event().start_mark)
+                raise _too_deep(self.peek_event().start_mark)  # type: ignore[no-untyped-call]  # PyYAML's stubs leave it untyped
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent import logs
+from agent.coordination.backend import FleetStates
 from agent.coordination.coordination_rules import (
     UNREACHABLE,
     Held,
@@ -40,10 +41,6 @@ from agent.coordination.coordination_rules import (
 from agent.coordination.peers.peer_client import PeerClient
 from agent.metrics import Metrics
 from agent.model.gate_specs import Gates, PrometheusGate
-
-FleetStates = Callable[[str, Sequence[str], str, bool], dict[str, str]]
-"""(event id, Resources, this VM, warning as error) -> each VM's ok / unhealthy / unreachable: asked of the
-peers' /v1/health, or (backend azure_blob) read from their markers in the store."""
 
 
 class GateChecker:

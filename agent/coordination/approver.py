@@ -9,8 +9,9 @@ coordination state has one owner, the loop. The POST is recorded before (`sendin
 S2 (at most one POST per event): immediately before every send, the first and each retry, the
 approver rechecks that its right to post still holds (`Approver.lapsed`): the order's deadline on the
 monotonic clock, set when the loop granted the right (a process paused past it sends nothing); the
-coordinator's check (the event still Scheduled in this VM's last poll, and on the peer backend still
-the acting leader with every VM ready); and on the store backend `ClaimCheck.claim_still_holds`. A
+coordinator's check (the event still Scheduled in this VM's last poll); and the backend's
+(`Backend.right_to_post`: on the peers still the acting leader with every VM ready, on the store the
+claim still holds). A
 lapsed right ends the order with `approval.withheld`; the loop decides again after a fresh poll.
 """
 
@@ -21,23 +22,21 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
 
 from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
+from agent.coordination.backend import Backend
 from agent.coordination.coordination_rules import Held
-from agent.coordination.store.store_backend import StoreBackend
 from agent.coordination.store.store_protocol import Step
-from agent.errors import ImdsError, StateError
+from agent.errors import ImdsError, kept_in_memory
 from agent.imds.imds_client import is_transient
 from agent.metrics import Metrics
+from agent.model.approval import APPROVAL_KEY, FAILED, SENDING, SENT, ApprovalRecord
 from agent.model.gate_specs import Gates
 from agent.model.timefmt import iso_z
 from agent.retry import retrying as retrying_on
 from agent.state.state_store import Store
-
-APPROVAL_KEY = "approval"
 
 
 @dataclass(frozen=True)
@@ -61,14 +60,6 @@ class Order:
     """Monotonic time after which the right to post has lapsed (set when the loop granted it)."""
 
 
-@runtime_checkable
-class ClaimCheck(Protocol):
-    """The store backend's part of the recheck before every send."""
-
-    def claim_still_holds(self, event_id: str) -> str | None:
-        """None while this VM's claim on the event holds, else why not (nothing is then sent)."""
-
-
 class RightLapsed(Exception):
     """The right to post lapsed before a send: the reason is the message."""
 
@@ -86,13 +77,12 @@ class Approver:
     """Runs orders one at a time on its worker thread and queues their outcomes for the loop."""
 
     def __init__(self, *, approve: Callable[[list[str]], None], store: Store, clock: Clock, metrics: Metrics,
-                 gate_checker: GateChecker, backend: StoreBackend | None, done: Callable[[], None],
-                 right: Callable[[Order], str | None] = lambda order: None, claim: ClaimCheck | None = None) -> None:
+                 gate_checker: GateChecker, backend: Backend, done: Callable[[], None],
+                 right: Callable[[Order], str | None] = lambda order: None) -> None:
         """`done` is called after each outcome is queued: it wakes the loop to take it. `right` is the
-        coordinator's part of the recheck before every send, `claim` the store backend's."""
+        coordinator's part of the recheck before every send, `backend.right_to_post` the backend's."""
         self.approve_fn = approve
         self.right = right
-        self.claim = claim
         self.store = store
         self.clock = clock
         self.metrics = metrics
@@ -142,18 +132,15 @@ class Approver:
             held = self._gate(order)
             if held is not None:
                 return
-            if order.step is None:
-                failed_at = self._post(order, order.retry_for)
-            elif self.backend is not None:
-                failures: list[float] = []
+            failures: list[float] = []
 
-                def post(within: float) -> bool:
-                    failed = self._post(order, within)
-                    failures.extend([failed] if failed is not None else [])
-                    return failed is None
+            def post(within: float) -> bool:
+                failed = self._post(order, within)
+                failures.extend([failed] if failed is not None else [])
+                return failed is None
 
-                self.backend.claim_and_post(order.event_id, order.vm_name, order.step, order.retry_for, post)
-                failed_at = failures[-1] if failures else None
+            self.backend.send(order.event_id, order.vm_name, order.step, order.retry_for, post)
+            failed_at = failures[-1] if failures else None
         finally:
             self._outcomes.put(Outcome(order.event_id, held, failed_at))
             self.done()
@@ -175,8 +162,9 @@ class Approver:
         if self.clock.monotonic() >= deadline:
             return "its deadline passed (this process was paused, or the retries ran out of time)"
         reason = self.right(order)
-        if reason is None and order.step is not None and self.claim is not None:
-            reason = self.claim.claim_still_holds(order.event_id)
+        if reason is None:
+            reason = self.backend.right_to_post(order.event_id, order.resources, order.vm_name, order.mode,
+                                                order.step)
         return reason
 
     def _post(self, order: Order, within: float) -> float | None:
@@ -193,7 +181,7 @@ class Approver:
             if lapsed is not None:
                 raise RightLapsed(lapsed)
             if attempts == 0:
-                self._record(eid, {"status": "sending", "by": vm_name, "at": iso_z(self.clock.now()),
+                self._record(eid, {"status": SENDING, "by": vm_name, "at": iso_z(self.clock.now()),
                                    "reason": reason})
             attempts += 1
             self.approve_fn([eid])
@@ -204,24 +192,22 @@ class Approver:
             self.log.warning("approval.withheld", event_id=eid, reason=str(exc), attempts=attempts,
                              effect="not sent: the right to post lapsed; decided again after a fresh poll")
             if attempts:
-                self._record(eid, {"status": "failed", "by": vm_name, "error": f"withheld: {exc}",
+                self._record(eid, {"status": FAILED, "by": vm_name, "error": f"withheld: {exc}",
                                    "attempts": attempts, "at": iso_z(self.clock.now())}, "approval.withheld")
             return self.clock.monotonic()
         except ImdsError as exc:
-            self.metrics.approvals.labels("failed").inc()
+            self.metrics.approvals.labels(FAILED).inc()
             self.log.error("approval.failed", event_id=eid, error=str(exc), code=exc.code, attempts=attempts,
                            body=exc.body[:200] or None)
-            self._record(eid, {"status": "failed", "by": vm_name, "error": str(exc), "attempts": attempts,
+            self._record(eid, {"status": FAILED, "by": vm_name, "error": str(exc), "attempts": attempts,
                                "at": iso_z(self.clock.now())}, "approval.failed")
             return self.clock.monotonic()
-        self.metrics.approvals.labels("sent").inc()
+        self.metrics.approvals.labels(SENT).inc()
         self.log.info("approval.sent", event_id=eid, by=vm_name, reason=reason, attempts=attempts)
-        self._record(eid, {"status": "sent", "by": vm_name, "reason": reason, "attempts": attempts,
+        self._record(eid, {"status": SENT, "by": vm_name, "reason": reason, "attempts": attempts,
                            "at": iso_z(self.clock.now())}, "approval.sent")
         return None
 
-    def _record(self, event_id: str, value: dict[str, Any], journal: str | None = None) -> None:
-        try:
+    def _record(self, event_id: str, value: ApprovalRecord, journal: str | None = None) -> None:
+        with kept_in_memory():  # a full disk never stops the approval
             self.store.record(event_id, APPROVAL_KEY, value, journal=journal)
-        except StateError:  # kept in memory; a full disk never stops the approval, the loop's report says so once
-            pass

@@ -24,13 +24,18 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Literal
 
+from agent.model.events import maintenance_property
 from agent.model.gate_specs import FleetGate
 
 # --- gate verdicts ------------------------------------------------------------------------------
 
-OK, UNHEALTHY, UNREACHABLE = "ok", "unhealthy", "unreachable"
+PeerHealth = Literal["ok", "unhealthy", "unreachable"]
+"""A VM's health as the fleet gate counts it (the peers' /v1/health, or a store marker's `health`)."""
+OK: Final = "ok"
+UNHEALTHY: Final = "unhealthy"
+UNREACHABLE: Final = "unreachable"
 
 
 @dataclass(frozen=True)
@@ -75,8 +80,8 @@ def peer_state(health: Any, event_id: str, warning_as_error: bool) -> str:
         state = "Error" if report.get("IsExpired") else report.get("HealthState")
         if not isinstance(state, str):
             return UNHEALTHY
-        about_event = (report.get("SourceId") == "maintd" and report.get("Property") == f"maintenance/{event_id}") \
-            or report.get("SourceId") == "maintenance"
+        about_event = report.get("SourceId") == "maintenance" or (
+            report.get("SourceId") == "maintd" and report.get("Property") == maintenance_property(event_id))
         if not about_event and state in bad:
             return UNHEALTHY
     return OK
@@ -151,7 +156,7 @@ def liveness_interval(poll_interval: float, takeover_after: float) -> float:
 
 def recheck_delay(asks: int, poll_interval: float, recheck_max: float) -> float:
     """Wait before asking a not-ready peer again after `asks` asks: poll_interval doubling up to recheck_max."""
-    return min(recheck_max, poll_interval * 2 ** max(0, min(asks, 32) - 1))
+    return min(recheck_max, poll_interval * 2.0 ** max(0, min(asks, 32) - 1))
 
 
 def readiness_due(peer: PeerState, now: float, poll_interval: float, recheck_max: float) -> bool:

@@ -108,7 +108,7 @@ class _Handler(FaultyAnswers):
     disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms delayed-ACK stalls
     server: VmServer
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
+    def log_message(self, format: str, *args: Any) -> None:  # the stdlib's signature
         """Quiet: every request is recorded instead."""
 
     def version_string(self) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 import requests
 
 from agent import boundedhttp, logs
-from agent.errors import ConfigValueError, MaintdError, StateError
+from agent.errors import ConfigValueError, MaintdError, kept_in_memory
 from agent.handlers.alertmanager_api import Credentials, Failed, Replica, ReplicaWork, instant, times
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result, Services
 from agent.handlers.drain import drain_key
@@ -180,7 +180,7 @@ class AlertmanagerHandler(Handler):
                                               for s in note["silences"].values() if s.get("id"))
         if mono >= due or starting:  # read back every recheck; at once when the VM left rotation
             self._sync(eid, event, note, mono, never)
-        return min(ROTATION_CHECK, max(0.0, self._checked[eid] + self.options.recheck - clock.monotonic()))
+        return min(ROTATION_CHECK, max(0.0, self._checked[eid] + float(self.options.recheck) - clock.monotonic()))
 
     def _keep_expiring(self, eid: str, note: dict[str, Any]) -> float | None:
         """After the event: expire once the VM is back in rotation; a silence that ran out needs nothing."""
@@ -335,10 +335,8 @@ class AlertmanagerHandler(Handler):
             self.services.health.remove("handlers", prop)
 
     def _save(self, eid: str, note: dict[str, Any]) -> None:
-        try:
+        with kept_in_memory():
             self.set_note(eid, note)
-        except StateError:  # kept in memory; the loop reports the disk and its writer retries
-            pass
 
     def _count(self) -> None:
         held = sum(1 for note in self.notes().values() if note.get("state") in (KEEPING, EXPIRING)

@@ -28,7 +28,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from agent import logs
 from agent.errors import ConfigValueError
@@ -57,7 +57,7 @@ def _env(value: Any) -> dict[str, str]:
             raise ConfigValueError(name, "not a valid environment variable name (letters, digits, _)")
         if name.startswith("MAINTD_"):
             raise ConfigValueError(name, "MAINTD_* variables carry the event and cannot be set here")
-    return env
+    return cast(dict[str, str], env)
 
 
 def _duration_or_wait(value: Any) -> float | None:

@@ -31,6 +31,7 @@ from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result
 from agent.handlers.webhook import post, target
 from agent.health.health_store import HealthState
 from agent.model.config_schema import boolean, choice, duration, opt, optional, text
+from agent.model.events import maintenance_property
 
 SOURCE_ID = "maintd"
 REPORT_QUERY = "api-version=6.0&Immediate=true"
@@ -104,7 +105,7 @@ class HealthHandler(Handler):
         return f"{e.event_type} {e.event_id} {e.status.lower()}{when}" + (f": {e.description}" if e.description else "")
 
     def _prop(self, ctx: Context) -> str:
-        return f"maintenance/{ctx.event.event_id}"
+        return maintenance_property(ctx.event.event_id)
 
     def _push(self, ctx: Context, state: str, description: str, ttl: float | None) -> str | None:
         """Send the report to the cluster; an error text, or None when it was accepted (or there is no cluster)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from agent.errors import ConfigValueError
 from agent.model.config_schema import did_you_mean, text
@@ -149,7 +149,7 @@ def comment_template(value: Any) -> str:
     if "{event_id}" not in tpl:
         raise ConfigValueError("", "the comment must name the event: include {event_id} (maintd recognises its "
                                "silences by their comment after a restart)")
-    return tpl
+    return cast(str, tpl)
 
 
 # --- when -----------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ re-exports them for plugins."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agent.model.events import Event
 from agent.model.outcomes import OK
@@ -54,6 +54,17 @@ class HandlerSpec:
         return names_self or self.scope == "any"
 
 
+class ProfileOverrides(Protocol):
+    """What a profile (`agent.windows.approval_policy.Profile`) overrides of the handlers' settings."""
+
+    @property
+    def lb_timeout(self) -> float | None: ...
+    @property
+    def drain_grace(self) -> float | None: ...
+    @property
+    def handlers(self) -> tuple[str, ...] | None: ...
+
+
 @dataclass(frozen=True)
 class Settings:
     """The settings handlers read, as one immutable snapshot: the loop replaces it whole (reload,
@@ -68,6 +79,17 @@ class Settings:
     """Only these handlers run (the profile in force narrows them); None: all."""
     computer_name: str = ""
     """This VM's computer name (IMDS osProfile.computerName) once learned; "" when unknown."""
+
+    @classmethod
+    def for_profile(cls, vm_name: str | None, lb_timeout: float, drain_grace: float, profile: ProfileOverrides | None,
+                    computer_name: str = "") -> Settings:
+        """The snapshot for the profile in force: this VM's names, the drain timings (the profile's override
+        the probe's) and the handlers the profile lets run."""
+        if profile is None:
+            return cls(vm_name or "", lb_timeout, drain_grace, computer_name=computer_name)
+        return cls(vm_name or "", profile.lb_timeout if profile.lb_timeout is not None else lb_timeout,
+                   profile.drain_grace if profile.drain_grace is not None else drain_grace, profile.handlers,
+                   computer_name)
 
     @property
     def drain_wait(self) -> float:

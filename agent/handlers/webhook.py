@@ -28,7 +28,7 @@ import string
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import requests
@@ -38,6 +38,7 @@ from agent.boundedhttp import Reply
 from agent.errors import ConfigValueError
 from agent.handlers.base import FAILED, OK, Context, Handler, Result
 from agent.httpdates import retry_after, transient_status
+from agent.model.approval import APPROVAL_KEY, approved_by
 from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, text
 from agent.model.outcomes import PHASE_SCHEDULED, PHASE_STARTED
 from agent.model.timefmt import iso_z
@@ -77,7 +78,7 @@ def _template(value: Any) -> str:
         _SafeFormatter().vformat(tpl, (), dict.fromkeys(TEMPLATE_FIELDS, "x"))
     except ValueError as exc:
         raise ConfigValueError("", f"not a valid template: {exc}") from None
-    return tpl
+    return cast(str, tpl)
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ class WebhookHandler(Handler):
 
     def _url(self) -> str:
         if self.options.url:
-            return self.options.url
+            return cast(str, self.options.url)
         assert self.options.url_file is not None
         problem = _url_file_problem(self.options.url_file)
         if problem:
@@ -256,8 +257,7 @@ class WebhookHandler(Handler):
         """Who approved the event, when known here (ctx says so, or this VM sent the approval)."""
         if ctx.approved_by:
             return ctx.approved_by
-        record = self.services.store.result(ctx.event.event_id, "approval")
-        return record.get("by") if record and record.get("status") == "sent" else None
+        return approved_by(self.services.store.result(ctx.event.event_id, APPROVAL_KEY))
 
     def body(self, ctx: Context) -> tuple[bytes, str]:
         """The request body and its content type, for the preset or template."""

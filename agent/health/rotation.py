@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agent.errors import StateError
+from agent.errors import kept_in_memory
 from agent.health.health_store import HealthState, HealthStore
 from agent.model.timefmt import iso_z
 from agent.state.state_store import Store
@@ -119,10 +119,8 @@ class Rotation:
         return True
 
     def _save(self, drains: dict[str, dict[str, Any]]) -> None:
-        try:
+        with kept_in_memory():
             self.store.set_flag(DRAINS_FLAG, drains or None)
-        except StateError:  # in effect from memory; the loop retries the write and reports the disk
-            pass
 
     @property
     def saved(self) -> bool:

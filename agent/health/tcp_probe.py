@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from agent import logs
-from agent.http.routes import parse_listen
+from agent.addresses import parse_listen
 
 CHECK_INTERVAL = 0.2
 """Seconds between two looks at the verdict when nothing announces its changes (no `watch`)."""

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from agent import jsonsafe, logs
+from agent.addresses import is_loopback_url
 from agent.clock import Clock
 from agent.errors import AnswerTooLarge, ImdsError, ImdsRequestRejected, ImdsUnavailable
 from agent.httpdates import retry_after
@@ -55,10 +56,6 @@ class PollResult:
     duration: float
 
 
-def _is_loopback(endpoint: str) -> bool:
-    host = urlsplit(endpoint).hostname or ""
-    return host == "localhost" or host.startswith("127.") or host == "::1"
-
 
 def _text(body: bytes) -> str:
     return body[:500].decode("utf-8", "replace")
@@ -89,7 +86,7 @@ class ImdsClient:
         self._answered = False
         self._lock = threading.Lock()
         self._last_request = float("-inf")
-        self._min_gap = 0.0 if _is_loopback(self.endpoint) else MIN_REQUEST_GAP
+        self._min_gap = 0.0 if is_loopback_url(self.endpoint) else MIN_REQUEST_GAP
 
     def _target(self, path: str, api_version: str) -> str:
         return f"{path}?{urlencode({'api-version': api_version})}"
@@ -114,7 +111,7 @@ class ImdsClient:
         start = self.clock.monotonic()
         try:
             reply = connection.exchange(request, timeout, max_body)
-        except Exception as exc:  # noqa: BLE001 - whatever the wire brings (the parser too) fails the request
+        except Exception as exc:  # whatever the wire brings (the parser too) fails the request
             self.metrics.imds_requests.labels(endpoint_label, "error").inc()
             self.metrics.imds_duration.labels(endpoint_label).observe(self.clock.monotonic() - start)
             kind = ("timed out" if isinstance(exc, TimeoutError) else
@@ -127,7 +124,7 @@ class ImdsClient:
             return read(reply)
         except ImdsError:
             raise
-        except Exception as exc:  # noqa: BLE001 - no status, header or body may end the caller's loop
+        except Exception as exc:  # no status, header or body may end the caller's loop
             raise ImdsUnavailable(f"IMDS answer unreadable: {type(exc).__name__}: {str(exc)[:200]}",
                                   reply.status, _text(reply.body)[:200]) from exc
 
@@ -182,7 +179,7 @@ class ImdsClient:
         try:
             document = parse_document(jsonsafe.loads(reply.body, max_bytes=MAX_DOCUMENT_BYTES),
                                       self._last[1] if self._last else None)
-        except Exception as exc:  # noqa: BLE001 - whatever the bytes do to the parser, the poll fails, the loop goes on
+        except Exception as exc:  # whatever the bytes do to the parser, the poll fails, the loop goes on
             self.metrics.documents_malformed.inc()
             raise ImdsUnavailable(f"malformed Scheduled Events document: {type(exc).__name__}: {str(exc)[:200]}",
                                   reply.status, _text(reply.body)[:200]) from exc
@@ -221,7 +218,7 @@ class ImdsClient:
         self._raise_for(reply)
         try:
             identity = identity_from_compute(jsonsafe.loads(reply.body, max_bytes=MAX_SMALL_BYTES))
-        except Exception as exc:  # noqa: BLE001 - as for the document: any failure to read it fails the request
+        except Exception as exc:  # as for the document: any failure to read it fails the request
             raise ImdsUnavailable(f"compute metadata is not usable: {type(exc).__name__}: {str(exc)[:200]}",
                                   reply.status, _text(reply.body)) from exc
         if len(identity.name) > MAX_NAME or not identity.name.isprintable():

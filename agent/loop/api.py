@@ -20,8 +20,10 @@ from agent.coordination.coordinator import Coordinator
 from agent.handlers.base import NOTE_PREFIX
 from agent.health.health_store import HealthStore, parse_report
 from agent.health.rotation import MANUAL, Rotation
-from agent.http.routes import ApiError, token_ok
+from agent.http.auth import peer_authorized
+from agent.http.routes import ApiError
 from agent.metrics import Metrics
+from agent.model.approval import MANUAL_APPROVAL_KEY
 from agent.model.events import SCHEDULED
 from agent.model.timefmt import iso_z, iso_z_or_none
 from agent.model.tracker import Tracked
@@ -200,7 +202,7 @@ class LocalApi:
             raise ApiError(404, f"no current event {event_id}")
         if tracked.event.status != SCHEDULED:
             raise ApiError(409, f"event {event_id} is {tracked.event.status}; only Scheduled events can be approved")
-        self.store.record(event_id, "manual_approval", {"at": iso_z(self.clock.now()), "by": by},
+        self.store.record(event_id, MANUAL_APPROVAL_KEY, {"at": iso_z(self.clock.now()), "by": by},
                           journal="approval.manual")
         self.log.info("approval.manual", event_id=event_id, by=by)
         self.preparation.release(event_id, "operator")  # an operator's go starts a held preparation
@@ -221,5 +223,4 @@ class LocalApi:
         return {"accepted": True, "SourceId": report.source_id, "Property": report.property}
 
     def peer_authorized(self, authorization: str | None) -> bool:
-        token = self.peer_token()
-        return token is None or token_ok(authorization, token)
+        return peer_authorized(authorization, self.peer_token())

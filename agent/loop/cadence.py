@@ -21,7 +21,7 @@ def next_poll_delay(failures: int, interval: float, max_backoff: float, retry_af
     """
     if failures <= 0:
         return interval
-    base = min(max_backoff, interval * (2 ** min(failures - 1, 30)))
+    base = min(max_backoff, interval * (2.0 ** min(failures - 1, 30)))
     delay = max(interval, base * (0.75 + 0.5 * rand()))
     delay = min(delay, max(max_backoff, interval))
     if retry_after is not None:

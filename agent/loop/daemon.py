@@ -34,10 +34,12 @@ from agent.loop.report import Reporter
 from agent.loop.wiring import STOP_DRAIN, Callbacks, Parts, serve
 from agent.metrics import Metrics
 from agent.model.events import Document
+from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.tracker import Tracked, Transition, diff
 from agent.state.state_file import LoadReport
 from agent.systemd import Notifier, call_pinging
 from agent.windows.approval_policy import Profile, in_force
+from agent.windows.tick import Tick
 
 HANDLER_STOP_GRACE = 10.0
 """Seconds running handlers get to finish when maintd stops, before they are cut short."""
@@ -294,7 +296,7 @@ class Daemon:
         if self.vm_name is None:
             return
         profile = self._update_profile()
-        self.coordinator.tick(self.tracked, self.vm_name, profile, self.config.dry_run, self.runner.pending)
+        self.coordinator.tick(Tick.of(self.tracked, self.vm_name, profile, self.config.dry_run, self.runner.pending))
 
     def _prune_state(self, now: float) -> None:
         """Drop finished events older than `state.retention`, checked every min(60 s, retention / 4)."""
@@ -309,7 +311,7 @@ class Daemon:
         """On a handler thread: report it; when this VM just became ready, decide (and tell the leader) now."""
         self.report.handler_result(event_id, handler, phase, result)
         tracked = self.tracked.get(event_id)
-        if phase == "scheduled" and tracked is not None and self.vm_name and self.runner.is_ready(tracked):
+        if phase == PHASE_SCHEDULED and tracked is not None and self.vm_name and self.runner.is_ready(tracked):
             self.wake_coordination()  # the coordinator's tick pushes readiness to the acting leader
 
     def wake_coordination(self) -> None:

@@ -19,8 +19,9 @@ from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import Metrics
 from agent.model.events import KNOWN_STATUSES, SCHEDULED, Document
 from agent.model.timefmt import iso_z_or_none
-from agent.model.tracker import Tracked, Transition
-from agent.state.state_store import LoadReport, Store
+from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
+from agent.state.state_file import LoadReport
+from agent.state.state_store import Store
 from agent.windows.approval_policy import Profile
 
 
@@ -132,7 +133,7 @@ class Reporter:
         self.metrics.transitions.labels(tr.kind, e.type_label).inc()
         fields: dict[str, Any] = {"event_id": e.event_id, "event_type": e.event_type, "status": e.status,
                                   "names_self": tr.names_self, "resources": len(e.resources)}
-        if tr.kind == "appeared":
+        if tr.kind == APPEARED:
             fields.update(not_before=iso_z_or_none(e.not_before), source=e.source,
                           duration_seconds=e.duration_seconds, live_migration=e.live_migration,
                           description=e.description)
@@ -142,7 +143,7 @@ class Reporter:
                 self.metrics.event_notice.labels(e.type_label).observe(max(0.0, notice))
         if tr.previous_status:
             fields["previous_status"] = tr.previous_status
-        name = f"event.{tr.outcome}" if tr.kind == "vanished" and tr.outcome else f"event.{tr.kind}"
+        name = f"event.{tr.outcome}" if tr.kind == VANISHED and tr.outcome else f"event.{tr.kind}"
         self.log.info(name, **fields)
 
     def events(self, tracked: dict[str, Tracked]) -> None:

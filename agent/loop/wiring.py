@@ -23,9 +23,10 @@ from agent.config.config import Config, ServerConfig
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.store.budget import Budget, Want
 from agent.coordination.store.store_backend import StoreBackend
-from agent.errors import ConfigError, ImdsError, StateError
+from agent.errors import ConfigError, ImdsError, kept_in_memory
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate
+from agent.handlers.spec import Settings
 from agent.health.health_store import HealthState, HealthStore
 from agent.health.rotation import Rotation
 from agent.health.sampling import RuleEngine
@@ -39,7 +40,7 @@ from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
 from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.tracker import Tracked
-from agent.prepare.handler_runner import Runner, handler_settings
+from agent.prepare.handler_runner import Runner
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
 from agent.retry import retrying as retrying_on
@@ -219,8 +220,8 @@ class Parts:
         """Hand the handlers one immutable snapshot of what they read (name, drain timings, profile)."""
         probe = self.config.probe
         identity = self.coordinator.identity
-        self.services.settings = handler_settings(self.vm_name, probe.lb_timeout, probe.drain_grace, profile,
-                                                  identity.computer_name if identity is not None else "")
+        self.services.settings = Settings.for_profile(self.vm_name, probe.lb_timeout, probe.drain_grace, profile,
+                                                      identity.computer_name if identity is not None else "")
 
     def reconfigure(self, new: Config) -> Config:
         """Apply a reloaded config to the running parts; returns the config now in force.
@@ -350,10 +351,8 @@ class Parts:
         self.coordinator.stop()
         if self.budget is not None:
             self.budget.stop()
-        try:
+        with kept_in_memory():
             self.store.flush()
-        except StateError:  # the daemon's last report says so (state.write_failed)
-            pass
 
 
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:

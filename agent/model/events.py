@@ -24,16 +24,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final, Literal
 
 from agent.errors import DocumentError
 from agent.httpdates import parse_http_date
 from agent.model.timefmt import iso_z
 
 KNOWN_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
-SCHEDULED = "Scheduled"
-STARTED = "Started"
-KNOWN_STATUSES = (SCHEDULED, STARTED)
+Status = Literal["Scheduled", "Started"]
+"""The EventStatus values IMDS documents (an event's status is kept as IMDS sent it: any other is reported)."""
+SCHEDULED: Final = "Scheduled"
+STARTED: Final = "Started"
+KNOWN_STATUSES: tuple[Status, ...] = (SCHEDULED, STARTED)
 """Every EventStatus IMDS documents; compare with these names, never with the literals."""
 _LIVE_MIGRATION = re.compile(r"live[ -]?migration", re.IGNORECASE)
 MAX_EVENTS = 10_000
@@ -46,6 +48,11 @@ MAX_ID = 128
 """Longest EventId, EventType, EventStatus, ResourceType, EventSource or NotBefore read (an EventId is 36)."""
 MAX_DESCRIPTION = 4_096
 """Longest Description kept, its cut marker included."""
+
+
+def maintenance_property(event_id: str) -> str:
+    """The health report's Property for one event (the `health` handler's, which the fleet gate leaves out)."""
+    return f"maintenance/{event_id}"
 
 
 @dataclass(frozen=True)

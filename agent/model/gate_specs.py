@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from agent.errors import ConfigValueError
 from agent.model.config_schema import choice, duration, integer, list_of, opt, optional, section, text
@@ -18,7 +18,7 @@ def _regex(value: Any) -> str:
         re.compile(pattern)
     except re.error as exc:
         raise ConfigValueError("", f"{pattern!r} is not a regular expression: {exc}") from None
-    return pattern
+    return cast(str, pattern)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,13 @@ and the views show — defined once, importing nothing."""
 
 from __future__ import annotations
 
-PHASE_SCHEDULED, PHASE_STARTED, PHASE_COMPLETED = "scheduled", "started", "completed"
-PHASES = (PHASE_SCHEDULED, PHASE_STARTED, PHASE_COMPLETED)
+from typing import Final, Literal
+
+Phase = Literal["scheduled", "started", "completed"]
+PHASE_SCHEDULED: Final = "scheduled"
+PHASE_STARTED: Final = "started"
+PHASE_COMPLETED: Final = "completed"
+PHASES: tuple[Phase, ...] = (PHASE_SCHEDULED, PHASE_STARTED, PHASE_COMPLETED)
 """Handler phases: an event appeared Scheduled, turned Started, left the document."""
 OK, FAILED, TIMED_OUT, SKIPPED, CANCELED = "ok", "failed", "timed_out", "skipped", "canceled"
 OUTCOMES = (OK, FAILED, TIMED_OUT, SKIPPED, CANCELED)

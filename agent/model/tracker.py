@@ -14,14 +14,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Final, Literal
 
-from agent.model.events import STARTED, Document, Event
+from agent.model.events import SCHEDULED, STARTED, Document, Event
+from agent.model.outcomes import PHASE_COMPLETED, PHASE_SCHEDULED, PHASE_STARTED, Phase
 
-APPEARED = "appeared"
-STATUS_CHANGED = "status_changed"
-VANISHED = "vanished"
-COMPLETED = "completed"
-CANCELED = "canceled"
+TransitionKind = Literal["appeared", "status_changed", "vanished"]
+"""What happened to an event between two documents."""
+APPEARED: Final = "appeared"
+STATUS_CHANGED: Final = "status_changed"
+VANISHED: Final = "vanished"
+VanishOutcome = Literal["completed", "canceled"]
+"""How a vanished event ended: it had started (or was seen Started), or it was withdrawn before."""
+COMPLETED: Final = "completed"
+CANCELED: Final = "canceled"
 
 
 @dataclass(frozen=True)
@@ -39,15 +45,26 @@ class Tracked:
 class Transition:
     """One change in an event's life, as the handlers and the audit journal see it."""
 
-    kind: str
+    kind: TransitionKind
     event: Event
     names_self: bool
     at: datetime
     previous_status: str | None = None
-    outcome: str | None = None
+    outcome: VanishOutcome | None = None
 
 
-def _vanish_outcome(t: Tracked, boot_id: str, now: datetime) -> str:
+def phase_for(tr: Transition) -> Phase | None:
+    """The handler phase a transition starts (None when there is none)."""
+    if tr.kind == VANISHED:
+        return PHASE_COMPLETED
+    if tr.event.status == SCHEDULED and tr.kind == APPEARED:
+        return PHASE_SCHEDULED
+    if tr.event.status == STARTED:
+        return PHASE_STARTED
+    return None
+
+
+def _vanish_outcome(t: Tracked, boot_id: str, now: datetime) -> VanishOutcome:
     if t.seen_started or t.event.status == STARTED:
         return COMPLETED
     if t.names_self and boot_id and t.boot_id and boot_id != t.boot_id:

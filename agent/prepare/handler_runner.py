@@ -23,8 +23,8 @@ from datetime import datetime
 from typing import Any
 
 from agent import logs
-from agent.errors import StateError
-from agent.handlers.base import Context, Handler, Result, Services, Settings
+from agent.errors import kept_in_memory
+from agent.handlers.base import Context, Handler, Result, Services
 from agent.lanes import Lanes
 from agent.model.events import SCHEDULED, STARTED, Event, parse_event
 from agent.model.outcomes import (
@@ -39,9 +39,8 @@ from agent.model.outcomes import (
     SKIPPED,
 )
 from agent.model.timefmt import iso_z
-from agent.model.tracker import Tracked, Transition
+from agent.model.tracker import Tracked, Transition, phase_for
 from agent.prepare.run_records import RunKey, attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
-from agent.windows.approval_policy import Profile, phase_for
 
 DEADLINE_MARGIN = 5.0
 """Seconds kept free before NotBefore: a handler budget never reaches into them."""
@@ -55,17 +54,6 @@ def budget(timeout: float, phase: str, not_before: datetime | None, now: datetim
     if phase != PHASE_SCHEDULED or not_before is None:
         return timeout
     return min(timeout, (not_before - now).total_seconds() - DEADLINE_MARGIN)
-
-
-def handler_settings(vm_name: str | None, lb_timeout: float, drain_grace: float, profile: Profile | None,
-                     computer_name: str = "") -> Settings:
-    """The snapshot handlers read: this VM's names, the drain timings (the profile's override the
-    probe's) and the handlers the profile lets run."""
-    if profile is None:
-        return Settings(vm_name or "", lb_timeout, drain_grace, computer_name=computer_name)
-    return Settings(vm_name or "", profile.lb_timeout if profile.lb_timeout is not None else lb_timeout,
-                    profile.drain_grace if profile.drain_grace is not None else drain_grace, profile.handlers,
-                    computer_name)
 
 
 class Runner:
@@ -278,10 +266,8 @@ class Runner:
             self.on_result(event.event_id, spec.name, phase, result)
 
     def _record(self, event_id: str, key: str, value: dict[str, Any], journal: str | None = None) -> None:
-        try:
+        with kept_in_memory():
             self.store.record(event_id, key, value, journal=journal)
-        except StateError:  # kept in memory; the loop's report says so once (state.write_failed) and retries
-            pass
 
     # --- readiness and lifecycle ----------------------------------------------------------
 

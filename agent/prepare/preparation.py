@@ -27,7 +27,7 @@ from agent.metrics import Metrics
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED, Event
 from agent.model.outcomes import PHASE_SCHEDULED
-from agent.model.timefmt import iso_z
+from agent.model.timefmt import iso_z, parse_iso
 from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
 from agent.prepare.prepare_plan import Plan, PrepareConfig, make_plan, with_coordination
 from agent.prepare.run_records import RunKey
@@ -79,7 +79,7 @@ class Preparation:
         for tr in transitions:
             eid = tr.event.event_id
             if tr.kind == APPEARED and _pending(tr.event.status, tr.names_self):
-                plan = self._replan(tr.event, "appeared")
+                plan = self._replan(tr.event, APPEARED)
                 if plan.due(self.clock.now()) and self._gate.lets(eid):
                     self._start(tr, plan, "due", held=False)
                 else:
@@ -87,7 +87,7 @@ class Preparation:
                         self._held[eid] = tr
                 continue
             if tr.kind == VANISHED or tr.event.status != SCHEDULED:
-                self._forget(eid, "vanished" if tr.kind == VANISHED else f"event is {tr.event.status}")
+                self._forget(eid, VANISHED if tr.kind == VANISHED else f"event is {tr.event.status}")
             self.forward(tr)
         self._export()
 
@@ -205,8 +205,8 @@ class Preparation:
         if rec is None:
             return plan
         try:
-            planned = datetime.fromisoformat(rec["planned_at"])
-        except (KeyError, TypeError, ValueError):
+            planned = parse_iso(rec["planned_at"])
+        except (KeyError, TypeError, ValueError, AttributeError):  # a record of any shape: not started as planned
             return plan
         return dataclasses.replace(plan, prepare_at=planned, prepare_reason=str(rec.get("reason", "")),
                                    prepare_detail=str(rec.get("detail", "")),
@@ -235,7 +235,7 @@ class Preparation:
     def _forget(self, event_id: str, why: str) -> None:
         with self._lock:
             held = self._held.pop(event_id, None)
-            if why == "vanished":
+            if why == VANISHED:
                 self._plans.pop(event_id, None)
         if held is not None:
             self.log.info("preparation.dropped", event_id=event_id, reason=why)

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from agent.model.approval import ALLOWING, MANUAL
 from agent.model.config_schema import fmt_duration, opt
 from agent.model.events import Event
 from agent.model.timefmt import iso_z_or_none
 from agent.windows.approval_policy import (
-    ALLOWING,
-    MANUAL,
     MAX_LEAD_TIME,
     NOW,
     LeadTime,

@@ -38,15 +38,16 @@ import dataclasses
 import json
 import os
 import threading
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agent.clock import Clock
 from agent.errors import StateError
 from agent.model.events import parse_event
 from agent.model.timefmt import iso_z, parse_iso
-from agent.model.tracker import Tracked, Transition
+from agent.model.tracker import VANISHED, Tracked, Transition
 from agent.state.journal import JOURNAL_FILE, set_aside_newer
 from agent.state.journal import append as append_journal
 from agent.state.state_file import STATE_FILE, STATE_FORMAT, LoadReport, read_state, replace_file
@@ -180,7 +181,7 @@ class Store:
     def event_records(self) -> dict[str, dict[str, Any]]:
         """Every stored event record, as copies."""
         with self._lock:
-            return json.loads(json.dumps(self._data["events"]))
+            return cast(dict[str, dict[str, Any]], json.loads(json.dumps(self._data["events"])))
 
     def apply(self, tracked: dict[str, Tracked], transitions: list[Transition]) -> None:
         """Store the tracker's new view and each transition (history, journal); written in the background."""
@@ -196,7 +197,7 @@ class Store:
                                                             "names_self": tr.names_self, "first_seen": iso_z(tr.at)})
                 rec["history"].append({"kind": tr.kind, "at": iso_z(tr.at), "status": tr.event.status,
                                        **({"outcome": tr.outcome} if tr.outcome else {})})
-                if tr.kind == "vanished":
+                if tr.kind == VANISHED:
                     rec["vanished_at"] = iso_z(tr.at)
                     rec["outcome"] = tr.outcome
                 self._queue_line(f"event.{tr.outcome if tr.outcome else tr.kind}", event_id=tr.event.event_id,
@@ -237,7 +238,7 @@ class Store:
     def results(self, event_id: str) -> dict[str, dict[str, Any]]:
         """Every recorded result of one event."""
         with self._lock:
-            return json.loads(json.dumps(self._data["results"].get(event_id, {})))
+            return cast(dict[str, dict[str, Any]], json.loads(json.dumps(self._data["results"].get(event_id, {}))))
 
     def records_under(self, key: str) -> dict[str, dict[str, Any]]:
         """Every event's result under `key` (a handler's note, say), by EventId, as copies."""
@@ -245,7 +246,7 @@ class Store:
             return {eid: json.loads(json.dumps(results[key])) for eid, results in self._data["results"].items()
                     if key in results}
 
-    def record(self, event_id: str, key: str, value: dict[str, Any], journal: str | None = None, *,
+    def record(self, event_id: str, key: str, value: Mapping[str, Any], journal: str | None = None, *,
                wait: bool = True) -> None:
         """Store a result and write it through; raises StateError if the disk refused (kept in memory).
         With `wait=False` (the loop's path) it returns at once and the background writer saves it."""

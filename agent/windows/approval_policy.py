@@ -9,11 +9,13 @@ event_sources, max_duration_seconds and live_migration; the first match decides.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from agent.errors import ConfigValueError
+from agent.model.approval import APPROVAL_MODES, AUTO, IMMEDIATE, MANUAL, NEVER
 from agent.model.config_schema import (
     boolean,
     choice,
@@ -29,10 +31,8 @@ from agent.model.config_schema import (
     section,
     text,
 )
-from agent.model.events import KNOWN_TYPES, SCHEDULED, STARTED, Event
+from agent.model.events import KNOWN_TYPES, SCHEDULED, Event
 from agent.model.gate_specs import Gates
-from agent.model.outcomes import PHASE_COMPLETED, PHASE_SCHEDULED, PHASE_STARTED
-from agent.model.tracker import Transition
 from agent.windows.schedule import (
     FixedDate,
     Recurrence,
@@ -43,12 +43,6 @@ from agent.windows.schedule import (
     validate_profiles,
 )
 
-AUTO, IMMEDIATE, MANUAL, NEVER = "auto", "immediate", "manual", "never"
-APPROVAL_MODES = (AUTO, IMMEDIATE, MANUAL, NEVER)
-ALLOWING = (AUTO, IMMEDIATE)
-"""Approval modes under which this VM approves without an operator: a window that allows approval."""
-AWAITING_PREPARATION = (AUTO, MANUAL)
-"""Approval modes that wait for this VM's own preparation (`immediate` approves at once)."""
 NOW = "now"
 """The lead time `now`: prepare at first sight (today's behaviour)."""
 MAX_LEAD_TIME = 7 * 86400.0
@@ -189,6 +183,14 @@ class Decision:
     reason: str
 
 
+def may_approve(mode: str, local_pending: Sequence[str], manual_requested: bool) -> bool:
+    """This VM's own side of `decide` for a Scheduled event not yet approved, the peers aside: `immediate` at once;
+    `auto` once no local handler holds it; `manual` once an operator said so and no local handler holds it."""
+    if mode == IMMEDIATE:
+        return True
+    return not local_pending and (mode == AUTO or (mode == MANUAL and manual_requested))
+
+
 def decide(*, mode: str, status: str, already_sent: bool, manual_requested: bool,
            local_pending: list[str], peers_not_ready: list[str], lower_ranked_reachable: list[str],
            dry_run: bool) -> Decision:
@@ -221,13 +223,3 @@ def decide(*, mode: str, status: str, already_sent: bool, manual_requested: bool
     if dry_run:
         return Decision(False, "dry run: approval not sent")
     return Decision(True, "every affected VM is ready" if mode == AUTO else "immediate by policy")
-
-def phase_for(tr: Transition) -> str | None:
-    """The handler phase a transition starts (None when there is none)."""
-    if tr.kind == "vanished":
-        return PHASE_COMPLETED
-    if tr.event.status == SCHEDULED and tr.kind == "appeared":
-        return PHASE_SCHEDULED
-    if tr.event.status == STARTED:
-        return PHASE_STARTED
-    return None

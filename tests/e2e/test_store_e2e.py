@@ -47,7 +47,7 @@ def metric(agent: Agent, name: str, **labels: str) -> float:
 
 
 def test_five_flexible_vms_that_cannot_reach_each_other_send_one_post_after_the_slowest_hook(
-        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:  # noqa: F811
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
     """5 agents with Flexible names, no peers map or file (the default peer template points nowhere): one
     StartRequests POST in all, after the slowest hook ended; no request to any peer; the fleet view shows
     every VM ready and who approved."""
@@ -162,7 +162,7 @@ def test_the_managed_identity_path_over_https(start_emulator, start_agent, tmp_p
 
 
 def test_no_store_traffic_while_no_event_names_the_vm(start_emulator, start_agent, azurite: Azurite,
-                                                      tmp_path: Path) -> None:  # noqa: F811
+                                                      tmp_path: Path) -> None:
     """Idle agents make no store request at all; an event naming only web_3f2a9c1b costs web_7c0d11e4
     nothing either, while web_3f2a9c1b (alone in Resources) claims and posts."""
     container = azurite.new_container()

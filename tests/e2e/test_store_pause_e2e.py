@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.parametrize("imds_500", [False, True], ids=["after-claim", "in-retry-backoff"])
 def test_a_claimer_paused_for_twice_takeover_after_never_makes_a_second_post(
-        start_emulator, start_agent, tmp_path: Path, azurite: Azurite, imds_500: bool) -> None:  # noqa: F811
+        start_emulator, start_agent, tmp_path: Path, azurite: Azurite, imds_500: bool) -> None:
     """4 VMs; the VM that claims is paused right after its claim (or, its first POST answered 500 by IMDS,
     inside its retry backoff) and resumed 2 x takeover_after later, when another VM has taken the claim over:
     exactly one POST is accepted, after the last hook, and the woken claimer sends none."""
@@ -31,7 +31,7 @@ def test_a_claimer_paused_for_twice_takeover_after_never_makes_a_second_post(
 
 
 def test_a_vm_paused_while_its_hook_runs_is_waited_for(start_emulator, start_agent, tmp_path: Path,
-                                                       azurite: Azurite) -> None:  # noqa: F811
+                                                       azurite: Azurite) -> None:
     """The slowest VM is paused while its 6 s hook runs, for 3 x takeover_after: its hook ends during the
     pause, and the one POST comes only after it resumed and said so (silence is never readiness)."""
     fleet = start_fleet(start_emulator, start_agent, tmp_path, azurite, (0.3, 0.5, 6.0))

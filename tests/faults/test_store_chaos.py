@@ -19,6 +19,7 @@ from tests.store_chaos import (
     big_listing,
     latency,
     lost_answers,
+    no_fault,
     odd_record,
     start_fleet,
     throttled,
@@ -28,11 +29,20 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def fleet(start_emulator, start_agent, tmp_path: Path, azurite: Azurite) -> Iterator[Fleet]:  # noqa: F811
+def fleet(start_emulator, start_agent, tmp_path: Path, azurite: Azurite) -> Iterator[Fleet]:
     """Three agents (hooks of 0.3, 0.6 and 1 s) on a new container, each through its own proxy."""
     started = start_fleet(start_emulator, start_agent, tmp_path, azurite, (0.3, 0.6, 1.0))
     yield started
     started.stop()
+
+
+def test_an_event_without_faults_costs_a_few_requests_and_no_false_alarm(fleet: Fleet) -> None:
+    """The baseline: one POST after the last hook, at most 10 store requests per VM over the event and the
+    8 s after it, and no VM takes its own marker for a forged one (an Error that holds the fleet gate)."""
+    result = no_fault(fleet)
+    assert (result.approvals, result.early) == (1, 0), result
+    assert result.figures["marker_forged_lines"] == 0, result
+    assert result.figures["requests_per_vm_max"] <= 10, result
 
 
 def test_lost_answers_after_the_write_landed_cost_one_post_in_all(fleet: Fleet) -> None:
@@ -72,7 +82,7 @@ def test_an_odd_record_never_stops_the_fleet(fleet: Fleet, kind: str) -> None:
 
 
 def test_a_50_mb_listing_answer_costs_bounded_memory_and_log(start_emulator, start_agent, tmp_path: Path,
-                                                             azurite: Azurite) -> None:  # noqa: F811
+                                                             azurite: Azurite) -> None:
     """A VM alone in its event gets a listing answer padded to 50 MB of blobs the protocol did not write: its RSS
     stays within 100 MB of what it was, it logs a summary (not a line per blob), its polls go on, and its one
     POST goes out."""

@@ -44,8 +44,8 @@ VMS = ("vm-a", "vm-b", "vm-c")
 """Resources of the event in rank order: vm-a leads."""
 EVENT_ID = "6b1f0c2e-8d1a-4b7e-9c55-0d2f6a9e3b11"
 UP, PAUSED, DOWN = "up", "paused", "down"
-CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, ODD_RECORD, RESTART, POST_ERROR = (
-    "crash", "pause", "lost answer", "lost message", "odd record", "restart", "IMDS 500")
+CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, ODD_RECORD, RESTART, POST_ERROR, WEDGE = (
+    "crash", "pause", "lost answer", "lost message", "odd record", "restart", "IMDS 500", "wedge")
 
 
 def at(age: int | None) -> float | None:
@@ -168,8 +168,9 @@ def order(vm: str, mode: str, decided: int, step: Any = None) -> Order:
 
 
 def lapsed(o: Order, started: int, within: float, right: Callable[[Order], str | None],
-           claim: Any = None) -> str | None:
+           backend: Any) -> str | None:
     """The real approver's recheck right before a send (`Approver.lapsed`): the order's deadline and the POST's
-    own (`within` from `started` ticks ago), the coordinator's part (`right`) and the store's claim check."""
-    approver = SimpleNamespace(clock=ModelClock(), right=right, claim=claim)
+    own (`within` from `started` ticks ago), the coordinator's part (`right`) and the backend's
+    (`Backend.right_to_post`: the peers' rule, or the store's claim check)."""
+    approver = SimpleNamespace(clock=ModelClock(), right=right, backend=backend)
     return Approver.lapsed(approver, o, min(o.deadline, (at(started) or 0.0) + within))  # type: ignore[arg-type]

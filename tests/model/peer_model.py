@@ -5,7 +5,7 @@ What each step calls of the real code:
   is about to (`leads_soon`), the peers ranked after it not yet ready (`readiness_due`'s rule);
 - what an answer or a silence does to its knowledge: `failed_since`, on a real `PeerState`;
 - which peers block it and whether a lower-ranked one is still present: the real
-  `Coordinator._peer_inputs` (bound to a stand-in that hands it the model's `PeerState`s);
+  `PeerBackend.inputs` (bound to a stand-in that hands it the model's `PeerState`s);
 - whether it approves: `approval_policy.decide`, with the coordinator tick's own rules around it
   (an unconfirmed `sending` record waits `RETRY_FAILED_AFTER`, a failed POST too);
 - when the POST's retries give up: the real `agent.retry.retrying` on the model's clock.
@@ -16,15 +16,19 @@ makes the leader ask sooner, and asks happen at any moment already), gates, addr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from types import SimpleNamespace
 from typing import NamedTuple
 
 from agent.coordination.coordination_rules import PeerState, failed_since, leads_soon, watch_chain
+from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import RETRY_FAILED_AFTER, Coordinator
+from agent.coordination.peers.peer_backend import PeerBackend
+from agent.model.approval import AUTO
 from agent.model.events import SCHEDULED
-from agent.windows.approval_policy import AUTO, decide
+from agent.windows.approval_policy import decide
 from tests.model.common import (
     CRASH,
     DOWN,
@@ -43,6 +47,7 @@ from tests.model.common import (
     TIME_PASSES,
     UP,
     VMS,
+    WEDGE,
     Imds,
     ModelClock,
     age_of,
@@ -60,8 +65,15 @@ from tests.model.common import (
 )
 
 SENDING, SENT, FAILED = "sending", "sent", "failed"
-KINDS = (CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, RESTART, POST_ERROR)
-"""The faults of this model (an odd record is the store's)."""
+KINDS = (CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, RESTART, POST_ERROR, WEDGE)
+"""The faults of this model (an odd record is the store's). A wedge: the VM's server stops answering its peers
+for good (a poisoned request, a flood, a one-way partition) while its own loop, hooks and approver run on."""
+WEDGED = "wedged"
+IGNORE = dataclasses.replace(SETTINGS, unreachable_peers="ignore", peer_timeout=TAKEOVER)
+"""The opt-out of S1: a peer silent for `peer_timeout` (here as long as takeover_after, so within the ages the
+model counts) is not waited for. S2 must hold under it too."""
+settings = SETTINGS
+"""The configuration the model's VMs run (the cached functions read it; `PeerModel` sets it and empties them)."""
 
 
 class Known(NamedTuple):
@@ -90,6 +102,8 @@ class Vm(NamedTuple):
     failed_age: int | None = None
     seen: str = SCHEDULED
     """The event's status in this VM's last poll."""
+    wedged: bool = False
+    """Its server answers no peer (it runs on); a restart mends it."""
 
     def older(self) -> Vm:
         return _older(self)
@@ -116,13 +130,12 @@ def _peers(vm: Vm) -> dict[str, PeerState]:
 def peer_inputs(i: int, vm: Vm) -> tuple[list[str], list[str]]:
     """(peers not ready, lower-ranked peers still present) as the real coordinator computes them."""
     peers = _peers(vm)
-    stand_in = SimpleNamespace(settings=SETTINGS, _silent=lambda *args: None,
+    stand_in = SimpleNamespace(settings=lambda: settings, _silent=lambda *args: None, _events={},
                                peers=SimpleNamespace(run=lambda *args: None, peers_now=lambda exchange: peers))
-    tracked = SimpleNamespace(event=SimpleNamespace(resources=VMS, status=vm.seen))
-    waiting, reachable, _ = Coordinator._peer_inputs(stand_in, EVENT_ID, SimpleNamespace(exchange=None),  # type: ignore[arg-type]
-                                                     tracked, VMS[i], AUTO, [] if vm.prepared else ["hook"],
-                                                     vm.record == SENT, NOW)
-    return waiting, reachable
+    event = SimpleNamespace(resources=VMS, status=vm.seen)
+    given = PeerBackend.inputs(stand_in, EVENT_ID, event, VMS[i], [] if vm.prepared else ["hook"],  # type: ignore[arg-type]
+                               AUTO, False, vm.record == SENT, NOW)
+    return given.waiting, given.reachable
 
 
 @functools.cache
@@ -130,12 +143,12 @@ def withheld(i: int, know: tuple[Known | None, ...], seen: str, decided: int, st
     """Why the real approver withholds the POST right before a send (`Approver.lapsed`, with the coordinator's
     `still_right` on this VM's last poll and its peer knowledge now), or None: it sends."""
     peers = {VMS[j]: k.real() for j, k in enumerate(know) if k is not None}
-    coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset(),
-                                  published={EVENT_ID: SimpleNamespace(exchange=None)}, store_backend=None,
-                                  settings=SETTINGS, clock=ModelClock(),
-                                  peers=SimpleNamespace(peers_now=lambda exchange: peers))
+    coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset())
+    backend = SimpleNamespace(published={EVENT_ID: object()}, settings=lambda: settings, clock=ModelClock(),
+                              peers=SimpleNamespace(peers_now=lambda exchange: peers))
+    check = SimpleNamespace(right_to_post=lambda *args: PeerBackend.right_to_post(backend, *args))  # type: ignore[arg-type]
     return lapsed(order(VMS[i], AUTO, decided), started, SETTINGS.approval_retry_for,
-                  lambda o: Coordinator.still_right(coordinator, o))  # type: ignore[arg-type]
+                  lambda o: Coordinator.still_right(coordinator, o), check)  # type: ignore[arg-type]
 
 
 @functools.cache
@@ -197,12 +210,18 @@ def decision(i: int, v: Vm) -> tuple[str, Vm]:
 
 
 class PeerModel:
-    """Three VMs of the peer backend, one event naming them all, approval `auto`, the default configuration."""
+    """Three VMs of the peer backend, one event naming them all, approval `auto`, the default configuration (or
+    `config`). Build and explore one at a time: the configuration and the caches are the module's."""
 
     name = "peers"
 
-    def __init__(self, max_faults: int = MAX_FAULTS, kinds: tuple[str, ...] = KINDS) -> None:
+    def __init__(self, max_faults: int = MAX_FAULTS, kinds: tuple[str, ...] = KINDS,
+                 config: CoordinationConfig = SETTINGS) -> None:
+        global settings
         self.max_faults, self.kinds = max_faults, kinds
+        settings = config
+        if config.unreachable_peers == "ignore":
+            self.name = "peers_ignore"
         for cached in (peer_inputs, withheld, ask_targets, turn, _older):
             cached.cache_clear()  # they remember what the real functions said: ask them afresh
 
@@ -210,6 +229,8 @@ class PeerModel:
         yield State((Vm(),) * len(VMS), Imds(), ())
 
     def properties(self) -> Mapping[str, Callable[[State], str | None]]:
+        if settings.unreachable_peers == "ignore":  # S1 is what `ignore` gives up, knowingly; S2 it does not
+            return {"S2": lambda s: s2(s.imds)}
         return {"S1": lambda s: s1(s.imds), "S2": lambda s: s2(s.imds)}
 
     def elapsed(self, label: str) -> float:
@@ -266,11 +287,14 @@ class PeerModel:
             yield f"FAULT {name} crashes", _set(s, i, v._replace(run=DOWN, know=Vm().know, sending=None), f)
         if v.run == UP and (f := self._spend(s, RESTART)) is not None:
             yield f"FAULT {name} restarts", _set(s, i, _restarted(v, s.imds.status), f)
+        if v.run == UP and (f := self._spend(s, WEDGE)) is not None:
+            yield f"FAULT {name}'s server wedges: no answer to its peers from now on (it runs on)", \
+                _set(s, i, v._replace(wedged=True), f)
 
     def _round(self, s: State, i: int, v: Vm, lose: bool = True) -> Iterable[tuple[str, State]]:
         """One turn of this VM's loop (see `turn`); a lost message silences one of its asks."""
         lost_budget = self._spend(s, LOST_MESSAGE) if lose else None
-        world = tuple((w.run, w.prepared) for w in s.vms)
+        world = tuple((WEDGED if w.wedged and w.run == UP else w.run, w.prepared) for w in s.vms)
         for label, after, lost in turn(i, v, world, s.imds.status, lost_budget is not None):
             yield label, _set(s, i, after, lost_budget if lost else None)
 

@@ -45,8 +45,9 @@ from agent.coordination.store.store_protocol import (
     parse_listing,
     post_deadline,
 )
+from agent.model.approval import AUTO
 from agent.model.events import SCHEDULED
-from agent.windows.approval_policy import AUTO, decide
+from agent.windows.approval_policy import decide
 from tests.model.common import (
     CRASH,
     DOWN,
@@ -201,15 +202,16 @@ class _ReadBack:
 def withheld(i: int, seen: str, decided: int, claimed: int, started: int, within: float, etag: int,
              record: Record | None) -> str | None:
     """Why the real approver withholds the POST right before a send (`Approver.lapsed`: the deadlines, the
-    coordinator's `still_right` on this VM's last poll, `StoreBackend.claim_still_holds` reading the record),
+    coordinator's `still_right` on this VM's last poll, `StoreBackend.right_to_post`: its claim check reading the
+    record),
     or None: it sends."""
-    coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset(),
-                                  store_backend=object(), published={})
+    coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset())
     exchange = SimpleNamespace(clock=ModelClock(), log=None, store=lambda: _ReadBack(record))
     claims = StoreClaims(exchange)  # type: ignore[arg-type]
     claims._held[EVENT_ID] = Claim(True, f'"e{etag}"', "claimed", at(claimed) or 0.0)
     backend = SimpleNamespace(claims=claims, takeover_after=lambda: TAKEOVER)
-    check = SimpleNamespace(claim_still_holds=lambda event_id: StoreBackend.claim_still_holds(backend, event_id))  # type: ignore[arg-type]
+    backend.claim_still_holds = lambda event_id: StoreBackend.claim_still_holds(backend, event_id)  # type: ignore[arg-type]
+    check = SimpleNamespace(right_to_post=lambda *args: StoreBackend.right_to_post(backend, *args))  # type: ignore[arg-type]
     return lapsed(order(VMS[i], AUTO, decided, Step("claim", "every VM named is ready")), started, within,
                   lambda o: Coordinator.still_right(coordinator, o), check)  # type: ignore[arg-type]
 

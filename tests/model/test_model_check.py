@@ -1,6 +1,7 @@
 """S1 and S2 hold in every reachable state of both backends: three VMs, every interleaving, one fault of
-any kind per path (crash and restart, pause, lost answer, lost message, odd record, restart, IMDS 500),
-the real decision functions deciding (see tests/model/*_model.py for what each step calls).
+any kind per path (crash and restart, pause, lost answer, lost message, odd record, restart, IMDS 500, and
+on the peers a wedged server), the real decision functions deciding (see tests/model/*_model.py for what
+each step calls).
 
 A failure prints the shortest counterexample: the numbered steps from the start to the broken promise.
 The figures (states, time) go to bench/results/model_check.json through `python -m bench model`.
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.coordination import coordination_rules, coordinator
+from agent.coordination import coordination_rules
 from agent.coordination.approver import Approver
 from agent.coordination.coordination_rules import not_ready
+from agent.coordination.peers import peer_backend
 from agent.coordination.store.budget_rules import CHOSEN
 from tests.model.budget_model import OUT, BudgetModel
 from tests.model.common import LOST_ANSWER, PAUSE, POST_ERROR
@@ -88,10 +90,10 @@ def test_store_a_pause_inside_the_retry_backoff_after_an_imds_500():
 def test_the_checker_finds_a_leader_whose_silence_waives_its_readiness(monkeypatch: pytest.MonkeyPatch):
     """The checker is not blind: with the old rule (only higher-ranked peers need to be ready) it finds S1 broken
     by a paused leader, and prints the steps."""
-    def old_rule(lower, higher, peers, now, unreachable_peers, peer_timeout):  # noqa: ANN001, ANN202
+    def old_rule(lower, higher, peers, now, unreachable_peers, peer_timeout):
         return not_ready(higher, peers, now, unreachable_peers, peer_timeout)
 
-    monkeypatch.setattr(coordinator, "readiness_missing", old_rule)  # the decision
+    monkeypatch.setattr(peer_backend, "readiness_missing", old_rule)  # the decision
     monkeypatch.setattr(coordination_rules, "readiness_missing", old_rule)  # the recheck before the send
     result = explore(PeerModel(kinds=(PAUSE,)))
     assert "S1" in result.violations

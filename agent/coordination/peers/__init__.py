@@ -2,5 +2,6 @@
 HTTP client for peers and Prometheus, and this VM's per-event exchange with its peers (asks,
 readiness pushes, the leader-chain watch).
 
-May import: `agent.coordination` (its shared rules and settings), `agent.model`, `agent.health` and the base.
+May import: `agent.coordination` (its shared rules and settings, the `Backend` interface), `agent.model`,
+`agent.windows` (the approval modes), `agent.health` and the base.
 """

@@ -15,10 +15,11 @@ from typing import Any
 from agent import logs
 from agent.coordination.coordination_rules import PeerState
 from agent.coordination.coordination_settings import CoordinationConfig
-from agent.coordination.peers.peer_addressing import Address, Identity, folded, resolve, unusable_computer_name
+from agent.coordination.peers.peer_addressing import Address, folded, resolve, unusable_computer_name
 from agent.coordination.peers.peers_file import PeersWatch
 from agent.health.health_store import HealthState, HealthStore
 from agent.model.events import SCHEDULED
+from agent.model.identity import Identity
 from agent.model.tracker import Tracked
 
 SHOWN_PEERS = 50

@@ -2,5 +2,6 @@
 imports azure-storage-blob, the managed-identity token, the per-event exchange on worker lanes, the
 approver thread's claim, and the backend as the coordinator sees it.
 
-May import: `agent.coordination` (its shared rules and settings), `agent.model`, `agent.health` and the base.
+May import: `agent.coordination` (its shared rules and settings, the `Backend` interface), `agent.model`,
+`agent.windows` (the approval modes), `agent.health` and the base.
 """

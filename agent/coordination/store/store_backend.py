@@ -1,8 +1,9 @@
 """The blob store backend as the coordinator uses it: its config section, the store and its token, the
 inputs to each event's decision, the claim around the POST, and the views.
 
-The coordinator calls `begin` and `end` around its tick, `inputs` for each Scheduled event naming
-this VM, and `claim_and_post` on its approver thread. azure-storage-blob is imported by `_open`
+It is one `agent.coordination.backend.Backend`: the coordinator calls `begin` and `end` around its
+tick, `inputs` for each Scheduled event naming this VM, and `send` (the claim around the POST) on its
+approver thread. azure-storage-blob is imported by `_open`
 only, on a store worker after the loop's first tick (building the daemon, `maintd check-config` and
 the peer backend never load it), so the first event does not wait for the import; no request goes
 to the store before an event names this VM.
@@ -10,20 +11,19 @@ to the store before an event names this VM.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent import logs
 from agent.clock import Clock
-from agent.coordination.coordination_rules import OK, UNREACHABLE, peer_state
+from agent.coordination.backend import EventView, FleetStates, Inputs
+from agent.coordination.coordination_rules import OK, UNHEALTHY, UNREACHABLE, peer_state
 from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.coordination.store.store_claim import StoreClaims
-from agent.coordination.store.store_exchange import FORGED, Snapshot, Store, StoreExchange
+from agent.coordination.store.store_exchange import FORGED, Store, StoreExchange
 from agent.coordination.store.store_protocol import (
-    HEALTHY,
     PREPARING,
     READY,
-    UNHEALTHY,
     Fetch,
     Step,
     post_deadline,
@@ -31,7 +31,11 @@ from agent.coordination.store.store_protocol import (
 )
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import STORE_OPS, Metrics
-from agent.model.events import Event
+from agent.model.approval import IMMEDIATE
+from agent.model.events import SCHEDULED, Event
+from agent.model.timefmt import iso_z_or_none
+from agent.model.tracker import Tracked
+from agent.windows.approval_policy import may_approve
 
 SOURCE = "coordination"
 CONNECTION_STRING_KEY = "coordination.azure_blob.connection_string_file"
@@ -44,7 +48,7 @@ def marker_state(pending: Sequence[str]) -> str:
 
 def own_health(local_health: dict[str, Any], event_id: str, warning_as_error: bool) -> str:
     """This VM's health as the fleet gate counts it (its own reports about the event left out)."""
-    return HEALTHY if peer_state(local_health, event_id, warning_as_error) == OK else UNHEALTHY
+    return OK if peer_state(local_health, event_id, warning_as_error) == OK else UNHEALTHY
 
 
 class StoreBackend:
@@ -104,27 +108,27 @@ class StoreBackend:
         self.exchange.apply(self.clock.monotonic())
 
     def inputs(self, event_id: str, event: Event, vm_name: str, pending: Sequence[str], mode: str, manual: bool,
-               sent: bool) -> tuple[list[str], list[str], Step | None]:
+               sent: bool, now: float) -> Inputs:
         """Queue this event's store requests; (the other VMs not recorded ready, no lower-ranked VM to wait for:
         any VM may claim, the protocol's next step). Nothing
         for an event no longer Scheduled or already approved by this VM; lists only while this VM may claim (ready
         and allowed by its profile; `immediate` at once)."""
         resources = event.resources
-        if event.status != "Scheduled" or sent:
-            return [], [], None
+        if event.status != SCHEDULED or sent:
+            return Inputs([], [])
         why = unstorable(event_id, resources)
         if why is not None:
-            return list(resources), [], Step("wait", f"not coordinated through the store: {why}")
-        may_approve = mode == "immediate" or (not pending and (mode == "auto" or (mode == "manual" and manual)))
+            return Inputs(list(resources), [], Step("wait", f"not coordinated through the store: {why}"))
         mark = (marker_state(pending), own_health(self.local_health(), event_id, self.warning_as_error()))
-        self.exchange.run(event_id, resources, vm_name, mark, may_approve, self.clock.monotonic())
-        waiting, step = self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != "immediate")
-        return [n for n in waiting if n.casefold() != vm_name.casefold()], [], step
+        allowed = may_approve(mode, pending, manual)
+        self.exchange.run(event_id, resources, vm_name, mark, allowed, self.clock.monotonic())
+        waiting, step = self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != IMMEDIATE)
+        return Inputs([n for n in waiting if n.casefold() != vm_name.casefold()], [], step)
 
-    def end(self, pending: set[str]) -> Snapshot:
+    def end(self, events: set[str]) -> None:
         """Forget the events no longer in the document; publish the snapshot the API reads."""
-        self.exchange.forget(pending)
-        return self.exchange.publish()
+        self.exchange.forget(events)
+        self.exchange.publish()
 
     # --- the approver --------------------------------------------------------------------------
 
@@ -145,6 +149,18 @@ class StoreBackend:
             sent = left > 0 and post(min(retry_for, left))
         self.claims.settle(event_id, vm_name, claim, sent)
 
+    def send(self, event_id: str, vm_name: str, step: Step | None, retry_for: float,
+             post: Callable[[float], bool]) -> None:
+        if step is None:
+            post(retry_for)
+        else:
+            self.claim_and_post(event_id, vm_name, step, retry_for, post)
+
+    def right_to_post(self, event_id: str, resources: tuple[str, ...], vm_name: str, mode: str,
+                      step: Step | None) -> str | None:
+        """This VM's claim still holds (`claim_still_holds`), when it claimed."""
+        return None if step is None else self.claim_still_holds(event_id)
+
     def claim_still_holds(self, event_id: str) -> str | None:
         """The approver's check right before every send (the first and each retry): None while this VM's claim
         holds (younger than half of `takeover_after` on the monotonic clock, and the store's record still at the
@@ -154,23 +170,35 @@ class StoreBackend:
 
     # --- views ---------------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def hint(self, event_id: str, name: str) -> bool:
+        """No peer is asked on this backend: a peer's hint changes nothing."""
+        return False
+
+    def view(self, event_id: str) -> EventView:
+        """The peers' fields of /v1/events/{id}, empty: no peer is asked on this backend."""
+        return {"acting_leader": None, "readiness_pushed_to": None, "peers_ready": 0, "peers_known": 0, "peers": {}}
+
+    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> dict[str, Any]:
         """For `maintd status`: the store, its last answer and how long ago."""
         snap = self.exchange.snapshot
         age = None if snap.last_answer_at is None else round(self.clock.monotonic() - snap.last_answer_at, 1)
-        return {"backend": "azure_blob", "store": snap.store, "store_last_answer": snap.last_outcome,
-                "store_last_answer_seconds_ago": age}
+        return {"coordination": {"backend": "azure_blob", "store": snap.store, "store_last_answer": snap.last_outcome,
+                                 "store_last_answer_seconds_ago": age}}
 
-    def fleet(self) -> list[dict[str, Any]]:
+    def fleet(self, tracked: Mapping[str, Tracked], vm_name: str | None, is_ready: Callable[[Tracked], bool],
+              approval: Callable[[str], dict[str, Any] | None]) -> list[dict[str, Any]]:
         """For `maintd fleet`: each event naming this VM still in the document, its VMs and their state as the
         store last said, and who approved (or claimed) and when."""
         return [{"event_id": v.event_id, "source": "store",
                  "vms": [{"name": n, "state": s} for n, s in v.vms],
                  "approval": None if v.approval is None else {
                      "by": v.approval.by, "state": v.approval.state, "attempt": v.approval.attempt,
-                     "at": v.approval.at.isoformat() if v.approval.at else None},
+                     "at": iso_z_or_none(v.approval.at)},
                  "store_error": v.error, "problems": list(v.problems)}
                 for v in self.exchange.snapshot.events]
+
+    def gate_states(self) -> FleetStates | None:
+        return self.fleet_states
 
     def fleet_states(self, event_id: str, resources: Sequence[str], vm_name: str,
                      warning_as_error: bool) -> dict[str, str]:

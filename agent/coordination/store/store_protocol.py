@@ -29,13 +29,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from agent.coordination.coordination_rules import UNREACHABLE
+from agent.coordination.coordination_rules import OK, UNHEALTHY, UNREACHABLE
 from agent.errors import MaintdError
 
 VERSION = "1"
 PREPARING, READY = "preparing", "ready"
 CLAIMED, APPROVED, RELEASED, UNREADABLE = "claimed", "approved", "released", "unreadable"
-HEALTHY, UNHEALTHY = "ok", "unhealthy"
 MARKER_FIELDS = frozenset({"maintd", "kind", "event", "vm", "state", "health"})
 APPROVAL_FIELDS = frozenset({"maintd", "kind", "event", "by", "state", "attempt"})
 MAX_ATTEMPT = 1_000_000
@@ -91,7 +90,7 @@ def unstorable(event_id: str, names: Sequence[str]) -> str | None:
     return f"Resources holds names the store does not take: {', '.join(n[:40] for n in odd[:3])}" if odd else None
 
 
-def marker_record(event_id: str, vm: str, state: str, health: str = HEALTHY) -> dict[str, str]:
+def marker_record(event_id: str, vm: str, state: str, health: str = OK) -> dict[str, str]:
     """A VM's marker as blob metadata: its readiness, and its health as the fleet gate counts it."""
     return {"maintd": VERSION, "kind": "vm", "event": event_id.lower(), "vm": vm, "state": state, "health": health}
 
@@ -120,7 +119,7 @@ class Marker:
     vm: str
     state: str
     age: float
-    health: str = HEALTHY
+    health: str = OK
     etag: str = ""
     """As the listing said ("" when it said none): a VM knows the ETag of its own last write."""
 
@@ -190,7 +189,7 @@ def parse_marker(event_id: str, path_name: str, metadata: Mapping[Any, Any], age
         return f"names VM {fields['vm'][:64]!r}"
     if fields["state"] not in (PREPARING, READY):
         return f"unknown state {fields['state'][:16]!r}"
-    if fields["health"] not in (HEALTHY, UNHEALTHY):
+    if fields["health"] not in (OK, UNHEALTHY):
         return f"unknown health {fields['health'][:16]!r}"
     return Marker(fields["vm"], fields["state"], age, fields["health"], etag)
 
@@ -380,7 +379,7 @@ def recheck_delay(checks: int, vms: int) -> float:
     [RECHECK_FLOOR, RECHECK_MAX]. The last VM ready claims from its own list; these are for a takeover,
     a late operator's go, or a claimer that failed, so a large fleet need not look often."""
     cap = min(RECHECK_MAX, max(RECHECK_FLOOR, vms / FLEET_LIST_RATE))
-    return min(cap, max(RECHECK_FIRST, cap / 4) * 2 ** max(0, min(checks, 16) - 1))
+    return min(cap, max(RECHECK_FIRST, cap / 4) * 2.0 ** max(0, min(checks, 16) - 1))
 
 
 def takeover_check_delay(listing: Listing, me: str, takeover_after: float, vms: int, jitter: float) -> float | None:
@@ -401,4 +400,4 @@ RETRY_AFTER_MAX = 300.0
 
 def retry_delay(failures: int) -> float:
     """Wait after `failures` failed store requests in a row before the next one."""
-    return min(RETRY_MAX, RETRY_FIRST * 2 ** max(0, min(failures, 16) - 1))
+    return min(RETRY_MAX, RETRY_FIRST * 2.0 ** max(0, min(failures, 16) - 1))

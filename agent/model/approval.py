@@ -1,0 +1,52 @@
+"""The approval's words, defined once: the approval modes a profile gives, the state store's approval
+record (its key and statuses, written by the approver and read by the coordinator, the API and the
+webhook) and the operator's manual approval record. Imports nothing of `agent`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Literal, TypedDict
+
+ApprovalMode = Literal["auto", "immediate", "manual", "never"]
+AUTO: Final = "auto"
+IMMEDIATE: Final = "immediate"
+MANUAL: Final = "manual"
+NEVER: Final = "never"
+APPROVAL_MODES: tuple[ApprovalMode, ...] = (AUTO, IMMEDIATE, MANUAL, NEVER)
+ALLOWING: tuple[ApprovalMode, ...] = (AUTO, IMMEDIATE)
+"""Approval modes under which this VM approves without an operator: a window that allows approval."""
+AWAITING_PREPARATION: tuple[ApprovalMode, ...] = (AUTO, MANUAL)
+"""Approval modes that wait for this VM's own preparation (`immediate` approves at once)."""
+
+APPROVAL_KEY: Final = "approval"
+"""The state store's result key of this VM's approval record."""
+MANUAL_APPROVAL_KEY: Final = "manual_approval"
+"""The state store's result key of an operator's `maintd approve`."""
+
+ApprovalStatus = Literal["sending", "sent", "failed"]
+SENDING: Final = "sending"
+"""Recorded before the first POST: a restart that finds it waits before sending again."""
+SENT: Final = "sent"
+FAILED: Final = "failed"
+
+
+class ApprovalRecord(TypedDict, total=False):
+    """The approval record as the approver writes it (`status`, `by` and `at` always)."""
+
+    status: ApprovalStatus
+    by: str
+    at: str
+    reason: str
+    attempts: int
+    error: str
+
+
+def has_status(record: Mapping[str, Any] | None, status: ApprovalStatus) -> bool:
+    """The record (as read back from the state store: any shape) has this status."""
+    return record is not None and record.get("status") == status
+
+
+def approved_by(record: Mapping[str, Any] | None) -> str | None:
+    """The VM that sent the approval, when the record says it was sent."""
+    by = record.get("by") if record is not None and has_status(record, SENT) else None
+    return by if isinstance(by, str) else None
