@@ -128,7 +128,7 @@ class Sim:
         self.last_release = self.clock.monotonic()
 
 
-setattr(Sim, "try", Sim.try_)  # noqa: B010 - the event's name
+setattr(Sim, "try", Sim.try_)
 
 
 def run(quick: bool = False) -> dict[str, Any]:

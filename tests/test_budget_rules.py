@@ -120,3 +120,13 @@ def test_a_multi_vm_event_approves_early_only_when_every_member_holds_a_place_or
     assert approval_blocked(["a", "b"], "e1", take(places, me("b"), "e1", FORCED, T0), frozenset()) is None
     assert approval_blocked(["a"], "e2", places, frozenset()) is not None  # a holds for another event
     assert approval_blocked(["a"], "e1", None, frozenset({"a"})) is None
+
+
+def test_maintd_fleet_shows_the_group_who_holds_a_place_since_when_why_and_who_waits() -> None:
+    from agent.cliviews import fleet_text
+    body = {"vm_name": "a", "backend": "azure_blob", "events": [], "budget": {
+        "group": "web", "places": 1, "max_unavailable": 1, "spread": "zone", "members_known": 3, "store_error": None,
+        "holders": [{"vm": "a", "since": "2026-11-27T01:00:00Z", "why": "forced", "event_id": "e1"}],
+        "waiting": [{"vm": "b", "since": "2026-11-27T01:00:05Z", "event_id": "e2"}]}}
+    shown = fleet_text(body)
+    assert "Budget web" in shown and "forced" in shown and "waits" in shown and "2026-11-27T01:00:00Z" in shown

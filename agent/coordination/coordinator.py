@@ -46,6 +46,7 @@ from agent.state.state_store import Store
 from agent.windows.approval_policy import Decision, decide
 from agent.windows.tick import Tick
 
+
 class ApprovalBudget(Protocol):
     """What the coordinator asks of the disruption budget (`store/budget.Budget`): may this event be approved
     early (None), or why not; and the group as the API shows it."""

@@ -52,7 +52,7 @@ def budget(server: Azurite, container: str, workdir: Path, **config: Any) -> dic
     return {**cfg, **DRAIN}
 
 
-def wave(start_emulator, start_agent, azurite: Azurite, tmp_path: Path, notice: float):  # noqa: F811
+def wave(start_emulator, start_agent, azurite: Azurite, tmp_path: Path, notice: float):
     container = azurite.new_container()
     emu = start_emulator(VMS)
     agents = {vm: start_agent(emu, vm, budget(azurite, container, tmp_path / f"{vm}-conf")) for vm in VMS}
@@ -67,7 +67,7 @@ def approvals(emu, vm: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-
 
 
 def test_four_members_one_place_four_reboots_one_after_another_all_before_notbefore(
-        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:  # noqa: F811
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
     """4 members, max_unavailable 1, 4 separate Reboots at once with 120 s notice: the probes are never down two
     at a time, every member was out, and all 4 are approved before NotBefore, one after another."""
     begun = time.time()
@@ -88,7 +88,7 @@ def test_four_members_one_place_four_reboots_one_after_another_all_before_notbef
 
 
 def test_short_notice_late_members_are_forced_at_their_last_safe_moment_and_prepared_before_notbefore(
-        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:  # noqa: F811
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
     """The same with 45 s notice: the late members are forced at their last safe moment, prepared (drained) before
     NotBefore, and counted as forced."""
     begun = time.time()
@@ -139,7 +139,7 @@ def test_the_store_stopped_no_member_leaves_rotation_early_and_all_prepare_at_th
 
 
 def test_a_member_killed_while_out_frees_its_place_after_release_after(
-        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:  # noqa: F811
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
     """Two members, one place: the holder is killed -9 while out; the other takes the place once release_after
     (15 s, store time) has passed since the holder's last renewal, and not before."""
     container = azurite.new_container()
@@ -160,7 +160,7 @@ def test_a_member_killed_while_out_frees_its_place_after_release_after(
 
 
 def test_spread_zone_with_two_zones_never_both_zones_out(
-        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:  # noqa: F811
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
     """4 members over 2 zones (IMDS compute zone), max_unavailable 2, spread zone, 4 Reboots at once: the members
     out at any moment are all of one zone, and every member is approved before NotBefore."""
     container = azurite.new_container()

@@ -265,7 +265,7 @@ def poll_delay(ahead: int, cap: int) -> float:
     """Seconds before a waiting member reads the record again: among the next `cap` in line every POLL_FIRST
     (a place that frees is taken within about a second), further back doubling per `cap` members ahead
     of it, at most POLL_MAX."""
-    return min(POLL_MAX, POLL_FIRST * 2 ** min(16, ahead // max(1, cap)))
+    return float(min(POLL_MAX, POLL_FIRST * 2.0 ** min(16, ahead // max(1, cap))))
 
 
 def last_safe_moment(not_before: datetime, needs: float, lead_time: float) -> datetime:
