@@ -248,8 +248,9 @@ class Budget:
             m.why, m.event, m.since = CHOSEN if o.result == "acquired" else FORCED, o.event, now
             waited = now - m.waiting_since if m.waiting_since is not None else 0.0
             self.metrics.budget_wait.observe(waited)
-            self.log.info("budget.acquired" if o.result == "acquired" else "budget.forced", event_id=o.event,
-                          group=self.group, waited_seconds=round(waited, 1), reason=o.reason)
+            if o.result == "acquired":  # a forced member said so when its last safe moment came
+                self.log.info("budget.acquired", event_id=o.event, group=self.group, waited_seconds=round(waited, 1),
+                              reason=o.reason)
             m.waiting_since, m.renew_at = None, now + self.config.release_after / 4
         elif o.result == "waiting":
             if m.waiting_since is None or m.waiting_for != o.event:
