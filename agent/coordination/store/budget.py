@@ -30,6 +30,7 @@ from agent.coordination.store.budget_rules import (
     RELEASE,
     RENEW,
     TAKE,
+    Action,
     Me,
     Places,
     apply_step,
@@ -84,7 +85,7 @@ class Outcome:
     freed: tuple[str, ...] = ()
 
 
-def step(store: BudgetStore, group: str, action: str, me: Me, event: str, cap_of: Callable[[int], int],
+def step(store: BudgetStore, group: str, action: Action, me: Me, event: str, cap_of: Callable[[int], int],
          spread: str, release_after: float) -> Outcome:
     """One budget step against the store: read, decide (pure), write with If-Match; again on a conflict."""
     name = places_blob(group)
@@ -182,7 +183,7 @@ class Budget:
             m.reasons.setdefault(eid, m.why or FORCED)
         return LeaveGate(True, allowed)
 
-    def _next(self, wants: Sequence[Want], forced: frozenset[str], out: bool) -> tuple[str, str]:
+    def _next(self, wants: Sequence[Want], forced: frozenset[str], out: bool) -> tuple[Action | None, str]:
         m = self.mine
         if m.why is not None and not wants and not out:
             return RELEASE, m.event
@@ -190,16 +191,16 @@ class Budget:
             return RENEW, m.event
         if m.why is not None:
             look, m.look = m.look, False
-            return (READ, m.event) if look else ("", "")
+            return (READ, m.event) if look else (None, "")
         if self.places is None:
             return READ, ""  # once after a start: be counted among the members, find a place held before it
         if forced:
             return FORCE, sorted(forced)[0]
         if wants:
             return TAKE, wants[0].event_id
-        return "", ""
+        return None, ""
 
-    def _run(self, group: str, action: str, me: Me, event: str) -> None:
+    def _run(self, group: str, action: Action, me: Me, event: str) -> None:
         try:
             done = step(self.open_store(), group, action, me, event,
                         lambda n: capacity(self.config.max_unavailable, n), self.config.spread,

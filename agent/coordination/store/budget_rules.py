@@ -25,15 +25,24 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final, Literal
 
 from agent.model.timefmt import iso_z, parse_iso
 
-CHOSEN, FORCED, WAITING = "chosen", "forced", "waiting"
+Why = Literal["chosen", "forced", "waiting"]
 """Why a member is listed: out by maintd's choice, out over budget (the platform's deadline), or waiting."""
+CHOSEN: Final = "chosen"
+FORCED: Final = "forced"
+WAITING: Final = "waiting"
+WHYS: tuple[Why, Why] = (CHOSEN, FORCED)
 SPREADS = ("none", "zone", "fault_domain")
-TAKE, FORCE, RELEASE, RENEW, READ = "take", "force", "release", "renew", "read"
+Action = Literal["take", "force", "release", "renew", "read"]
 """What a member asks of the record in one step (`apply_step`)."""
+TAKE: Final = "take"
+FORCE: Final = "force"
+RELEASE: Final = "release"
+RENEW: Final = "renew"
+READ: Final = "read"
 FORCED_AT_ONCE = frozenset({"Preempt", "Terminate"})
 """Event types whose notice is too short to wait: out at once, over budget if need be."""
 MEMBER_FORGET = 30 * 86400.0
@@ -58,7 +67,7 @@ class Entry:
     zone: str
     fault_domain: str
     event: str
-    why: str
+    why: Why
     since: datetime
     renewed: datetime
 
@@ -107,14 +116,15 @@ def _entry(raw: object, holder: bool) -> Entry | str:
     values = {k: raw.get(k) for k in ("vm", "zone", "fault_domain", "event", "why", "since", "renewed")}
     if not all(isinstance(v, str) for v in values.values()) or not values["vm"]:
         return "an entry lacks a text field"
-    allowed = (CHOSEN, FORCED) if holder else (WAITING,)
+    allowed: tuple[str, ...] = (CHOSEN, FORCED) if holder else (WAITING,)
     if values["why"] not in allowed:
         return f"an entry says why {str(values['why'])[:16]!r}"
     since, renewed = _instant(values["since"]), _instant(values["renewed"])
     if since is None or renewed is None:
         return "an entry has no readable instant"
+    why = WHYS[allowed.index(str(values["why"]))] if holder else WAITING
     return Entry(str(values["vm"])[:128], str(values["zone"])[:32], str(values["fault_domain"])[:32],
-                 str(values["event"])[:128], str(values["why"]), since, renewed)
+                 str(values["event"])[:128], why, since, renewed)
 
 
 def parse_places(body: bytes) -> Places | str:
@@ -181,7 +191,7 @@ def _seen(places: Places, vm: str, now: datetime) -> dict[str, datetime]:
     return {**{k: v for k, v in places.members.items() if k.casefold() != vm.casefold()}, vm: now}
 
 
-def take(places: Places, me: Me, event: str, why: str, now: datetime) -> Places:
+def take(places: Places, me: Me, event: str, why: Why, now: datetime) -> Places:
     """`me` out for `event` (chosen or forced); a member already out keeps its first `since`."""
     held = places.holder(me.vm)
     since = held.since if held is not None else now
@@ -300,7 +310,7 @@ def counts(places: Places) -> dict[str, int]:
             "forced": sum(1 for h in places.holders if h.why == FORCED), "waiting": len(places.waiting)}
 
 
-def apply_step(places: Places, action: str, me: Me, event: str, cap: int, spread: str, now: datetime,
+def apply_step(places: Places, action: Action, me: Me, event: str, cap: int, spread: str, now: datetime,
                renew_after: float = 0.0) -> tuple[str, str, Places]:
     """One member's step on the (live) record: (what it came to, why, the record to write back with If-Match).
 
