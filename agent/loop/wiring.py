@@ -22,6 +22,8 @@ from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.store.budget import Budget, Want
+from agent.coordination.store.fleet_history import HISTORY_KEY, FleetHistory
+from agent.coordination.store.history_protocol import group_name
 from agent.coordination.store.store_backend import StoreBackend
 from agent.errors import ConfigError, ImdsError, kept_in_memory
 from agent.handlers.base import Result, Services
@@ -34,6 +36,7 @@ from agent.health.tcp_probe import TcpProbe
 from agent.http.routes import ApiServer
 from agent.imds.imds_client import ImdsClient, is_transient
 from agent.loop.api import LocalApi, LoopView
+from agent.loop.event_end import EventEnds
 from agent.metrics import Metrics
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED
@@ -148,6 +151,12 @@ class Parts:
             on_change=callbacks.coordination_changed, gates=config.gates, local_health=self.health_json,
             warning_as_error=config.health.consider_warning_as_error, health=self.health,
             backend=backend, budget=self.budget)
+        self.history = None if backend is None else FleetHistory(
+            backend.exchange.store, lambda eid, value, wait: self.store.record(eid, HISTORY_KEY, value, wait=wait),
+            clock, self.metrics.lane_errors.labels("history").inc)
+        self.event_ends = None if self.history is None else EventEnds(
+            self.store, self.runner, self.history, clock, self.history_group,
+            **({"chosen": self.budget.reason_for} if self.budget is not None else {}))
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
         self._stopping = threading.Event()  # cuts an identity lookup's retries short at stop
         self._lookup: concurrent.futures.Future[Identity | None] | None = None
@@ -198,6 +207,16 @@ class Parts:
         """What this VM's preparation needs before NotBefore: its drain wait plus its hooks' timeouts."""
         return self.services.settings.drain_wait + sum(h.timeout for h in self.config.handlers
                                                        if PHASE_SCHEDULED in h.phases and h.type != "drain")
+
+    def record_ended(self, vm_name: str | None) -> None:
+        """The loop's tick: each event that ended for this VM goes to the fleet history once (store backend)."""
+        if self.event_ends is not None:
+            self.event_ends.tick(vm_name)
+
+    def history_group(self) -> str:
+        """The fleet history's group: this VM's scale set (learnt from IMDS), else `_`."""
+        identity = self.coordinator.identity
+        return group_name(None, identity.scale_set if identity is not None else None)
 
     def _handler_result(self, event_id: str, handler: str, phase: str, result: Result) -> None:
         """A handler run finished: the loop's report, and the keeper looks at what the handler keeps."""
@@ -348,6 +367,8 @@ class Parts:
         self.runner.stop(handler_grace)
         self.keeper.stop()
         self.rules.stop()
+        if self.history is not None:
+            self.history.stop()
         self.coordinator.stop()
         if self.budget is not None:
             self.budget.stop()
@@ -359,7 +380,8 @@ def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:
     """The API facade over the parts it reads and the loop's published view."""
     return LocalApi(view, store=parts.store, health=parts.health, rotation=parts.rotation, runner=parts.runner,
                     coordinator=parts.coordinator, preparation=parts.preparation, metrics=parts.metrics,
-                    clock=parts.clock, peer_token=parts.peer_token)
+                    clock=parts.clock, peer_token=parts.peer_token, history=parts.history,
+                    history_group=parts.history_group)
 
 
 def serve(parts: Parts, view: Callable[[], LoopView], sock: Any = None) -> tuple[ApiServer, TcpProbe | None]:
