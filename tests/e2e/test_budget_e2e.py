@@ -57,9 +57,10 @@ def wave(start_emulator, start_agent, azurite: Azurite, tmp_path: Path, notice: 
     emu = start_emulator(VMS)
     agents = {vm: start_agent(emu, vm, budget(azurite, container, tmp_path / f"{vm}-conf")) for vm in VMS}
     sampler = ProbeSampler(agents)
-    events = {vm: emu.add_event(event_type="Reboot", resources=[vm], notice=notice, duration_seconds=2)
-              for vm in VMS}
-    return emu, agents, sampler, events
+    begun = time.time()  # NotBefore is `notice` after this, or a little later
+    for vm in VMS:
+        emu.add_event(event_type="Reboot", resources=[vm], notice=notice, duration_seconds=2)
+    return emu, agents, sampler, begun
 
 
 def approvals(emu, vm: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
@@ -70,8 +71,7 @@ def test_four_members_one_place_four_reboots_one_after_another_all_before_notbef
         start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
     """4 members, max_unavailable 1, 4 separate Reboots at once with 120 s notice: the probes are never down two
     at a time, every member was out, and all 4 are approved before NotBefore, one after another."""
-    begun = time.time()
-    emu, agents, sampler, events = wave(start_emulator, start_agent, azurite, tmp_path, 120)
+    emu, agents, sampler, begun = wave(start_emulator, start_agent, azurite, tmp_path, 120)
     try:
         wait_until(lambda: all(approvals(emu, vm) for vm in VMS), 115, "all 4 approvals")
         wait_until(lambda: all(a.get("/probe").status_code == 200 for a in agents.values()), 30, "all back")
@@ -91,8 +91,7 @@ def test_short_notice_late_members_are_forced_at_their_last_safe_moment_and_prep
         start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
     """The same with 45 s notice: the late members are forced at their last safe moment, prepared (drained) before
     NotBefore, and counted as forced."""
-    begun = time.time()
-    emu, agents, sampler, events = wave(start_emulator, start_agent, azurite, tmp_path, 45)
+    emu, agents, sampler, begun = wave(start_emulator, start_agent, azurite, tmp_path, 45)
     try:
         wait_until(lambda: all(approvals(emu, vm) for vm in VMS) or time.time() > begun + 50, 60, "approvals")
         wait_until(lambda: all(a.get("/probe").status_code == 200 for a in agents.values()), 40, "all back")
