@@ -235,8 +235,10 @@ def event_text(e: Mapping[str, Any]) -> str:
 def fleet_text(body: Mapping[str, Any]) -> str:
     """`maintd fleet`: per event naming this VM, who approved (or holds the claim) and when, then each VM's state."""
     events = body.get("events") or []
+    group = budget_lines(body.get("budget"))
     if not events:
-        return f"no pending event names {text(body.get('vm_name'))} (backend {text(body.get('backend'))})"
+        return "\n".join([f"no pending event names {text(body.get('vm_name'))} (backend {text(body.get('backend'))})",
+                          *group])
     lines: list[str] = []
     for event in events:
         a = event.get("approval")
@@ -252,7 +254,24 @@ def fleet_text(body: Mapping[str, Any]) -> str:
         if len(vms) == 1:
             lines.append("  (the event names only this VM)")
         lines += [f"  problem: {text(p)}" for p in event.get("problems") or []]
-    return "\n".join(lines)
+    return "\n".join(lines + group)
+
+
+def budget_lines(b: Any) -> list[str]:
+    """The disruption budget's group in `maintd fleet`: its places, who holds one since when and why, who waits."""
+    if not isinstance(b, Mapping):
+        return []
+    holders = [h for h in b.get("holders") or [] if isinstance(h, Mapping)]
+    waiting = [w for w in b.get("waiting") or [] if isinstance(w, Mapping)]
+    lines = ["", f"Budget {text(b.get('group'))}: {text(b.get('places'))} place(s) (max_unavailable "
+                 f"{text(b.get('max_unavailable'))}, spread {text(b.get('spread'))}), "
+                 f"{text(b.get('members_known'))} members known"]
+    if b.get("store_error"):
+        lines.append(f"  store: {text(b['store_error'])}")
+    rows = [(text(h.get("vm")), "out", text(h.get("why")), when(h.get("since")), text(h.get("event_id")))
+            for h in holders] + [(text(w.get("vm")), "waits", "-", when(w.get("since")), text(w.get("event_id")))
+                                 for w in waiting]
+    return lines + (table(("VM", "STATE", "WHY", "SINCE", "EVENT"), rows, "  ") if rows else ["  nobody out"])
 
 
 def history_summary(summary: Mapping[str, Any]) -> str:

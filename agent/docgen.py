@@ -14,7 +14,7 @@ from pathlib import Path
 from prometheus_client.metrics import MetricWrapperBase
 
 from agent.config.config import Config
-from agent.coordination.coordination_settings import AzureBlobConfig
+from agent.coordination.coordination_settings import AzureBlobConfig, BudgetConfig
 from agent.handlers.registry import CommonKeys, builtin_types
 from agent.health.health_rules import RuleSpec
 from agent.metrics import Metrics
@@ -43,6 +43,8 @@ def reference() -> str:
              table([r for r in describe(Config) if r[0].split(".")[0] not in LIST_SECTIONS]), ""]
     parts += ["#### `coordination.azure_blob` (with `coordination.backend: azure_blob`)", "",
               table(describe(AzureBlobConfig, "coordination.azure_blob.")), ""]
+    parts += ["#### `coordination.budget` (with `coordination.backend: azure_blob`; see Disruption budgets)", "",
+              table(describe(BudgetConfig, "coordination.budget.")), ""]
     parts += ["#### `gates` (and `profiles[].gates`, which replaces it while the profile is in force)", "",
               table(describe(FleetGate, "gates.fleet.") + describe(PrometheusGate, "gates.prometheus.")), ""]
     parts += ["#### `handlers[]`: keys every handler has", "", table(describe(CommonKeys)), ""]

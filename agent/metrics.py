@@ -91,6 +91,13 @@ class Metrics:
                                       "Requests to the coordination store (backend azure_blob) by operation and "
                                       "outcome (ok; conflict and absent are expected answers; the rest failures)",
                                       ["op", "outcome"], registry=r)
+        self.budget_members = Gauge("maintd_budget_members",
+                                    "Members of this VM's disruption budget group as the store last said: out (a "
+                                    "place by choice), forced (out over budget), waiting", ["state"], registry=r)
+        self.budget_wait = Histogram("maintd_budget_wait_seconds",
+                                     "How long this VM waited for a place in its disruption budget (until it took one "
+                                     "or was forced)", buckets=(0, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600),
+                                     registry=r)
         self.lane_errors = Counter("maintd_lane_errors_total",
                                    "Jobs on a worker lane that raised instead of handling their own failure, by lane "
                                    "(store, peer, history); each is logged as lane.internal_error and its work put "

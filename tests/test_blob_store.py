@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import pytest
 
@@ -78,27 +80,36 @@ def test_one_list_returns_every_marker_the_record_and_the_store_clock(azurite: A
     assert etag is not None
 
 
+T = TypeVar("T")
+
+
+def at_once(racers: int, race: Callable[[str], T]) -> list[T]:
+    """`race(vm_i)` on `racers` threads released together by a barrier: what each returned."""
+    barrier = threading.Barrier(racers)
+    results: list[T] = []
+    lock = threading.Lock()
+
+    def run(vm: str) -> None:
+        barrier.wait()
+        result = race(vm)
+        with lock:
+            results.append(result)
+
+    threads = [threading.Thread(target=run, args=(f"vm_{i}",)) for i in range(racers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
 def test_fifty_racers_one_winner_a_hundred_times(azurite: Azurite) -> None:
     """50 store clients race to claim one event, 100 times (fresh events): exactly one wins each time."""
     store = open_store(azurite)
-    racers = 50
     for round_ in range(100):
         event = f"00000000-0000-4000-8000-{round_:012d}"
-        barrier = threading.Barrier(racers)
-        wins: list[str] = []
-        lock = threading.Lock()
-
-        def race(vm: str) -> None:
-            barrier.wait()
-            if store.create(approval_blob(event), approval_record(event, vm, CLAIMED, 1)) is not None:
-                with lock:
-                    wins.append(vm)
-
-        threads = [threading.Thread(target=race, args=(f"vm_{i}",)) for i in range(racers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
+        won = at_once(50, lambda vm, e=event: store.create(approval_blob(e), approval_record(e, vm, CLAIMED, 1)))
+        wins = [w for w in won if w is not None]
         assert len(wins) == 1, f"round {round_}: {wins}"
 
 

@@ -260,6 +260,8 @@ RESTART: dict[str, str] = {
     "coordination.backend": "coordination: {backend: azure_blob,\n"
                             "  azure_blob: {account_url: 'https://acct.blob.core.windows.net'}}",
     "coordination.azure_blob": "coordination: {azure_blob: {account_url: 'https://acct.blob.core.windows.net'}}",
+    "coordination.budget": "coordination: {backend: azure_blob,\n"
+                           "  azure_blob: {account_url: 'https://acct.blob.core.windows.net'}, budget: {group: web}}",
 }
 
 

@@ -5,6 +5,7 @@ mean)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from agent.coordination.peers.peer_addressing import template_fields
 from agent.errors import ConfigValueError
@@ -46,6 +47,31 @@ class AzureBlobConfig:
         return f"{where} container {self.container}"
 
 
+def parse_max_unavailable(value: object) -> int | str:
+    """A count (>= 1) or a percentage of the group's members known to the store ("25%", 1-100)."""
+    if isinstance(value, str) and (m := re.fullmatch(r"\s*(\d{1,3})\s*%\s*", value)) and 1 <= int(m.group(1)) <= 100:
+        return f"{int(m.group(1))}%"
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 100_000:
+        return value
+    raise ConfigValueError("", f"expected a count (>= 1) or a percentage such as \"25%\", got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetConfig:
+    group: str | None = opt(optional(text(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$", "letters, digits, _ . -")), None,
+                            "the VMs that share this budget; default: this VM's scale set name (IMDS compute "
+                            "vmScaleSetName), required when there is none")
+    max_unavailable: int | str = opt(parse_max_unavailable, 1,
+                                     "how many members may be out at once by maintd's choice: a count (>= 1) or a "
+                                     "percentage of the group's members known to the store (\"25%\"; at least 1)")
+    spread: str = opt(choice("none", "zone", "fault_domain"), "none",
+                      "none | zone | fault_domain: with zone, maintd's choices never have members of two zones out "
+                      "at once (zone and platformFaultDomain from IMDS compute)")
+    release_after: float = opt(duration(10, 7 * 86400), 1800.0,
+                               "a member that never comes back frees its place this long after its last renewal "
+                               "(store time)")
+
+
 @dataclasses.dataclass(frozen=True)
 class CoordinationConfig:
     backend: str = opt(choice("peers", "azure_blob"), "peers",
@@ -77,11 +103,17 @@ class CoordinationConfig:
     peer_recheck_max: float = opt(duration(1, 300), 10.0,
                                   "longest wait before the leader asks a not-ready peer again (ready peers push)")
     approval_retry_for: float = opt(duration(1, 3600), 60.0, "how long one approval POST is retried with backoff")
+    budget: BudgetConfig | None = opt(optional(section(BudgetConfig)), None,
+                                      "a disruption budget shared by a group of VMs (backend azure_blob only; see "
+                                      "Disruption budgets)")
 
     def validate(self) -> None:
         if self.backend == "azure_blob" and self.azure_blob is None:
             raise ConfigValueError("azure_blob", "backend azure_blob needs the store: azure_blob: {account_url: "
                                                  "https://ACCOUNT.blob.core.windows.net, container: maintd}")
+        if self.budget is not None and self.backend != "azure_blob":
+            raise ConfigValueError("budget", "a disruption budget needs the shared store: set backend: azure_blob "
+                                             "(the peer backend has no place where a whole group can agree)")
         try:
             template_fields(self.peer_url)
         except ValueError as exc:

@@ -20,10 +20,10 @@ replaces whole at the end of each tick.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from agent import logs
 from agent.clock import Clock
@@ -45,6 +45,16 @@ from agent.model.tracker import Tracked
 from agent.state.state_store import Store
 from agent.windows.approval_policy import Decision, decide
 from agent.windows.tick import Tick
+
+
+class ApprovalBudget(Protocol):
+    """What the coordinator asks of the disruption budget (`store/budget.Budget`): may this event be approved
+    early (None), or why not; and the group as the API shows it."""
+
+    snapshot: dict[str, Any]
+
+    def approval_blocked(self, event_id: str, resources: Sequence[str]) -> str | None: ...
+
 
 CLAIMS = ("claim", "take_over")
 """The backend steps that let this VM approve (the store's: it claims first); any other step holds it."""
@@ -84,9 +94,10 @@ class Coordinator:
                  poll_interval: float = 1.0, on_change: Callable[[], None] = lambda: None,
                  gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
                  warning_as_error: bool = False, health: HealthStore | None = None,
-                 backend: Backend | None = None) -> None:
-        """`backend`: the blob store's (`coordination.backend: azure_blob`); the peers' when none is given."""
-        self.settings, self.health = settings, health
+                 backend: Backend | None = None, budget: ApprovalBudget | None = None) -> None:
+        """`backend`: the blob store's (`coordination.backend: azure_blob`); the peers' when none is given;
+        `budget`: the disruption budget (store backend only), asked before every early approval."""
+        self.settings, self.health, self.budget = settings, health, budget
         self.approve_fn = approve
         self.store = store
         self.clock = clock
@@ -165,6 +176,9 @@ class Coordinator:
                 lower_ranked_reachable=given.reachable if mode != MANUAL else [], dry_run=dry_run)
             if decision.approve and step is not None and step.action not in CLAIMS:
                 decision = Decision(False, step.reason)
+            if decision.approve and self.budget is not None \
+                    and (held := self.budget.approval_blocked(event_id, t.event.resources)) is not None:
+                decision = Decision(False, held)
             self._note(event_id, t, state, decision)
             if decision.approve and not state.sending and state.failed_at is None and self._unconfirmed(event_id):
                 state.failed_at = now  # sent by a previous run that died before the answer: give IMDS time

@@ -26,6 +26,7 @@ class Host(Protocol):
     etag: bool
     rate_limit: float | None
     stopping: threading.Event
+    zones: int
 
     def tick(self) -> None: ...
     def record(self, vm: str, method: str, path: str, query: str, headers: dict[str, str],

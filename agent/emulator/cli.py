@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="send ETag and answer If-None-Match with 304 (unverified on real IMDS; default on)")
     p.add_argument("--broadcast", action=argparse.BooleanOptionalAction, default=True,
                    help="every VM sees every event, as in an availability set (default on)")
+    p.add_argument("--zones", type=int, default=0, metavar="N",
+                   help="spread the VMs over N availability zones in turn (compute zone 1..N; default 0: none)")
     p.add_argument("--unknown-event", choices=UNKNOWN_EVENT_ANSWERS, default="ok",
                    help="the answer to approving an unknown EventId (undocumented on real IMDS; default ok)")
     return p
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                             rate_limit=args.rate_limit, etag=args.etag,
                             started_duration=args.started_duration if args.started_duration is not None
                             else (plan.started_duration if plan else None),
-                            broadcast=args.broadcast, unknown_event=args.unknown_event, listener=listen)
+                            broadcast=args.broadcast, unknown_event=args.unknown_event, listener=listen,
+                            zones=args.zones)
         if args.first_call_delay:
             emulator.add_fault(kind="first_call_delay", delay=args.first_call_delay)
     except (ScenarioError, ValueError) as exc:

@@ -32,11 +32,13 @@ class Emulator:
     def __init__(self, vms: list[str] | None = None, clock: ModelClock | None = None, time_scale: float = 1.0,
                  rate_limit: float | None = 5.0, etag: bool = True, started_duration: float | None = None,
                  approvals_required: int | None = None, *, broadcast: bool = True, unknown_event: str = "ok",
-                 listener: Listener | None = None) -> None:
+                 listener: Listener | None = None, zones: int = 0) -> None:
         """`rate_limit`: requests/s per VM before 429 (None or 0: none); `etag`: ETag and 304 (unverified
         on real IMDS); `started_duration`: emulated seconds a Started event with DurationInSeconds <= 0
         stays (default 10); `unknown_event`: "ok" (200, no-op) or "400" for approving an unknown EventId;
-        `listener(name, fields)` hears every state change and must not block."""
+        `listener(name, fields)` hears every state change and must not block; `zones`: the VMs spread over this
+        many availability zones in turn (compute `zone` 1, 2, ...; 0: none, `zone` empty)."""
+        self.zones = zones
         self.vms = list(vms or ["vm-1"])
         self.clock: ModelClock = clock or _RealClock()
         self.listener = listener

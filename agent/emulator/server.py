@@ -269,7 +269,8 @@ class VmServer(http.server.ThreadingHTTPServer):
         group = "maintd-emulator"
         scale_set, computer_name = uniform_names(self.vm)
         return {"name": self.vm, "location": "westeurope", "vmId": self.vm_id, "vmSize": "Standard_D2s_v5",
-                "osType": "Linux", "zone": "", "vmScaleSetName": scale_set, "platformFaultDomain": "0",
+                "osType": "Linux", "zone": str(self.index % self.emulator.zones + 1) if self.emulator.zones else "",
+                "vmScaleSetName": scale_set, "platformFaultDomain": "0",
                 "osProfile": {"adminUsername": "azureuser", "computerName": computer_name,
                               "disablePasswordAuthentication": "true"},
                 "platformUpdateDomain": str(self.index % 5), "resourceGroupName": group,

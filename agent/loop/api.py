@@ -146,8 +146,10 @@ class LocalApi:
         """Each pending event naming this VM: the VMs it names, their state, who approved (`maintd fleet`)."""
         lv = self.view()
         mine = {eid: t for eid, t in lv.tracked.items() if t.names_self}
+        budget = self.coordinator.budget
         return {"vm_name": lv.vm_name, "backend": lv.config.coordination.backend,
-                "events": self.coordinator.fleet(mine, lv.vm_name, self.runner.is_ready)}
+                "events": self.coordinator.fleet(mine, lv.vm_name, self.runner.is_ready),
+                **({"budget": budget.snapshot} if budget is not None else {})}
 
     def fleet_history(self, since: str | None) -> dict[str, Any]:
         """The group's past events from the store (`maintd fleet --history`); 409 on the peer backend."""

@@ -201,7 +201,7 @@ class Daemon:
             if last is not None and now - last <= 2 * self.config.imds.poll_interval:
                 self._coordinate()
         assert self.profile is not None
-        self.preparation.tick(self.tracked, self.profile.name)
+        self.preparation.tick(self.tracked, self.profile.name, self.parts.leave_gate(self.tracked))
         self.parts.record_ended(self.vm_name)
         self._prune_state(now)
         self.report.state_write_status(self.store)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from functools import reduce
 from pathlib import Path
@@ -21,6 +21,7 @@ from agent.clock import Clock, Waitable
 from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
 from agent.coordination.coordinator import Coordinator
+from agent.coordination.store.budget import Budget, Want
 from agent.coordination.store.fleet_history import HISTORY_KEY, FleetHistory
 from agent.coordination.store.history_protocol import group_name
 from agent.errors import ConfigError, ImdsError, kept_in_memory
@@ -36,7 +37,11 @@ from agent.imds.imds_client import ImdsClient, is_transient
 from agent.loop.api import LocalApi, LoopView
 from agent.loop.event_end import EventEnds
 from agent.metrics import Metrics
+from agent.model.budget_gate import NO_BUDGET, LeaveGate
+from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
+from agent.model.outcomes import PHASE_SCHEDULED
+from agent.model.tracker import Tracked
 from agent.prepare.handler_runner import Runner
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
@@ -44,7 +49,7 @@ from agent.retry import retrying as retrying_on
 from agent.secretfile import SecretFiles
 from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
-from agent.windows.approval_policy import Profile
+from agent.windows.approval_policy import NOW, Profile
 
 if TYPE_CHECKING:
     from agent.coordination.store.store_backend import StoreBackend
@@ -54,7 +59,7 @@ STOP_DRAIN = "stop"
 """The rotation drain key maintd holds while it stops (removed when it starts again)."""
 RESTART_KEYS: tuple[str, ...] = (
     "state.dir", *(f"server.{f.name}" for f in fields(ServerConfig)), "probe.path", "probe.mode", "probe.listen",
-    "coordination.max_concurrency", "coordination.backend", "coordination.azure_blob")
+    "coordination.max_concurrency", "coordination.backend", "coordination.azure_blob", "coordination.budget")
 """Keys a reload cannot apply to a running daemon (the listening sockets, the route table, the state dir,
 the peer pools' size, the coordination backend — two protocols must never meet within one event): they
 keep their running values until a restart. Every other key is applied by `Parts.reconfigure`
@@ -137,19 +142,23 @@ class Parts:
         self.keeper = Keeper(lambda: self.runner.handlers, clock)
         self._on_result = callbacks.handler_result
         backend = self._store_backend(callbacks)
+        self.budget = self._budget(backend, callbacks)
+        if self.budget is not None and self.vm_name is not None:  # named in the config: no IMDS topology
+            self.budget.identify(self.vm_name, "", "", "")
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
-                                       profiles=config.profiles, prepare=config.prepare)
+                                       profiles=config.profiles, prepare=config.prepare, budget=self.budget is not None)
         self.coordinator = Coordinator(
             config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store, clock=clock,
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,
             on_change=callbacks.coordination_changed, gates=config.gates, local_health=self.health_json,
             warning_as_error=config.health.consider_warning_as_error, health=self.health,
-            backend=backend)
+            backend=backend, budget=self.budget)
         self.history = None if backend is None else FleetHistory(
             backend.exchange.store, lambda eid, value, wait: self.store.record(eid, HISTORY_KEY, value, wait=wait),
             clock, self.metrics.lane_errors.labels("history").inc)
-        self.event_ends = None if self.history is None else EventEnds(self.store, self.runner, self.history, clock,
-                                                                      self.history_group)
+        self.event_ends = None if self.history is None else EventEnds(
+            self.store, self.runner, self.history, clock, self.history_group,
+            **({"chosen": self.budget.reason_for} if self.budget is not None else {}))
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
         self._stopping = threading.Event()  # cuts an identity lookup's retries short at stop
         self._lookup: concurrent.futures.Future[Identity | None] | None = None
@@ -169,6 +178,39 @@ class Parts:
                             takeover_after=lambda: self.config.coordination.takeover_after,
                             local_health=self.health_json,
                             warning_as_error=lambda: self.config.health.consider_warning_as_error)
+
+    def _budget(self, backend: StoreBackend | None, callbacks: Callbacks) -> Budget | None:
+        """The disruption budget, when the config asks for one (the store backend only: refused otherwise)."""
+        c = self.config.coordination
+        if backend is None or c.budget is None:
+            return None
+        states = {"ok": HealthState.OK, "warning": HealthState.WARNING}
+        return Budget(c.budget, store=backend.exchange.store, describe=backend.config.describe, clock=self.clock,
+                      on_change=callbacks.coordination_changed, metrics=self.metrics,
+                      health=lambda prop, state, text: self.health.set("coordination", prop, states[state], text),
+                      needs=self.preparation_needs, lead_time=self._lead_seconds)
+
+    def _lead_seconds(self) -> float:
+        lead = self.config.prepare.lead_time
+        return 0.0 if lead == NOW else float(lead)
+
+    def leave_gate(self, tracked: Mapping[str, Tracked]) -> LeaveGate:
+        """The disruption budget's word to preparation (the loop's thread): which due events may leave rotation.
+        This VM is out while drained, or while an event naming it is prepared or Started."""
+        if self.budget is None:
+            return NO_BUDGET
+        wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting()]
+        out = bool(self.rotation.drains()) or any(
+            t.names_self and (t.event.status != SCHEDULED or self.preparation.started(eid))
+            for eid, t in tracked.items())
+        gate = self.budget.tick(wants, out)
+        self.budget.publish()
+        return gate
+
+    def preparation_needs(self) -> float:
+        """What this VM's preparation needs before NotBefore: its drain wait plus its hooks' timeouts."""
+        return self.services.settings.drain_wait + sum(h.timeout for h in self.config.handlers
+                                                       if PHASE_SCHEDULED in h.phases and h.type != "drain")
 
     def record_ended(self, vm_name: str | None) -> None:
         """The loop's tick: each event that ended for this VM goes to the fleet history once (store backend)."""
@@ -265,6 +307,8 @@ class Parts:
         """This VM is `identity`: its name for the loop, computer name and scale set for addressing peers."""
         self.vm_name = identity.name
         self.coordinator.identity = identity
+        if self.budget is not None:
+            self.budget.identify(identity.name, identity.zone, identity.fault_domain, identity.scale_set)
 
     def look_up_identity(self, attempts: int) -> None:
         """Start asking IMDS for this VM's identity on a thread of its own, unless a lookup runs already
@@ -330,6 +374,8 @@ class Parts:
         if self.history is not None:
             self.history.stop()
         self.coordinator.stop()
+        if self.budget is not None:
+            self.budget.stop()
         with kept_in_memory():
             self.store.flush()
 

@@ -14,6 +14,10 @@ class Identity:
     name: str
     computer_name: str = ""
     scale_set: str = ""
+    zone: str = ""
+    """The availability zone (IMDS compute `zone`; "" when the VM is in none): the budget's `spread: zone`."""
+    fault_domain: str = ""
+    """IMDS compute `platformFaultDomain`: the budget's `spread: fault_domain`."""
 
 
 def identity_from_compute(body: Any) -> Identity:
@@ -22,6 +26,7 @@ def identity_from_compute(body: Any) -> Identity:
         raise ValueError("compute metadata has no name")
     os_profile = body.get("osProfile")
     computer = os_profile.get("computerName") if isinstance(os_profile, dict) else None
-    scale_set = body.get("vmScaleSetName")
+    scale_set, zone, domain = body.get("vmScaleSetName"), body.get("zone"), body.get("platformFaultDomain")
     return Identity(body["name"], computer if isinstance(computer, str) else "",
-                    scale_set if isinstance(scale_set, str) else "")
+                    scale_set if isinstance(scale_set, str) else "", zone[:32] if isinstance(zone, str) else "",
+                    str(domain)[:32] if isinstance(domain, (str, int)) and not isinstance(domain, bool) else "")

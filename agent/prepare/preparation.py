@@ -24,6 +24,7 @@ from typing import Any
 from agent import logs
 from agent.clock import Clock
 from agent.metrics import Metrics
+from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED, Event
 from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.timefmt import iso_z, parse_iso
@@ -50,7 +51,7 @@ class Preparation:
     """Held scheduled-phase work and the plan of every pending event naming this VM; thread-safe views."""
 
     def __init__(self, *, store: Store, clock: Clock, metrics: Metrics, submit: Callable[[Transition], None],
-                 profiles: tuple[Profile, ...], prepare: PrepareConfig) -> None:
+                 profiles: tuple[Profile, ...], prepare: PrepareConfig, budget: bool = False) -> None:
         self.store = store
         self.clock = clock
         self.metrics = metrics
@@ -63,6 +64,8 @@ class Preparation:
         self._plans: dict[str, Plan] = {}
         self._profile: str | None = None
         self._reconfigured = False
+        self._gate = LeaveGate(True) if budget else NO_BUDGET
+        """The disruption budget's last word (`tick`): until the first, nothing leaves rotation early."""
 
     # --- the daemon's calls ---------------------------------------------------------------
 
@@ -77,7 +80,7 @@ class Preparation:
             eid = tr.event.event_id
             if tr.kind == APPEARED and _pending(tr.event.status, tr.names_self):
                 plan = self._replan(tr.event, APPEARED)
-                if plan.due(self.clock.now()):
+                if plan.due(self.clock.now()) and self._gate.lets(eid):
                     self._start(tr, plan, "due", held=False)
                 else:
                     with self._lock:
@@ -95,7 +98,7 @@ class Preparation:
         for eid, t in tracked.items():
             if _pending(t.event.status, t.names_self) and not self.started(eid):
                 plan = self._replan(t.event, "restart")
-                if not plan.due(now):
+                if not plan.due(now) or not self._gate.lets(eid):
                     with self._lock:
                         self._held[eid] = Transition(APPEARED, t.event, True, t.first_seen)
                     continue
@@ -106,8 +109,17 @@ class Preparation:
         self._export()
         return out
 
-    def tick(self, tracked: Mapping[str, Tracked], profile: str | None) -> None:
-        """Re-plan what changed, release what is due, export the next preparation times."""
+    def wanting(self) -> list[Event]:
+        """The held events whose plan says preparation is due: what the disruption budget is asked a place for."""
+        now = self.clock.now()
+        with self._lock:
+            return [tr.event for eid, tr in self._held.items()
+                    if (plan := self._plans.get(eid)) is not None and plan.due(now)]
+
+    def tick(self, tracked: Mapping[str, Tracked], profile: str | None, gate: LeaveGate = NO_BUDGET) -> None:
+        """Re-plan what changed, release what is due (and, under a disruption budget, let leave rotation by
+        `gate`, the budget's word handed from the loop's thread), export the next preparation times."""
+        self._gate = gate
         cause = "reload" if self._reconfigured else "profile" if profile != self._profile and self._profile else None
         self._reconfigured, self._profile = False, profile
         with self._lock:
@@ -129,7 +141,7 @@ class Preparation:
         now = self.clock.now()
         for eid, tr in held.items():
             plan = self._plans.get(eid)
-            if eid in tracked and plan is not None and plan.due(now):
+            if eid in tracked and plan is not None and plan.due(now) and gate.lets(eid):
                 self._start(dataclasses.replace(tr, event=tracked[eid].event), plan, "due", held=True)
         self._export()
 

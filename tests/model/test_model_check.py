@@ -15,6 +15,8 @@ from agent.coordination import coordination_rules
 from agent.coordination.approver import Approver
 from agent.coordination.coordination_rules import not_ready
 from agent.coordination.peers import peer_backend
+from agent.coordination.store.budget_rules import CHOSEN
+from tests.model.budget_model import OUT, BudgetModel
 from tests.model.common import LOST_ANSWER, PAUSE, POST_ERROR
 from tests.model.explorer import Result, explore
 from tests.model.peer_model import PeerModel
@@ -105,3 +107,20 @@ def test_the_checker_finds_a_paused_claimer_posting_again(monkeypatch: pytest.Mo
     result = explore(StoreModel(kinds=(PAUSE,)))
     assert "S2" in result.violations
     assert "is paused" in result.violations["S2"].render()
+
+
+@pytest.mark.parametrize("cap, spread", [(1, "none"), (2, "zone")])
+def test_budget_b1_never_more_than_max_unavailable_out_by_choice(cap: int, spread: str):
+    """Three members racing for `cap` places through one record (read, then If-Match write), one of them forced
+    at any time, back and released: never more than `cap` out by choice, never two zones with spread zone."""
+    result = explore(BudgetModel(cap, spread), outcomes={"out by choice": lambda s: any(
+        m.why == CHOSEN and m.phase == OUT for m in s.members)})
+    print(f"\n{result.model}: {result.figures()}")
+    assert result.complete and result.reached.get("out by choice", 0) > 0
+    holds(result, "B1")
+
+
+def test_the_checker_finds_a_budget_written_without_if_match():
+    """The same members writing the record blindly (no If-Match): the checker finds two out by choice."""
+    result = explore(BudgetModel(1, "none", blind=True), max_states=20_000)
+    assert "B1" in result.violations

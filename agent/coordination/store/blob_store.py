@@ -1,6 +1,7 @@
 """The only code that talks to Azure Blob Storage: the store coordination backend's thin I/O edge.
 
-Five requests, each counted by operation and outcome: put a marker (unconditional: a VM writes only
+Five requests, each counted by operation and outcome (and, for the budget, a small record's body read
+and written with a condition): put a marker (unconditional: a VM writes only
 its own), list an event's folder with metadata (and the store's Date; one request per PAGE blobs), create a record with
 If-None-Match: * (the claim), replace one with If-Match: <etag>, read one record. What the records
 mean is `store_protocol`'s business; here every failure becomes a `StoreError` with a short outcome
@@ -202,6 +203,34 @@ class BlobStore:
         result = self._call("read", lambda: self._blob(name).get_blob_properties(),
                             (ResourceNotFoundError,), "absent")
         return None if isinstance(result, BaseException) else (dict(result.metadata or {}), str(result.etag))
+
+    def read_body(self, name: str) -> tuple[bytes, str, datetime] | None:
+        """A small record's body, its ETag and the store's clock when it answered; None when there is none."""
+        headers: dict[str, str] = {}
+
+        def hook(response: Any) -> None:
+            headers.update(response.http_response.headers)
+
+        def download() -> tuple[bytes, str]:
+            stream = self._blob(name).download_blob(raw_response_hook=hook)
+            return stream.readall(), str(stream.properties.etag)
+
+        result = self._call("read", download, (ResourceNotFoundError,), "absent")
+        if isinstance(result, BaseException):
+            return None
+        return result[0], result[1], _server_time(headers, datetime.now(UTC))
+
+    def write_body(self, name: str, body: bytes, etag: str | None) -> str | None:
+        """Create a small record (etag None: If-None-Match: *) or rewrite it (If-Match: etag): its new ETag, or
+        None when the condition did not hold (someone else wrote first)."""
+        if etag is None:
+            result = self._call("create", lambda: self._blob(name).upload_blob(body, overwrite=False),
+                                (ResourceExistsError,))
+        else:
+            result = self._call("replace", lambda: self._blob(name).upload_blob(
+                body, overwrite=True, etag=etag, match_condition=MatchConditions.IfNotModified),
+                (ResourceModifiedError, ResourceNotFoundError))
+        return None if isinstance(result, BaseException) else str(result["etag"])
 
     def close(self) -> None:
         self.container.close()

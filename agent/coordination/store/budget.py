@@ -1,0 +1,332 @@
+"""The disruption budget as this VM takes part in it: one place in the group's record, taken before maintd
+chooses to leave rotation, released once the VM is back (the rules are `budget_rules`, pure).
+
+One owner: the loop owns everything here (`tick`, `gate`, `approval_blocked`, the views' snapshot). Each
+store step (read the record, decide with the pure rules, write it back with If-Match, again on a conflict)
+runs on a worker lane and hands an immutable `Outcome` back through a queue; the loop takes it in on its
+next tick. The loop hands preparation an immutable `LeaveGate`: which pending events may leave rotation now
+(this VM holds a place, or is forced). The store down means no place: wait, and still prepare at the last
+safe moment (forced), with a Warning naming the store.
+"""
+
+from __future__ import annotations
+
+import functools
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from agent import logs
+from agent.clock import Clock
+from agent.coordination.coordination_settings import BudgetConfig
+from agent.coordination.store.budget_rules import (
+    CHOSEN,
+    FORCE,
+    FORCED,
+    READ,
+    RELEASE,
+    RENEW,
+    TAKE,
+    Action,
+    Me,
+    Places,
+    apply_step,
+    approval_blocked,
+    capacity,
+    forced_now,
+    live,
+    parse_places,
+    places_blob,
+    poll_delay,
+    position,
+    render_places,
+    stale,
+)
+from agent.coordination.store.store_protocol import StoreError, retry_delay
+from agent.lanes import Lanes
+from agent.model.budget_gate import LeaveGate
+from agent.model.timefmt import iso_z
+
+CAS_TRIES = 8
+"""Compare-and-swap attempts of one step before it reports a conflict and tries again on the next tick."""
+HEALTH = "budget"
+
+
+class BudgetStore(Protocol):
+    """What the budget needs of `blob_store.BlobStore` (a fake in tests)."""
+
+    def read_body(self, name: str) -> tuple[bytes, str, datetime] | None: ...
+    def write_body(self, name: str, body: bytes, etag: str | None) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Want:
+    """A pending event naming this VM whose preparation is due (its plan says so)."""
+
+    event_id: str
+    event_type: str
+    not_before: datetime | None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one store step came to (a worker's hand-back to the loop)."""
+
+    action: str
+    event: str
+    result: str = ""
+    """acquired | forced | waiting | released | renewed | read"""
+    places: Places | None = None
+    reason: str = ""
+    error: StoreError | None = None
+    freed: tuple[str, ...] = ()
+
+
+def step(store: BudgetStore, group: str, action: Action, me: Me, event: str, cap_of: Callable[[int], int],
+         spread: str, release_after: float) -> Outcome:
+    """One budget step against the store: read, decide (pure), write with If-Match; again on a conflict."""
+    name = places_blob(group)
+    for _ in range(CAS_TRIES):
+        found = store.read_body(name)
+        if found is None:  # the group's first step: an empty record, read back for the store's clock
+            store.write_body(name, render_places(group, Places()), None)
+            continue
+        parsed = parse_places(found[0])
+        if isinstance(parsed, str):
+            raise StoreError("unreadable", f"{name}: {parsed}")
+        places, etag, now = parsed, found[1], found[2]
+        freed = tuple(h.vm for h in stale(places, now, release_after))
+        places = live(places, now, release_after)
+        result, reason, new = apply_step(places, action, me, event, cap_of(len(places.members) or 1), spread, now,
+                                         release_after / 4)
+        if new == places and not freed:
+            return Outcome(action, event, result, places, reason, freed=freed)
+        if store.write_body(name, render_places(group, new), etag) is not None:
+            return Outcome(action, event, result, new, reason, freed=freed)
+    raise StoreError("conflict", f"{name}: rewritten by others {CAS_TRIES} times in a row")
+
+
+@dataclass
+class Mine:
+    """This VM's part in the budget (the loop's own)."""
+
+    why: str | None = None
+    event: str = ""
+    since: float | None = None
+    waiting_since: float | None = None
+    waiting_for: str = ""
+    busy: bool = False
+    due: float = float("-inf")
+    renew_at: float = float("inf")
+    look: bool = False
+    """The coordinator waits on other members' places: read the record again soon."""
+    failures: int = 0
+    error: StoreError | None = None
+    forced_local: frozenset[str] = frozenset()
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+class Budget:
+    """This VM's place in its group's budget; thread use as in the module docstring."""
+
+    def __init__(self, config: BudgetConfig, *, store: Callable[[], BudgetStore], describe: str, clock: Clock,
+                 on_change: Callable[[], None], health: Callable[[str, str, str], None],
+                 metrics: Any, needs: Callable[[], float], lead_time: Callable[[], float]) -> None:
+        self.config, self.open_store, self.describe, self.clock = config, store, describe, clock
+        self.on_change, self.health, self.metrics = on_change, health, metrics
+        self.needs, self.lead_time = needs, lead_time
+        self.log = logs.get("budget")
+        self.me: Me | None = None
+        self.group: str | None = config.group
+        self.places: Places | None = None
+        self.mine = Mine()
+        self._said: set[str] = set()
+        self._results: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self._lanes = Lanes(1, "budget")
+        self.snapshot: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def identify(self, vm: str, zone: str, fault_domain: str, scale_set: str) -> None:
+        """This VM's name and topology, once IMDS told them; the group defaults to the scale set."""
+        self.me = Me(vm, zone, fault_domain)
+        self.group = self.config.group or scale_set or None
+        if self.group is None:
+            self.log.error("budget.no_group", reason="coordination.budget.group is required on a VM outside a scale "
+                                                     "set", effect="no place can be taken: prepared at the last safe "
+                                                                   "moment")
+
+    # --- the loop -----------------------------------------------------------------------------------
+
+    def tick(self, wants: Sequence[Want], out: bool) -> LeaveGate:
+        """Take in the store's answers, send the next step, and say which events may leave rotation now.
+        `wants`: events whose preparation is due; `out`: this VM is out of rotation for an event."""
+        now, wall = self.clock.monotonic(), self.clock.now()
+        self._absorb(now)
+        m = self.mine
+        needs, lead = self.needs(), self.lead_time()
+        forced = frozenset(w.event_id for w in wants if forced_now(w.event_type, w.not_before, needs, lead, wall))
+        for eid in forced - m.forced_local:
+            if m.why is None:
+                self._forced_log(eid, "Preempt/Terminate: at once" if eid not in m.reasons else "")
+        m.forced_local = forced | (m.forced_local & frozenset(w.event_id for w in wants))
+        action, event = self._next(wants, forced, out)
+        if action and not m.busy and now >= m.due and self.me is not None and self.group is not None:
+            m.busy = True
+            job = functools.partial(self._run, self.group, action, self.me, event)
+            self._lanes.submit("budget", job, functools.partial(self._crashed, action, event))
+        self._health(wants)
+        allowed = frozenset(w.event_id for w in wants) if m.why is not None else m.forced_local
+        for eid in allowed:
+            m.reasons.setdefault(eid, m.why or FORCED)
+        return LeaveGate(True, allowed)
+
+    def _next(self, wants: Sequence[Want], forced: frozenset[str], out: bool) -> tuple[Action | None, str]:
+        m = self.mine
+        if m.why is not None and not wants and not out:
+            return RELEASE, m.event
+        if m.why is not None and self.clock.monotonic() >= m.renew_at:
+            return RENEW, m.event
+        if m.why is not None:
+            look, m.look = m.look, False
+            return (READ, m.event) if look else (None, "")
+        if self.places is None:
+            return READ, ""  # once after a start: be counted among the members, find a place held before it
+        if forced:
+            return FORCE, sorted(forced)[0]
+        if wants:
+            return TAKE, wants[0].event_id
+        return None, ""
+
+    def _run(self, group: str, action: Action, me: Me, event: str) -> None:
+        try:
+            done = step(self.open_store(), group, action, me, event,
+                        lambda n: capacity(self.config.max_unavailable, n), self.config.spread,
+                        self.config.release_after)
+        except StoreError as exc:
+            done = Outcome(action, event, error=exc)
+        self._results.put(done)
+        self.on_change()
+
+    def _crashed(self, action: str, event: str, exc: Exception) -> None:
+        self._results.put(Outcome(action, event, error=StoreError("internal_error", f"{type(exc).__name__}: {exc}")))
+        self.on_change()
+
+    def _absorb(self, now: float) -> None:
+        m = self.mine
+        while True:
+            try:
+                o = self._results.get_nowait()
+            except queue.Empty:
+                return
+            m.busy = False
+            if o.error is not None:
+                m.failures += 1
+                m.due = now + retry_delay(m.failures)
+                if m.error is None or str(m.error) != str(o.error):
+                    self.log.warning("budget.store_failed", store=self.describe, outcome=o.error.outcome,
+                                     error=str(o.error), effect="no place: this VM waits, and prepares at the last "
+                                                                "safe moment")
+                m.error = o.error
+                continue
+            m.failures, m.error, self.places = 0, None, o.places
+            for vm in o.freed:
+                self.log.warning("budget.released", vm=vm, reason="did not renew its place for release_after "
+                                                                  "(store time): never came back", by=self._name())
+            self._took(o, now)
+
+    def _took(self, o: Outcome, now: float) -> None:
+        m = self.mine
+        held = o.places.holder(self._name()) if o.places is not None else None
+        if held is not None and m.why is None and o.result == "read":  # held before a restart: still out
+            m.why, m.event, m.since, m.renew_at = held.why, held.event, now, now
+            m.reasons.setdefault(held.event, held.why)
+            return
+        cap = capacity(self.config.max_unavailable, len(o.places.members) if o.places else 1)
+        if o.result in ("acquired", "forced") and m.why is None:
+            m.why, m.event, m.since = CHOSEN if o.result == "acquired" else FORCED, o.event, now
+            waited = now - m.waiting_since if m.waiting_since is not None else 0.0
+            self.metrics.budget_wait.observe(waited)
+            if o.result == "acquired":  # a forced member said so when its last safe moment came
+                self.log.info("budget.acquired", event_id=o.event, group=self.group, waited_seconds=round(waited, 1),
+                              reason=o.reason)
+            m.waiting_since, m.renew_at = None, now + self.config.release_after / 4
+        elif o.result == "waiting":
+            if m.waiting_since is None or m.waiting_for != o.event:
+                m.waiting_since = m.waiting_since if m.waiting_since is not None else now
+                self.log.info("budget.waiting", event_id=o.event, group=self.group, reason=o.reason,
+                              effect="stays in rotation; prepares at its last safe moment if no place frees")
+            m.waiting_for = o.event
+            m.due = now + poll_delay(position(o.places, self._name()) if o.places else 0, cap)
+        elif o.result == "released":
+            self.log.info("budget.released", event_id=o.event, group=self.group, vm=self._name(),
+                          held_seconds=round(now - (m.since or now), 1), was=m.why)
+            m.why, m.event, m.since, m.renew_at = None, "", None, float("inf")
+        elif o.result == "renewed":
+            m.renew_at = now + self.config.release_after / 4
+        elif o.result == "read" and m.why is not None:
+            m.due = now + 2.0  # a holder looking at the others' places for its event's approval
+
+    def _forced_log(self, event_id: str, why: str) -> None:
+        self.log.warning("budget.forced", event_id=event_id, group=self.group,
+                         reason=why or "no place by its last safe moment: out over budget (safety before capacity)")
+
+    def _name(self) -> str:
+        return self.me.vm if self.me else ""
+
+    def _health(self, wants: Sequence[Want]) -> None:
+        m = self.mine
+        if m.why is None and wants and not m.forced_local:
+            store = f"; the store ({self.describe}) fails: {m.error}" if m.error else ""
+            self.health(HEALTH, "warning", f"waiting for a place in budget {self.group or '(no group)'} for "
+                                           f"{wants[0].event_id}{store}; prepares at its last safe moment")
+        else:
+            self.health(HEALTH, "ok", f"budget {self.group}: " + (f"holds a place ({m.why})" if m.why else "idle"))
+
+    # --- the coordinator ------------------------------------------------------------------------------
+
+    def approval_blocked(self, event_id: str, resources: Sequence[str]) -> str | None:
+        """Why this event may not be approved early yet (None: it may); said once when it names more members
+        than the budget has places (they are forced at their last safe moment; approval waits for them)."""
+        m = self.mine
+        cap = capacity(self.config.max_unavailable, len(self.places.members) if self.places else 1)
+        if len(resources) > cap and event_id not in self._said:
+            self._said.add(event_id)
+            self.log.warning("budget.event_too_large", event_id=event_id, members=len(resources), places=cap,
+                             effect="the members beyond the budget prepare at their last safe moment; early approval "
+                                    "waits for every member to hold a place or be forced")
+        here = frozenset({self._name().casefold()}) if m.why is not None or event_id in m.forced_local else frozenset()
+        why = approval_blocked(resources, event_id, self.places, here)
+        if why is not None and m.why is not None:
+            m.look = True  # look again (the "read" answer paces it): the others' places
+        return why
+
+    def reason_for(self, event_id: str) -> str | None:
+        """`chosen` or `forced`: why this VM left rotation for the event (None: the budget did not govern it)."""
+        return self.mine.reasons.get(event_id)
+
+    def publish(self) -> dict[str, Any]:
+        """The group for `maintd fleet` and /v1/fleet (an immutable copy the API reads)."""
+        places = self.places or Places()
+        view = {"group": self.group, "max_unavailable": self.config.max_unavailable,
+                "places": capacity(self.config.max_unavailable, len(places.members) or 1),
+                "spread": self.config.spread, "members_known": len(places.members),
+                "holders": [{"vm": h.vm, "since": iso_z(h.since), "why": h.why, "event_id": h.event,
+                             "zone": h.zone, "fault_domain": h.fault_domain} for h in places.holders],
+                "waiting": [{"vm": w.vm, "since": iso_z(w.since), "event_id": w.event, "zone": w.zone}
+                            for w in places.waiting],
+                "store_error": str(self.mine.error) if self.mine.error else None}
+        for state, n in {"out": sum(h.why == CHOSEN for h in places.holders),
+                         "forced": sum(h.why == FORCED for h in places.holders),
+                         "waiting": len(places.waiting)}.items():
+            self.metrics.budget_members.labels(state).set(n)
+        self.snapshot = view
+        return view
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self._lanes.wait_idle(timeout)
+
+    def stop(self) -> None:
+        self._lanes.shutdown()

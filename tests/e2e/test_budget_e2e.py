@@ -1,0 +1,190 @@
+"""The disruption budget with real agents, the emulator and Azurite: a wave of separate events spread out in
+time, one member out at a time, the late ones forced at their last safe moment, the store down."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.azurite import Azurite, azurite, start  # noqa: F401 - the fixture
+from tests.e2e.harness import Agent, wait_until
+from tests.e2e.test_store_e2e import store_config
+from tests.test_cli import maintd
+
+pytestmark = pytest.mark.e2e
+
+VMS = ["web_a1", "web_b2", "web_c3", "web_d4"]
+DRAIN = {"probe": {"lb_timeout": "11s", "lb_interval": "5s", "drain_grace": "0s"},
+         "handlers": [{"name": "drain", "type": "drain", "phases": ["scheduled", "completed"], "timeout": "30s"}]}
+
+
+class ProbeSampler:
+    """Every member's /probe every 100 ms: who was down together."""
+
+    def __init__(self, agents: dict[str, Agent]) -> None:
+        self.agents = agents
+        self.most_down = 0
+        self.ever_down: set[str] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            down = {vm for vm, a in self.agents.items() if a.get("/probe").status_code != 200}
+            self.most_down = max(self.most_down, len(down))
+            self.ever_down |= down
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
+def budget(server: Azurite, container: str, workdir: Path, **config: Any) -> dict[str, Any]:
+    cfg = store_config(server, container, workdir, budget={"group": "web", "max_unavailable": 1, **config})
+    return {**cfg, **DRAIN}
+
+
+def wave(start_emulator, start_agent, azurite: Azurite, tmp_path: Path, notice: float):
+    container = azurite.new_container()
+    emu = start_emulator(VMS)
+    agents = {vm: start_agent(emu, vm, budget(azurite, container, tmp_path / f"{vm}-conf")) for vm in VMS}
+    sampler = ProbeSampler(agents)
+    begun = time.time()  # NotBefore is `notice` after this, or a little later
+    for vm in VMS:
+        emu.add_event(event_type="Reboot", resources=[vm], notice=notice, duration_seconds=2)
+    return emu, agents, sampler, begun
+
+
+def approvals(emu, vm: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    return emu.approvals(vm)
+
+
+def test_four_members_one_place_four_reboots_one_after_another_all_before_notbefore(
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
+    """4 members, max_unavailable 1, 4 separate Reboots at once with 120 s notice: the probes are never down two
+    at a time, every member was out, and all 4 are approved before NotBefore, one after another."""
+    emu, agents, sampler, begun = wave(start_emulator, start_agent, azurite, tmp_path, 120)
+    try:
+        wait_until(lambda: all(approvals(emu, vm) for vm in VMS), 115, "all 4 approvals")
+        wait_until(lambda: all(a.get("/probe").status_code == 200 for a in agents.values()), 30, "all back")
+    finally:
+        sampler.close()
+    assert sampler.most_down == 1 and sampler.ever_down == set(VMS)
+    times = sorted(approvals(emu, vm)[0]["time"] for vm in VMS)
+    assert times[-1] < begun + 120
+    assert all(b - a > 5 for a, b in zip(times, times[1:], strict=False))  # one after another, each drained first
+    acquired = [e for a in agents.values() for e in a.events("budget.acquired")]
+    assert len(acquired) == 4 and not [e for a in agents.values() for e in a.events("budget.forced")]
+    fleet = json.loads(maintd("fleet", "--url", agents[VMS[0]].base, "--json").stdout)
+    assert fleet["budget"]["group"] == "web" and fleet["budget"]["places"] == 1
+
+
+def test_short_notice_late_members_are_forced_at_their_last_safe_moment_and_prepared_before_notbefore(
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
+    """The same with 45 s notice: the late members are forced at their last safe moment, prepared (drained) before
+    NotBefore, and counted as forced."""
+    emu, agents, sampler, begun = wave(start_emulator, start_agent, azurite, tmp_path, 45)
+    try:
+        wait_until(lambda: all(approvals(emu, vm) for vm in VMS) or time.time() > begun + 50, 60, "approvals")
+        wait_until(lambda: all(a.get("/probe").status_code == 200 for a in agents.values()), 40, "all back")
+    finally:
+        sampler.close()
+    forced = [vm for vm, a in agents.items() if a.events("budget.forced")]
+    assert forced, "nobody was forced with 45 s notice for 4 members one at a time"
+    for vm in forced:
+        drained = [e for e in agents[vm].events("handler.finished") if e.get("handler") == "drain"]
+        assert drained and datetime.fromisoformat(drained[0]["timestamp"]).timestamp() < begun + 45, drained
+    assert sampler.ever_down == set(VMS)
+    text = agents[forced[0]].get("/metrics").text
+    assert "maintd_budget_members" in text and "maintd_budget_wait_seconds" in text
+
+
+def test_the_store_stopped_no_member_leaves_rotation_early_and_all_prepare_at_the_last_safe_moment(
+        start_emulator, start_agent, tmp_path: Path) -> None:
+    """Azurite stopped before the wave: nobody drains before its last safe moment (NotBefore - drain wait - 5 s),
+    all are drained before NotBefore, and the budget Warning names the store."""
+    server = start(tmp_path / "azurite")
+    container = server.new_container()
+    emu = start_emulator(VMS)
+    agents = {vm: start_agent(emu, vm, budget(server, container, tmp_path / f"{vm}-conf")) for vm in VMS}
+    server.stop()
+    begun = time.time()
+    sampler = ProbeSampler(agents)
+    for vm in VMS:
+        emu.add_event(event_type="Reboot", resources=[vm], notice=45, duration_seconds=2)
+    try:
+        health = wait_until(lambda: (h := agents[VMS[0]].get("/v1/health").json()) and "budget" in json.dumps(h)
+                            and h, 20, "the budget Warning")
+        assert "Warning" in json.dumps(health) or "warning" in json.dumps(health)
+        time.sleep(max(0.0, begun + 45 - 11 - 5 - 2 - time.time()))
+        early = set(sampler.ever_down)
+        wait_until(lambda: sampler.ever_down == set(VMS), 30, "every member drained")
+    finally:
+        sampler.close()
+    assert not early, f"left rotation before the last safe moment: {early}"
+    for vm, agent in agents.items():
+        drained = wait_until(lambda a=agent: [e for e in a.events("handler.finished") if e.get("handler") == "drain"],
+                             20, f"{vm} drained")
+        assert datetime.fromisoformat(drained[0]["timestamp"]).timestamp() < begun + 46, (vm, drained)
+        assert agent.events("budget.forced")
+
+
+def test_a_member_killed_while_out_frees_its_place_after_release_after(
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
+    """Two members, one place: the holder is killed -9 while out; the other takes the place once release_after
+    (15 s, store time) has passed since the holder's last renewal, and not before."""
+    container = azurite.new_container()
+    emu = start_emulator(VMS[:2])
+    agents = {vm: start_agent(emu, vm, budget(azurite, container, tmp_path / f"{vm}-conf", release_after="15s"))
+              for vm in VMS[:2]}
+    first = VMS[0]
+    emu.add_event(event_type="Reboot", resources=[first], notice=600, duration_seconds=2)
+    agents[first].wait_log("budget.acquired", timeout=30)
+    agents[first].kill()
+    killed = time.time()
+    emu.add_event(event_type="Reboot", resources=[VMS[1]], notice=600, duration_seconds=2)
+    agents[VMS[1]].wait_log("budget.waiting", timeout=30)
+    taken = agents[VMS[1]].wait_log("budget.acquired", timeout=60)
+    assert taken and time.time() - killed > 10
+    freed = [e for e in agents[VMS[1]].events("budget.released") if e.get("vm") == first]
+    assert freed
+
+
+def test_spread_zone_with_two_zones_never_both_zones_out(
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
+    """4 members over 2 zones (IMDS compute zone), max_unavailable 2, spread zone, 4 Reboots at once: the members
+    out at any moment are all of one zone, and every member is approved before NotBefore."""
+    container = azurite.new_container()
+    emu = start_emulator(VMS, "--zones", "2")
+    zone = {vm: str(i % 2 + 1) for i, vm in enumerate(VMS)}
+    agents = {vm: start_agent(emu, vm, {**budget(azurite, container, tmp_path / f"{vm}-conf", max_unavailable=2,
+                                                 spread="zone"), "identity": {"name": "auto"}}) for vm in VMS}
+    zones_out: list[set[str]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            zones_out.append({zone[vm] for vm, a in agents.items() if a.get("/probe").status_code != 200})
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    begun = time.time()
+    for vm in VMS:
+        emu.add_event(event_type="Reboot", resources=[vm], notice=110, duration_seconds=2)
+    try:
+        wait_until(lambda: all(emu.approvals(vm) for vm in VMS), 105, "all 4 approvals")
+    finally:
+        stop.set()
+        sampler.join(5)
+    assert max(len(z) for z in zones_out) == 1, "two zones out at once"
+    assert {z for s in zones_out for z in s} == {"1", "2"}
+    assert all(emu.approvals(vm)[0]["time"] < begun + 110 for vm in VMS)
