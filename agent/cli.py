@@ -184,10 +184,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _since(value: str) -> datetime:
     """`--since`: a span back from now or an ISO time (argparse says what is wrong with anything else)."""
-    from agent.clitext import since
+    from agent.model.timefmt import since_instant
 
     try:
-        return since(value, datetime.now(UTC))
+        return since_instant(value, datetime.now(UTC))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -236,8 +236,15 @@ def parser() -> argparse.ArgumentParser:
     ap = client("approve", "approve a Scheduled event (profiles with approval: manual)")
     ap.add_argument("event_id")
 
-    fl = client("fleet", "each pending event naming this VM: every VM it names, its state, who approved")
+    fl = client("fleet", "each pending event naming this VM: every VM it names, its state, who approved "
+                         "(or --history: the group's past events, from the store)")
     fl.add_argument("--json", action="store_true")
+    fl.add_argument("--history", action="store_true",
+                    help="the group's past events from the store (backend azure_blob): per VM its time out of "
+                         "rotation and whether it was prepared before the start, one summary line per event")
+    fl.add_argument("--since", type=_since, metavar="WHEN",
+                    help="with --history: events that ended from WHEN on: a span back from now (7d, the default; 2h) "
+                         "or an ISO time")
 
     he = client("health", "aggregated health and every report")
     he.add_argument("--json", action="store_true")

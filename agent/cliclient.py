@@ -24,6 +24,7 @@ from typing import Any
 from agent import cliviews
 from agent.config import config as config_mod
 from agent.errors import ConfigError
+from agent.model.timefmt import iso_z
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,6 +299,13 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
+    if getattr(args, "history", False):
+        since = getattr(args, "since", None)
+        body = _call(args, "GET", "/v1/fleet/history" + (f"?since={urllib.parse.quote(iso_z(since))}" if since else ""))
+        if args.json:
+            return _print_json(body)
+        print(cliviews.fleet_history_text(body))
+        return 0
     body = _call(args, "GET", "/v1/fleet")
     if args.json:
         return _print_json(body)

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from agent.model.config_schema import parse_duration_text
 from agent.model.timefmt import parse_iso
 
 NONE = "-"
@@ -43,21 +42,6 @@ def instant(value: Any) -> datetime | None:
         return parse_iso(value.strip())
     except ValueError:
         return None
-
-
-def since(value: str, now: datetime) -> datetime:
-    """The instant `--since` names: a span back from `now` (`7d`, `2h`, `30m`, `90s`, `PT1H`) or an ISO 8601 time
-    (`2026-11-27T00:00:00Z`; without an offset, UTC); ValueError otherwise."""
-    try:
-        return now - timedelta(seconds=parse_duration_text(value))
-    except ValueError:
-        pass
-    try:
-        t = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"{value!r} is neither a span (7d, 2h, 30m) nor an ISO 8601 time (2026-11-27T00:00Z)") \
-            from None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 def when(value: Any) -> str:

@@ -255,6 +255,41 @@ def fleet_text(body: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def history_summary(summary: Mapping[str, Any]) -> str:
+    """An event's summary line: VMs, the most out at once, the longest time out of rotation, who was not prepared."""
+    late = summary.get("not_prepared_before_start") or []
+    forced = summary.get("forced") or []
+    longest = (f"{duration(summary['longest_out_seconds'])} ({text(summary.get('longest_out_vm'))})"
+               if isinstance(summary.get("longest_out_seconds"), (int, float)) else "-")
+    return (f"{text(summary.get('vms'))} VMs, at most {text(summary.get('most_out_at_once'))} out at once, "
+            f"longest out of rotation {longest}, "
+            + (f"not prepared before start: {', '.join(map(text, late))}" if late else "all prepared before start")
+            + (f", forced: {', '.join(map(text, forced))}" if forced else ""))
+
+
+def fleet_history_text(body: Mapping[str, Any]) -> str:
+    """`maintd fleet --history`: per past event of the group, its summary line, then each VM once."""
+    events = [e for e in body.get("events") or [] if isinstance(e, Mapping)]
+    head = f"group {text(body.get('group'))}: events ended since {when(body.get('since'))}"
+    if body.get("unreadable_records"):
+        head += f" ({text(body['unreadable_records'])} unreadable records left out)"
+    if not events:
+        return head + "\nnone"
+    lines = [head]
+    for e in events:
+        summary: Mapping[str, Any] = e["summary"] if isinstance(e.get("summary"), Mapping) else {}
+        approved = f"approved by {text(e.get('approved_by'))} at {when(e.get('approved_at'))}" \
+            if e.get("approved_by") else "not approved early"
+        vms = [v for v in e.get("vms") or [] if isinstance(v, Mapping)]
+        lines += ["", f"Event {text(e.get('event_id'))} {text(e.get('event_type'))}, ended {when(e.get('ended_at'))}, "
+                      f"{approved}", f"  {history_summary(summary)}"]
+        lines += table(("VM", "OUT", "BACK", "OUT FOR", "READY", "PREPARED BEFORE START", "BUDGET"),
+                       [(text(v.get("vm")), when(v.get("out_at")), when(v.get("back_at")),
+                         duration(v.get("out_seconds")), when(v.get("ready_at")),
+                         yes_no(v.get("prepared_before_start")), text(v.get("chosen_or_forced"))) for v in vms], "  ")
+    return "\n".join(lines)
+
+
 def health_text(body: Mapping[str, Any]) -> str:
     """`maintd health`: the aggregated state, then each report with its source, since when, and what it says."""
     rows = [(text(ev.get("HealthState")), f"{text(ev.get('SourceId'))}/{text(ev.get('Property'))}",

@@ -93,7 +93,7 @@ class Metrics:
                                       ["op", "outcome"], registry=r)
         self.lane_errors = Counter("maintd_lane_errors_total",
                                    "Jobs on a worker lane that raised instead of handling their own failure, by lane "
-                                   "(store, peer); each is logged as lane.internal_error and its work put "
+                                   "(store, peer, history); each is logged as lane.internal_error and its work put "
                                    "back to be retried", ["lane"], registry=r)
         self.profile_active = Gauge("maintd_profile_active", "1 for the profile in force", ["profile"], registry=r)
         self.gate_blocked = Gauge("maintd_approval_gate_blocked", "1 while an approval gate holds an approval",

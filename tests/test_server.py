@@ -29,6 +29,7 @@ class FakeBackend:
         self.by: list[str] = []
 
     def probe(self): return (self.in_rotation, "OK" if self.in_rotation else "draining (manual: test)")
+    def app_health(self): return (True, "OK")
     def alive(self): return (True, "ticking")
     def metrics_text(self): return b"maintd_up 1\n"
     def status(self): return {"vm_name": "vm1"}

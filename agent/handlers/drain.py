@@ -35,7 +35,7 @@ class DrainHandler(Handler):
         when = f" not before {e.not_before:%H:%M:%S} UTC" if e.not_before else ""
         new = self.services.rotation.drain(self._key(ctx), f"{e.event_type} {e.event_id}{when}", ctx.clock.now())
         if ctx.event_gone:  # `completed` may already have lifted the drain: do not leave one behind
-            self.services.rotation.undrain(self._key(ctx))
+            self.services.rotation.undrain(self._key(ctx), e.event_id, ctx.clock.now())
             return False
         return new
 
@@ -53,7 +53,7 @@ class DrainHandler(Handler):
         return Result(OK, "out of rotation" + (" (the event was first seen Started)" if new else " (already)"))
 
     def completed(self, ctx: Context) -> Result:
-        removed = self.services.rotation.undrain(self._key(ctx))
+        removed = self.services.rotation.undrain(self._key(ctx), ctx.event.event_id, ctx.clock.now())
         left = self.services.rotation.drains()
         detail = "back in rotation" if not left else f"event drain lifted; still out for: {', '.join(sorted(left))}"
         return Result(OK, detail if removed else "was not drained for this event")

@@ -29,6 +29,11 @@ from agent.state.state_store import Store
 
 DRAINS_FLAG = "drains"
 MANUAL = "manual"
+OUT_OF_ROTATION = "rotation"
+"""The state store's record, per event, of when its drain began and was lifted (the fleet history reads it)."""
+MAINTENANCE_SOURCES = ("maintenance", "maintd")
+"""The SourceIds whose reports are about maintenance itself (the loop's `maintenance/pending`, the `health`
+handler's `maintd/maintenance/<EventId>`): never a reason for `/app-health` to say Unhealthy."""
 
 
 def source_filter(patterns: Sequence[str]) -> Callable[[str], bool]:
@@ -60,6 +65,14 @@ def verdict(drains: dict[str, dict[str, Any]], health: HealthState, unhealthy: S
     if health >= HealthState.ERROR:
         return Verdict(False, "unhealthy: " + ("; ".join(unhealthy) or "health is Error"))
     return Verdict(True, "OK")
+
+
+def app_health(health: HealthState, unhealthy: Sequence[str], drained: bool) -> tuple[bool, str]:
+    """Pure decision for `/app-health` (automatic instance repairs): Unhealthy only when health other than
+    maintenance's own is Error; a drain, for maintenance or by hand, is never a reason to repair the VM."""
+    if health >= HealthState.ERROR:
+        return False, "unhealthy: " + ("; ".join(unhealthy) or "health is Error")
+    return True, ("out of rotation (drained), healthy otherwise" if drained else "OK")
 
 
 class Rotation:
@@ -108,12 +121,17 @@ class Rotation:
         self._changed()
         return True
 
-    def undrain(self, key: str) -> bool:
-        """Lift the drain `key`; False if there was none."""
+    def undrain(self, key: str, event_id: str | None = None, now: datetime | None = None) -> bool:
+        """Lift the drain `key`; False if there was none. An event's drain (`event_id`, `now`) leaves its interval
+        out of rotation in the state store, under the event (`OUT_OF_ROTATION`: `out_at`, `back_at`)."""
         with self._lock:
             drains = self.drains()
-            if drains.pop(key, None) is None:
+            lifted = drains.pop(key, None)
+            if lifted is None:
                 return False
+            if event_id is not None and now is not None:  # saved with the drains just below
+                self.store.record(event_id, OUT_OF_ROTATION, {"out_at": lifted.get("since"), "back_at": iso_z(now)},
+                                  wait=False)
             self._save(drains)
         self._changed()
         return True
@@ -127,9 +145,21 @@ class Rotation:
         """Whether the drains (and every other state change) have reached the disk."""
         return not self.store.dirty
 
+    def _health(self, sources: Callable[[str], bool]) -> tuple[HealthState, list[str]]:
+        """The aggregated health of the reports `sources` admits, and what makes it so."""
+        state = self.health.aggregate(self._warning_is_error, sources)
+        unhealthy = [str(u.get("Description", "")) if isinstance(u, dict) else str(u)
+                     for u in self.health.unhealthy(self._warning_is_error, sources)]
+        return state, unhealthy
+
     def verdict(self) -> Verdict:
         """What the probe answers now."""
-        state = self.health.aggregate(self._warning_is_error, self._sources)
-        unhealthy = [str(u.get("Description", "")) if isinstance(u, dict) else str(u)
-                     for u in self.health.unhealthy(self._warning_is_error, self._sources)]
-        return verdict(self.drains(), state, unhealthy)
+        return verdict(self.drains(), *self._health(self._sources))
+
+    def app_health(self) -> tuple[bool, str]:
+        """What `/app-health` answers now: health with the reports about maintenance left out, whatever drains."""
+        return app_health(*self._health(_not_maintenance), bool(self.drains()))
+
+
+def _not_maintenance(source_id: str) -> bool:
+    return source_id not in MAINTENANCE_SOURCES

@@ -2,7 +2,8 @@
 
 The event loop (`agent.http.http_loop`) holds the connections; this module routes a request and
 answers it as `agent.http.auth` says: who the caller is (operator or peer) and what they may see and do.
-The probe, /healthz and /metrics answer everyone. Errors are JSON: {"error": ..., "status": ...}.
+The probe, /app-health (the Application Health extension's, for automatic instance repairs), /healthz and
+/metrics answer everyone. Errors are JSON: {"error": ..., "status": ...}.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from agent import jsonsafe, logs
 from agent.addresses import parse_listen
@@ -41,10 +42,12 @@ class Backend(Protocol):
     """What the server reads and asks of the daemon; `by` says who asked, for the audit journal."""
 
     def probe(self) -> tuple[bool, str]: ...
+    def app_health(self) -> tuple[bool, str]: ...
     def alive(self) -> tuple[bool, str]: ...
     def metrics_text(self) -> bytes: ...
     def status(self) -> dict[str, Any]: ...
     def fleet(self) -> dict[str, Any]: ...
+    def fleet_history(self, since: str | None) -> dict[str, Any]: ...
     def events(self) -> list[dict[str, Any]]: ...
     def event(self, event_id: str) -> dict[str, Any] | None: ...
     def health(self) -> dict[str, Any]: ...
@@ -95,12 +98,15 @@ class Router:
         get, post = ("GET",), ("POST",)
         self.exact: dict[str, Route] = {
             probe_path: Route("probe", get, self._probe, cheap=True, content_type="text/plain; charset=utf-8"),
+            "/app-health": Route("app_health", get, self._app_health, cheap=True),
             "/healthz": Route("healthz", get, self._healthz, cheap=True),
             "/metrics": Route("metrics", get, lambda c: (200, b.metrics_text()),
                               content_type="text/plain; version=0.0.4; charset=utf-8"),
             "/v1/status": Route("status", get, lambda c: self._operator(c, b.status)),
             "/v1/events": Route("events", get, lambda c: self._operator(c, b.events)),
             "/v1/fleet": Route("fleet", get, lambda c: self._operator(c, b.fleet)),
+            "/v1/fleet/history": Route("fleet_history", get, lambda c: self._operator(
+                c, lambda: b.fleet_history(_query(c.request.target, "since")))),
             "/v1/health": Route("health", get, self._health),
             "/v1/drain": Route("drain", post, lambda c: self._mutate(c, lambda: b.drain(_reason(self._json(c)),
                                                                                        c.caller.by))),
@@ -170,6 +176,11 @@ class Router:
         ok, reason = self.backend.probe()
         return (200 if ok else 503), (reason + "\n").encode()
 
+    def _app_health(self, _: Call) -> tuple[int, Any]:
+        """The Application Health extension's rich health states (200 either way: the body says which)."""
+        healthy, reason = self.backend.app_health()
+        return 200, {"ApplicationHealthState": "Healthy" if healthy else "Unhealthy", "reason": reason}
+
     def _healthz(self, _: Call) -> tuple[int, Any]:
         ok, detail = self.backend.alive()
         return (200 if ok else 503), {"status": "ok" if ok else "stuck", "detail": detail}
@@ -225,6 +236,12 @@ class Router:
             return jsonsafe.loads(raw, max_bytes=self.max_body)
         except ValueError as exc:
             raise HttpError(400, f"body is not valid JSON ({exc})") from None
+
+
+def _query(target: str, name: str) -> str | None:
+    """A query parameter of the request's target (its last value; None when absent)."""
+    values = parse_qs(urlsplit(target).query).get(name)
+    return values[-1] if values else None
 
 
 def _reason(body: Any) -> str:

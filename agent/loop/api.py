@@ -17,6 +17,9 @@ from agent import __version__, logs
 from agent.clock import Clock
 from agent.config.config import Config
 from agent.coordination.coordinator import Coordinator
+from agent.coordination.store.fleet_history import FleetHistory
+from agent.coordination.store.history_protocol import NO_GROUP
+from agent.coordination.store.store_protocol import StoreError
 from agent.handlers.base import NOTE_PREFIX
 from agent.health.health_store import HealthStore, parse_report
 from agent.health.rotation import MANUAL, Rotation
@@ -25,7 +28,7 @@ from agent.http.routes import ApiError
 from agent.metrics import Metrics
 from agent.model.approval import MANUAL_APPROVAL_KEY
 from agent.model.events import SCHEDULED
-from agent.model.timefmt import iso_z, iso_z_or_none
+from agent.model.timefmt import iso_z, iso_z_or_none, since_instant
 from agent.model.tracker import Tracked
 from agent.prepare.handler_runner import Runner
 from agent.prepare.preparation import Preparation
@@ -57,12 +60,17 @@ class LoopView:
         return max(0.0, now - self.last_tick - allowance)
 
 
+HISTORY_SINCE = "7d"
+"""How far back `/v1/fleet/history` reads without `since`."""
+
+
 class LocalApi:
     """Implements `server.Backend` over the parts it reads."""
 
     def __init__(self, view: Callable[[], LoopView], *, store: Store, health: HealthStore, rotation: Rotation,
                  runner: Runner, coordinator: Coordinator, preparation: Preparation, metrics: Metrics, clock: Clock,
-                 peer_token: Callable[[], str | None]) -> None:
+                 peer_token: Callable[[], str | None], history: FleetHistory | None = None,
+                 history_group: Callable[[], str] = lambda: NO_GROUP) -> None:
         self.view = view
         self.store = store
         self.health_store = health
@@ -73,11 +81,16 @@ class LocalApi:
         self.metrics = metrics
         self.clock = clock
         self.peer_token = peer_token
+        self.history = history
+        self.history_group = history_group
         self.log = logs.get("api")
 
     def probe(self) -> tuple[bool, str]:
         v = self.rotation.verdict()
         return v.in_rotation, v.reason
+
+    def app_health(self) -> tuple[bool, str]:
+        return self.rotation.app_health()
 
     def alive(self) -> tuple[bool, str]:
         stuck = self.view().stuck_for(self.clock.monotonic())
@@ -135,6 +148,21 @@ class LocalApi:
         mine = {eid: t for eid, t in lv.tracked.items() if t.names_self}
         return {"vm_name": lv.vm_name, "backend": lv.config.coordination.backend,
                 "events": self.coordinator.fleet(mine, lv.vm_name, self.runner.is_ready)}
+
+    def fleet_history(self, since: str | None) -> dict[str, Any]:
+        """The group's past events from the store (`maintd fleet --history`); 409 on the peer backend."""
+        if self.history is None:
+            raise ApiError(409, "fleet history needs the store backend (coordination.backend: azure_blob); "
+                                "`maintd events --history` shows this VM's own past events from its audit journal")
+        now = self.clock.now()
+        try:
+            start = since_instant(since or HISTORY_SINCE, now)
+        except ValueError as exc:
+            raise ApiError(400, f"since: {exc}") from None
+        try:
+            return {"backend": "azure_blob", **self.history.read(self.history_group(), start, now)}
+        except StoreError as exc:
+            raise ApiError(503, f"the store did not answer: {exc}") from None
 
     def _ready(self, tracked: Tracked | None) -> bool:
         """Whether this VM has finished preparing for the event (every scheduled handler settled)."""

@@ -202,6 +202,7 @@ class Daemon:
                 self._coordinate()
         assert self.profile is not None
         self.preparation.tick(self.tracked, self.profile.name)
+        self.parts.record_ended(self.vm_name)
         self._prune_state(now)
         self.report.state_write_status(self.store)
         c = self.cadence

@@ -21,6 +21,8 @@ from agent.clock import Clock, Waitable
 from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
 from agent.coordination.coordinator import Coordinator
+from agent.coordination.store.fleet_history import HISTORY_KEY, FleetHistory
+from agent.coordination.store.history_protocol import group_name
 from agent.coordination.store.store_backend import StoreBackend
 from agent.errors import ConfigError, ImdsError, kept_in_memory
 from agent.handlers.base import Result, Services
@@ -33,6 +35,7 @@ from agent.health.tcp_probe import TcpProbe
 from agent.http.routes import ApiServer
 from agent.imds.imds_client import ImdsClient, is_transient
 from agent.loop.api import LocalApi, LoopView
+from agent.loop.event_end import EventEnds
 from agent.metrics import Metrics
 from agent.model.identity import Identity
 from agent.prepare.handler_runner import Runner
@@ -131,6 +134,7 @@ class Parts:
                              on_result=self._handler_result)
         self.keeper = Keeper(lambda: self.runner.handlers, clock)
         self._on_result = callbacks.handler_result
+        backend = self._store_backend(callbacks)
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
                                        profiles=config.profiles, prepare=config.prepare)
         self.coordinator = Coordinator(
@@ -138,7 +142,12 @@ class Parts:
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,
             on_change=callbacks.coordination_changed, gates=config.gates, local_health=self.health_json,
             warning_as_error=config.health.consider_warning_as_error, health=self.health,
-            backend=self._store_backend(callbacks))
+            backend=backend)
+        self.history = None if backend is None else FleetHistory(
+            backend.exchange.store, lambda eid, value, wait: self.store.record(eid, HISTORY_KEY, value, wait=wait),
+            clock, self.metrics.lane_errors.labels("history").inc)
+        self.event_ends = None if self.history is None else EventEnds(self.store, self.runner, self.history, clock,
+                                                                      self.history_group)
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
         self._stopping = threading.Event()  # cuts an identity lookup's retries short at stop
         self._lookup: concurrent.futures.Future[Identity | None] | None = None
@@ -156,6 +165,16 @@ class Parts:
                             takeover_after=lambda: self.config.coordination.takeover_after,
                             local_health=self.health_json,
                             warning_as_error=lambda: self.config.health.consider_warning_as_error)
+
+    def record_ended(self, vm_name: str | None) -> None:
+        """The loop's tick: each event that ended for this VM goes to the fleet history once (store backend)."""
+        if self.event_ends is not None:
+            self.event_ends.tick(vm_name)
+
+    def history_group(self) -> str:
+        """The fleet history's group: this VM's scale set (learnt from IMDS), else `_`."""
+        identity = self.coordinator.identity
+        return group_name(None, identity.scale_set if identity is not None else None)
 
     def _handler_result(self, event_id: str, handler: str, phase: str, result: Result) -> None:
         """A handler run finished: the loop's report, and the keeper looks at what the handler keeps."""
@@ -304,6 +323,8 @@ class Parts:
         self.runner.stop(handler_grace)
         self.keeper.stop()
         self.rules.stop()
+        if self.history is not None:
+            self.history.stop()
         self.coordinator.stop()
         with kept_in_memory():
             self.store.flush()
@@ -313,7 +334,8 @@ def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:
     """The API facade over the parts it reads and the loop's published view."""
     return LocalApi(view, store=parts.store, health=parts.health, rotation=parts.rotation, runner=parts.runner,
                     coordinator=parts.coordinator, preparation=parts.preparation, metrics=parts.metrics,
-                    clock=parts.clock, peer_token=parts.peer_token)
+                    clock=parts.clock, peer_token=parts.peer_token, history=parts.history,
+                    history_group=parts.history_group)
 
 
 def serve(parts: Parts, view: Callable[[], LoopView], sock: Any = None) -> tuple[ApiServer, TcpProbe | None]:

@@ -24,11 +24,13 @@ in-memory copy, the locks and the generations.
 
 Layout of state.json (format 1, `statefile.STATE_FORMAT`; files from before the field say "version": 1):
     {"format": 1,
-     "events":  {EventId: {"event": {...IMDS fields}, "names_self", "first_seen", "boot_id",
+     "events":  {EventId: {"event": {...IMDS fields}, "names_self", "first_seen", "boot_id", "not_before" (the last
+                           NotBefore seen, kept once IMDS sends "" for a started event),
                            "seen_started", "history": [{"kind", "at", "status", "outcome"}],
                            "vanished_at", "outcome"}},
-     "results": {EventId: {key: {...}}},     # handler results, approval records, handler notes
-                                             # ("handler:drain:scheduled", "approval", "note:silence")
+     "results": {EventId: {key: {...}}},     # handler results, approval records, handler notes, the event's
+                                             # drain interval and its fleet-history write ("handler:drain:scheduled",
+                                             # "approval", "note:silence", "rotation", "history")
      "flags":   {name: {...}}}               # JSON objects, e.g. the drains
 """
 
@@ -38,7 +40,7 @@ import dataclasses
 import json
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -183,6 +185,14 @@ class Store:
         with self._lock:
             return cast(dict[str, dict[str, Any]], json.loads(json.dumps(self._data["events"])))
 
+    def gone_records(self, skip: Container[str] = ()) -> dict[str, dict[str, Any]]:
+        """The records of the events naming this VM that have left the document, but those in `skip`, as copies
+        (only those are copied)."""
+        with self._lock:
+            gone = {eid: rec for eid, rec in self._data["events"].items()
+                    if rec.get("vanished_at") and rec.get("names_self") and eid not in skip}
+            return cast(dict[str, dict[str, Any]], json.loads(json.dumps(gone)))
+
     def apply(self, tracked: dict[str, Tracked], transitions: list[Transition]) -> None:
         """Store the tracker's new view and each transition (history, journal); written in the background."""
         with self._lock:
@@ -192,6 +202,8 @@ class Store:
                 rec = events.setdefault(eid, {"history": []})
                 rec.update(event=t.event.to_json(), names_self=t.names_self, first_seen=iso_z(t.first_seen),
                            boot_id=t.boot_id, seen_started=t.seen_started, vanished_at=None, outcome=None)
+                if t.event.not_before is not None:  # kept once the event has started (IMDS then sends "")
+                    rec["not_before"] = iso_z(t.event.not_before)
             for tr in transitions:
                 rec = events.setdefault(tr.event.event_id, {"history": [], "event": tr.event.to_json(),
                                                             "names_self": tr.names_self, "first_seen": iso_z(tr.at)})
