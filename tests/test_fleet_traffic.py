@@ -187,6 +187,7 @@ def test_peers_file_problems_are_reported_in_health_and_a_fix_is_used_at_once(tm
     peers.add(responses.GET, "http://old.invalid:1/v1/events/E1", body=requests.ConnectionError("down"))
     peers.add(responses.GET, "http://new.invalid:2/v1/events/E1", json=view("vm2"))
     t = tracked(clock, ["vm1", "vm2"])
+    wait_for(lambda: step(coord, t, "vm1") or coord.address("vm2").url == "http://old.invalid:1")  # the first look
     run(coord, t, "vm1", clock, 20)
     path.write_text("vm2: [broken\n")  # the watcher's thread sees it within a second; the ticks go on meanwhile
     wait_for(lambda: step(coord, t, "vm1") or any(e.report.source_id == "coordination" for e in health.snapshot()))

@@ -69,7 +69,7 @@ def posted(i: int = -1) -> dict:
 
 
 def no_silences_yet() -> None:
-    responses.get(SILENCES, json=[])
+    responses.add(responses.GET, SILENCES, json=[])
 
 
 @pytest.mark.parametrize(("matcher", "problem"), [
@@ -105,7 +105,7 @@ def test_other_bad_keys_are_refused(extra, key):
 @responses.activate
 def test_the_silence_names_the_event_expands_placeholders_and_runs_from_not_before_to_the_end_plus_margin(svc):
     no_silences_yet()
-    responses.post(SILENCES, json={"silenceID": "s-1"})
+    responses.add(responses.POST, SILENCES, json={"silenceID": "s-1"})
     h = handler(svc, matcher='instance=~"{computer_name}.prod(:[0-9]+)?"')
     assert h.spec.on_failure == "continue"
     result = run(h, svc, reboot(duration=300))
@@ -129,7 +129,7 @@ def test_a_placeholder_is_escaped_in_a_regex_and_other_braces_stay():
 @responses.activate
 def test_an_unknown_duration_takes_the_types_default_and_an_equality_value_is_not_escaped(svc):
     no_silences_yet()
-    responses.post(SILENCES, json={"silenceID": "s-1"})
+    responses.add(responses.POST, SILENCES, json={"silenceID": "s-1"})
     run(handler(svc, matcher='node="{vm}.x"'), svc, reboot())
     assert posted()["matchers"][0]["value"] == "web-1.x"
     assert posted()["endsAt"] == "2026-11-22T13:40:00Z"  # NotBefore + Reboot's 15 min + 10m
@@ -138,14 +138,14 @@ def test_an_unknown_duration_takes_the_types_default_and_an_equality_value_is_no
 @responses.activate
 def test_while_the_event_lasts_the_silence_is_extended_and_starts_when_the_vm_leaves_rotation(svc, clock):
     no_silences_yet()
-    responses.post(SILENCES, json={"silenceID": "s-1"})
+    responses.add(responses.POST, SILENCES, json={"silenceID": "s-1"})
     h = handler(svc)
     e = reboot(duration=300)
     run(h, svc, e)
     silence = {"id": "s-1", "status": {"state": "pending"}, "startsAt": "2026-11-22T13:15:00.000Z",
                "endsAt": "2026-11-22T13:30:00.000Z"}
-    responses.get(f"{AM}/api/v2/silence/s-1", json=silence)
-    responses.post(SILENCES, json={"silenceID": "s-2"})
+    responses.add(responses.GET, f"{AM}/api/v2/silence/s-1", json=silence)
+    responses.add(responses.POST, SILENCES, json={"silenceID": "s-2"})
     clock.advance(5)
     svc.rotation.drain(f"event:{EVENT_ID}", "Reboot", clock.now())
     assert h.keep() == 1.0
@@ -153,9 +153,9 @@ def test_while_the_event_lasts_the_silence_is_extended_and_starts_when_the_vm_le
     assert svc.store.result(EVENT_ID, "note:silence")["silences"][AM]["id"] == "s-2", "Alertmanager replaced it"
 
     clock.advance(40 * 60)  # the event overran its expected end: still there
-    responses.get(f"{AM}/api/v2/silence/s-2", json={**silence, "id": "s-2", "status": {"state": "active"},
-                                                    "startsAt": "2026-11-22T13:00:05.000Z"})
-    responses.post(SILENCES, json={"silenceID": "s-2"})
+    active = {**silence, "id": "s-2", "status": {"state": "active"}, "startsAt": "2026-11-22T13:00:05.000Z"}
+    responses.add(responses.GET, f"{AM}/api/v2/silence/s-2", json=active)
+    responses.add(responses.POST, SILENCES, json={"silenceID": "s-2"})
     h.keep()
     assert posted()["id"] == "s-2" and posted()["startsAt"] == "2026-11-22T13:00:05Z", "an active one keeps its start"
     assert posted()["endsAt"] == "2026-11-22T13:50:05Z"  # now + margin
@@ -164,7 +164,7 @@ def test_while_the_event_lasts_the_silence_is_extended_and_starts_when_the_vm_le
 @responses.activate
 def test_failures_are_retried_within_the_timeout_then_told_by_health_metric_and_log(svc, clock, logs):
     no_silences_yet()
-    responses.post(SILENCES, status=503, body="busy")
+    responses.add(responses.POST, SILENCES, status=503, body="busy")
     h = handler(svc)
     result = run(h, svc, reboot(), timeout=10.0)
     posts = [c for c in responses.calls if c.request.method == "POST"]
@@ -187,9 +187,9 @@ def test_the_token_and_basic_auth_files_are_sent_and_an_unsafe_one_is_a_failure_
     token = tmp_path / "am.token"
     token.write_text("s3cret\n")
     os.chmod(token, 0o600)
-    responses.get(SILENCES, json=[], match=[matchers.header_matcher({"Authorization": "Bearer s3cret"})])
-    responses.post(SILENCES, json={"silenceID": "s-1"},
-                   match=[matchers.header_matcher({"Authorization": "Bearer s3cret"})])
+    bearer = [matchers.header_matcher({"Authorization": "Bearer s3cret"})]
+    responses.add(responses.GET, SILENCES, json=[], match=bearer)
+    responses.add(responses.POST, SILENCES, json={"silenceID": "s-1"}, match=bearer)
     assert run(handler(svc, f", token_file: {token}"), svc, reboot()).outcome == OK
 
     basic = tmp_path / "am.basic"
@@ -201,8 +201,8 @@ def test_the_token_and_basic_auth_files_are_sent_and_an_unsafe_one_is_a_failure_
     expected = "Basic " + base64.b64encode(b"maintd:pw").decode()
     pending = {"id": "s-1", "status": {"state": "pending"}, "startsAt": "2026-11-22T13:15:00Z",
                "endsAt": "2026-11-22T13:40:00Z"}
-    responses.get(f"{AM}/api/v2/silence/s-1", json=pending,
-                  match=[matchers.header_matcher({"Authorization": expected})])
-    responses.post(SILENCES, json={"silenceID": "s-2"}, match=[matchers.header_matcher({"Authorization": expected})])
+    basic_auth = [matchers.header_matcher({"Authorization": expected})]
+    responses.add(responses.GET, f"{AM}/api/v2/silence/s-1", json=pending, match=basic_auth)
+    responses.add(responses.POST, SILENCES, json={"silenceID": "s-2"}, match=basic_auth)
     assert run(handler(svc, f", basic_auth_file: {basic}"), svc, reboot(status="Started")).outcome == OK
     assert posted()["id"] == "s-1" and posted()["startsAt"] == "2026-11-22T13:00:00.500Z", "started: active now"
