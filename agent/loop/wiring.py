@@ -218,9 +218,11 @@ class Parts:
             self.event_ends.tick(vm_name)
 
     def history_group(self) -> str:
-        """The fleet history's group: this VM's scale set (learnt from IMDS), else `_`."""
+        """The fleet history's group: the budget's (`coordination.budget.group`, else its scale set), else this
+        VM's scale set (learnt from IMDS), else `_`."""
         identity = self.coordinator.identity
-        return group_name(None, identity.scale_set if identity is not None else None)
+        budget_group = self.budget.group if self.budget is not None else None
+        return group_name(budget_group, identity.scale_set if identity is not None else None)
 
     def _handler_result(self, event_id: str, handler: str, phase: str, result: Result) -> None:
         """A handler run finished: the loop's report, and the keeper looks at what the handler keeps."""
