@@ -26,7 +26,7 @@ from agent.coordination.coordination_rules import PeerState, failed_since, leads
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import RETRY_FAILED_AFTER, Coordinator
 from agent.coordination.peers.peer_backend import PeerBackend
-from agent.model.approval import AUTO
+from agent.model.approval import AUTO, FAILED, SENDING, SENT
 from agent.model.events import SCHEDULED
 from agent.windows.approval_policy import decide
 from tests.model.common import (
@@ -64,7 +64,6 @@ from tests.model.common import (
     spend,
 )
 
-SENDING, SENT, FAILED = "sending", "sent", "failed"
 KINDS = (CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, RESTART, POST_ERROR, WEDGE)
 """The faults of this model (an odd record is the store's). A wedge: the VM's server stops answering its peers
 for good (a poisoned request, a flood, a one-way partition) while its own loop, hooks and approver run on."""

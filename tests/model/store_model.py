@@ -45,7 +45,7 @@ from agent.coordination.store.store_protocol import (
     parse_listing,
     post_deadline,
 )
-from agent.model.approval import AUTO
+from agent.model.approval import AUTO, FAILED, SENDING, SENT
 from agent.model.events import SCHEDULED
 from agent.windows.approval_policy import decide
 from tests.model.common import (
@@ -82,7 +82,6 @@ from tests.model.common import (
     spend,
 )
 
-SENDING, SENT, FAILED = "sending", "sent", "failed"
 KINDS = (CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, ODD_RECORD, RESTART, POST_ERROR)
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 ODD_MARKER = "odd"
