@@ -68,3 +68,62 @@ def test_a_peers_file_another_user_could_change_is_not_used(tmp_path):
     assert changed and mapped == {"web_1": "http://10.0.0.5:8088"}
     problem = peers.problem or ""
     assert "writable by group or others" in problem and "chmod go-w" in problem
+
+
+def test_a_freshly_started_coordinator_asks_peers_where_the_peers_file_says_from_its_first_pass(
+        tmp_path, clock, monkeypatch, logs):
+    """At start, however late the watcher's thread gets the CPU (a loaded VM), the first coordination pass
+    already has the peers file's map: vm2 is asked at the file's address, never at the `peer_url`
+    template's, and no `peer.bad_address` or unreachable peer is reported."""
+    import time
+
+    import requests
+    import responses
+
+    from agent.coordination.coordinator import Coordinator
+    from agent.coordination.peers import peers_file
+    from agent.metrics import Metrics
+    from agent.state.state_store import Store
+    from tests.test_coordinator import step, tracked, view
+
+    real = peers_file.first_problem
+
+    def late(path: str) -> str | None:  # the watcher's thread is scheduled half a second late
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.5)
+        return real(path)
+    monkeypatch.setattr(peers_file, "first_problem", late)
+    path = tmp_path / "peers.yaml"
+    path.write_text("vm2: http://10.0.0.5:8088\n")
+    os.chmod(path, 0o600)
+    sent: list[list[str]] = []
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as peers:
+        peers.add(responses.GET, "http://10.0.0.5:8088/v1/events/E1", json=view("vm2"))
+        peers.add(responses.GET, "http://vm2.template.invalid:8088/v1/events/E1",
+                  body=requests.ConnectionError("no such host"))
+        coord = Coordinator(CoordinationConfig(peers_file=str(path), peer_url="http://{name}.template.invalid:8088"),
+                            approve=sent.append, store=Store(tmp_path, clock), clock=clock, metrics=Metrics(),
+                            poll_interval=1.0)
+        t = tracked(clock, ["vm1", "vm2"])
+        step(coord, t, "vm1")
+        clock.advance(1)
+        step(coord, t, "vm1")
+        asked = [c.request.url for c in peers.calls]
+    assert asked == ["http://10.0.0.5:8088/v1/events/E1"]
+    assert sent == [["E1"]], "vm2 answered ready at its real address on the first pass"
+    assert not [e for e in logs if e["event"] in ("peer.bad_address", "peer.unreachable")]
+
+
+def test_a_reload_to_another_peers_file_keeps_the_last_map_until_the_new_file_is_read(tmp_path):
+    """A reload names another peers file: until the watcher's first look at it, peers are still asked at the
+    old file's addresses, never at the template's; then at the new file's."""
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text("vm2: http://10.0.0.5:8088\n")
+    new.write_text("vm2: http://10.0.0.9:8088\n")
+    settings = [CoordinationConfig(peers_file=str(old), peer_url="http://{name}.template.invalid:8088")]
+    directory = PeerDirectory(lambda: settings[0], None)
+    assert directory.refresh() and directory.address("vm2").url == "http://10.0.0.5:8088"
+    settings[0] = CoordinationConfig(peers_file=str(new), peer_url="http://{name}.template.invalid:8088")
+    seen = {directory.address("vm2").url for _ in range(3) if not directory.refresh()}
+    wait_for(lambda: directory.refresh() or directory.address("vm2").url == "http://10.0.0.9:8088")
+    assert seen <= {"http://10.0.0.5:8088", "http://10.0.0.9:8088"}

@@ -2,7 +2,8 @@
 
 The coordinator asks `address(name)` before each request and calls `refresh()` once per tick, which
 takes the last look of the `peers_file` watcher (`PeersWatch`, on a thread of its own: the tick
-never stats nor reads the file); a bad file keeps the last good map, logged and reported in health
+never stats nor reads the file; its first look is made when the directory is built, at start, so the
+first tick already has the file's map); a bad file keeps the last good map, logged and reported in health
 until it is fixed. `status()` is what `maintd status` shows: the sources and, for each peer of a
 pending event, the URL it is asked at and how that was decided.
 """
@@ -62,9 +63,12 @@ class PeerDirectory:
 
     def refresh(self) -> bool:
         """Follow a reload of the settings and a change of the peers file; True when a new good map is in force."""
-        if self._watch.path != self.settings().peers_file:
+        path = self.settings().peers_file
+        if self._watch.path != path:  # a reload: the last map stays in force until the new file's first look
             self._watch.stop()
-            self._watch, self._seen, self._file_peers = PeersWatch(self.settings().peers_file), 0, {}
+            self._watch, self._seen = PeersWatch(path, look_now=False), 0
+            if path is None:
+                self._file_peers = {}
         latest = self._watch.latest
         if latest.version == self._seen:
             return False

@@ -1,7 +1,9 @@
 """`coordination.peers_file`: a name → base URL map that a deploy tool or cloud-init writes, reread when it changes.
 
 The file is YAML (so JSON too): `{"web_3": "http://10.0.0.7:8088", ...}`. `PeersWatch` looks at it
-on a thread of its own every `CHECK_EVERY` seconds, never on the loop: each look is one stat, and
+first when it is built at start, before the loop's first coordination pass (so no peer is ever asked at the
+`peer_url` template's address for want of a first read), then on a thread of its own every `CHECK_EVERY`
+seconds, never on the loop: each look is one stat, and
 the file is read again only when its size, mtime or inode changed; the loop takes the last look
 as one immutable `PeersMap`. It is opened without following a link and without blocking (`O_NOFOLLOW |
 O_NONBLOCK`), and read only when the open file is a regular one of at most `MAX_BYTES`: a FIFO
@@ -138,7 +140,8 @@ class PeersFile:
 @dataclass(frozen=True)
 class PeersMap:
     """One look at the peers file, handed over whole: the map in force (the last good one), what is wrong
-    with the file now (None: nothing), and a version bumped whenever either changed."""
+    with the file now (None: nothing), and a version bumped by the first look and whenever either changed
+    (0: the file was not looked at yet)."""
 
     peers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     problem: str | None = None
@@ -146,21 +149,27 @@ class PeersMap:
 
 
 class PeersWatch:
-    """Follows one peers file from a thread of its own; `latest` is the last look (no I/O to read it)."""
+    """Follows one peers file from a thread of its own; `latest` is the last look (no I/O to read it).
 
-    def __init__(self, path: str | None, every: float = CHECK_EVERY) -> None:
+    The first look is made by the caller (`look_now`, at start: the map is in force before anything asks a
+    peer) or, built on the loop by a reload, by the thread at once."""
+
+    def __init__(self, path: str | None, every: float = CHECK_EVERY, *, look_now: bool = True) -> None:
         self.path = path
         self.latest = PeersMap()
         self._file = PeersFile(path)
         self._stop = threading.Event()
         if path is not None:
+            if look_now:
+                self.look()
             threading.Thread(target=_watch, args=(weakref.ref(self), self._stop, every), name="peers-file",
                              daemon=True).start()
 
     def look(self) -> None:
-        """Stat the file (read it when it changed) and publish a new `PeersMap` when the map or its problem changed."""
+        """Stat the file (read it when it changed) and publish a new `PeersMap` at the first look and when the
+        map or its problem changed."""
         peers, changed = self._file.current()
-        if changed:
+        if changed or self.latest.version == 0:
             self.latest = PeersMap(MappingProxyType(dict(peers)), self._file.problem, self.latest.version + 1)
 
     def stop(self) -> None:
