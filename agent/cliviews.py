@@ -17,7 +17,7 @@ WIDTH = 20
 """Where the values of `maintd status`'s sections start, so that every section lines up."""
 SHOWN_STATUS = {"version", "vm_name", "dry_run", "in_rotation", "rotation_reason", "drains", "health", "imds",
                 "events", "events_naming_this_vm", "not_ready", "state", "profile", "profile_approval",
-                "profile_next_change", "restart_needed", "coordination", "peers"}
+                "profile_next_change", "restart_needed", "coordination", "peers", "notes"}
 """The keys of /v1/status that `status_text` words itself; any other is shown under "Other"."""
 EVENT_FIELDS = {"EventId", "EventType", "ResourceType", "Resources", "EventStatus", "NotBefore", "Description",
                 "EventSource", "DurationInSeconds", "LiveMigration", "vm_name", "present", "names_self", "rank",
@@ -69,6 +69,7 @@ def status_text(body: Mapping[str, Any]) -> str:
         ("naming this VM", text(body.get("events_naming_this_vm"))),
         ("not ready", [f"{eid}: {why}" for eid, reasons in not_ready.items() for why in (reasons or [])])],
         width=WIDTH)]
+    lines += _notes([(eid, text(note)) for eid, note in _mapping(body.get("notes")).items()], WIDTH)
     lines += ["", *section("State", [
         ("directory", text(state.get("dir"))),
         ("unsaved changes", yes_no(state.get("unsaved_changes"))),
@@ -78,6 +79,16 @@ def status_text(body: Mapping[str, Any]) -> str:
         lines += ["", *_peers_of(event_id, peers)]
     lines += _other(body, SHOWN_STATUS, width=WIDTH)
     return "\n".join(lines)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _notes(rows: list[Row], width: int = 0) -> list[str]:
+    """What the handlers keep noted (an Alertmanager silence: its ids, its end, on how many replicas), under a
+    heading of its own; nothing while no handler keeps a note."""
+    return ["", *section("Handler notes", rows, width=width)] if rows else []
 
 
 def _coordination(c: Mapping[str, Any]) -> list[str]:
@@ -166,6 +177,15 @@ def handler_rows(results: Mapping[str, Any]) -> list[tuple[str, str, str, str, s
     return rows
 
 
+def _note(note: Mapping[str, Any]) -> list[str]:
+    """A handler's note on an event: its summary, then each Alertmanager's silence (id and end) or error."""
+    silences = _mapping(note.get("silences"))
+    return [text(note.get("summary")) + (f" ({text(note['state'])})" if note.get("state") else ""),
+            *(f"{url}: " + (f"error {text(s.get('error'))}" if s.get("error") else
+                            f"silence {text(s.get('id'))} until {when(s.get('ends_at'))}")
+              for url, s in silences.items() if isinstance(s, Mapping))]
+
+
 def event_text(e: Mapping[str, Any]) -> str:
     """`maintd events ID`: the event, this VM's part, the plan, each handler run, the approval, the peers, its
     history, and any record the CLI has no words for."""
@@ -220,7 +240,9 @@ def event_text(e: Mapping[str, Any]) -> str:
                   *table(("VM", "READY", "ANSWER", "ADDRESS", "UNREACHABLE FOR"), prow, "  ")]
     elif e.get("names_self") and len(e.get("Resources") or []) <= 1:
         lines += ["", "Peers", "  none: the event names only this VM"]
-    records = {k: v for k, v in results.items() if not k.startswith("handler:") and k not in ("approval",)}
+    lines += _notes([(key.partition(":")[2], _note(note)) for key, note in results.items()
+                     if key.startswith("note:") and isinstance(note, Mapping)])
+    records = {k: v for k, v in results.items() if not k.startswith(("handler:", "note:")) and k not in ("approval",)}
     if records:
         lines += ["", *section("Records", [(k, text(v)) for k, v in records.items()])]
     history = [h for h in e.get("history") or [] if isinstance(h, Mapping)]

@@ -146,6 +146,41 @@ def test_status_with_every_optional_field_filled_reads_as_text(daemon, run):
     assert re.search(r"^  silence.ends_at +2026-11-27T01:00:00Z$", out, re.M), out
 
 
+SILENCE = {"state": "keeping", "summary": "silence 5f2c, 9a1e until 2026-11-27T01:00:00Z on 2 of 2 Alertmanagers",
+           "silences": {"http://am-0:9093": {"id": "5f2c", "ends_at": "2026-11-27T01:00:00Z"},
+                        "http://am-1:9093": {"id": "9a1e", "ends_at": "2026-11-27T01:00:00Z"}}}
+"""An `alertmanager` handler's note on an event, as the daemon keeps it (`note:<handler>` among its records)."""
+
+
+def test_status_shows_the_alertmanager_silence_under_its_own_heading_not_other(daemon, run):
+    """An event's silence (the `alertmanager` handler's note) reads under "Handler notes", by event: never under
+    "Other", the section for fields this CLI has no words for."""
+    body = load("approved_status.json")
+    body["notes"] = {"E1": "silence: " + SILENCE["summary"]}
+    daemon[0].answers = {"status": body}
+    out = shown(run, "status")
+    assert "Other" not in out
+    assert re.search(r"^Handler notes\n  E1 +silence: silence 5f2c, 9a1e until 2026-11-27T01:00:00Z on 2 of 2 "
+                     r"Alertmanagers$", out, re.M), out
+    body["notes"] = {}
+    assert "Handler notes" not in shown(run, "status")
+
+
+def test_an_event_shows_its_silence_per_alertmanager_under_handler_notes(daemon, run):
+    """`maintd events ID`: the silence's summary, then each replica's silence id and end, under "Handler notes"
+    (not dumped as a record)."""
+    serve(daemon[0], "approved")
+    key = next(k for k, v in daemon[0].answers.items() if k.startswith("event ") and v["Resources"] == ["web-1"])
+    daemon[0].answers[key]["results"]["note:silence"] = SILENCE
+    out = shown(run, "events", key.split()[1])
+    assert "note:silence" not in out and "Other" not in out
+    notes = out.split("Handler notes\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert [line.split() for line in notes] == [
+        ["silence", *SILENCE["summary"].split(), "(keeping)"],
+        ["http://am-0:9093:", "silence", "5f2c", "until", "2026-11-27T01:00:00Z"],
+        ["http://am-1:9093:", "silence", "9a1e", "until", "2026-11-27T01:00:00Z"]]
+
+
 def test_status_on_the_store_backend(daemon, run):
     daemon[0].answers = {"status": load("store_status.json")}
     out = shown(run, "status")
