@@ -34,6 +34,11 @@ OUT_OF_ROTATION = "rotation"
 MAINTENANCE_SOURCES = ("maintenance", "maintd")
 """The SourceIds whose reports are about maintenance itself (the loop's `maintenance/pending`, the `health`
 handler's `maintd/maintenance/<EventId>`): never a reason for `/app-health` to say Unhealthy."""
+PLATFORM_SOURCES = ("imds",)
+"""The SourceIds whose reports are about the platform's endpoint, not the application: IMDS silent or stale
+(`imds/poll`), a request it rejected (`imds/request`), this VM's name not learnt (`imds/identity`). Reimaging or
+restarting the VM fixes none of them (and a fleet-wide outage would repair every VM at once): never a reason for
+`/app-health` to say Unhealthy (decision 0200)."""
 
 
 def source_filter(patterns: Sequence[str]) -> Callable[[str], bool]:
@@ -69,7 +74,8 @@ def verdict(drains: dict[str, dict[str, Any]], health: HealthState, unhealthy: S
 
 def app_health(health: HealthState, unhealthy: Sequence[str], drained: bool) -> tuple[bool, str]:
     """Pure decision for `/app-health` (automatic instance repairs): Unhealthy only when health other than
-    maintenance's own is Error; a drain, for maintenance or by hand, is never a reason to repair the VM."""
+    maintenance's own and the platform's is Error; a drain, for maintenance or by hand, is never a reason to
+    repair the VM."""
     if health >= HealthState.ERROR:
         return False, "unhealthy: " + ("; ".join(unhealthy) or "health is Error")
     return True, ("out of rotation (drained), healthy otherwise" if drained else "OK")
@@ -157,9 +163,11 @@ class Rotation:
         return verdict(self.drains(), *self._health(self._sources))
 
     def app_health(self) -> tuple[bool, str]:
-        """What `/app-health` answers now: health with the reports about maintenance left out, whatever drains."""
-        return app_health(*self._health(_not_maintenance), bool(self.drains()))
+        """What `/app-health` answers now: health with the reports about maintenance and the platform left out,
+        whatever drains."""
+        return app_health(*self._health(_repair_worthy), bool(self.drains()))
 
 
-def _not_maintenance(source_id: str) -> bool:
-    return source_id not in MAINTENANCE_SOURCES
+def _repair_worthy(source_id: str) -> bool:
+    """Whether a report from `source_id` may call for a repair of the VM: not maintenance's, not the platform's."""
+    return source_id not in MAINTENANCE_SOURCES and source_id not in PLATFORM_SOURCES
