@@ -45,8 +45,8 @@ NOT_FOR_THE_SHIPPED_CONFIG = (
     "agent.clitext",  # their text and views: `maintd run` never prints them
     "agent.cliviews",
     "agent.cliwatch",
-    "agent.coordination.store.store_backend",  # the azure_blob backend only (the shipped one is the peers)
-    "agent.coordination.store.store_claim",
+    "agent.coordination.store",  # the azure_blob backend only (the shipped one is the peers): its claim, budget
+    # and fleet history, and their protocols (decision 0220)
     "agent.emulator",
     "agent.demo",
     "agent.docgen",
@@ -106,7 +106,7 @@ def test_the_store_backend_loads_the_azure_sdk_only_when_an_event_needs_the_stor
                                 "  backend: azure_blob\n"
                                 "  azure_blob: {account_url: 'https://acct.blob.core.windows.net',"
                                 " container: maintd}\n")
-    assert "agent.coordination.store.store_backend" in loaded
+    assert {"agent.coordination.store.store_backend", "agent.coordination.store.fleet_history"} <= loaded
     assert offenders(loaded, ("azure", "agent.coordination.store.blob_store",
                               "agent.coordination.store.identity_token")) == []
 
@@ -136,3 +136,4 @@ def test_polling_imds_by_address_loads_no_international_domain_name_tables():
     out = subprocess.run([sys.executable, "-c", IMDS_EXCHANGE], capture_output=True, text=True, timeout=60,
                          check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+

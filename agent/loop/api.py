@@ -11,15 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import __version__, logs
 from agent.clock import Clock
 from agent.config.config import Config
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.store.fleet_history import FleetHistory
-from agent.coordination.store.history_protocol import NO_GROUP
-from agent.coordination.store.store_protocol import StoreError
 from agent.handlers.base import NOTE_PREFIX
 from agent.health.health_store import HealthStore, parse_report
 from agent.health.rotation import MANUAL, Rotation
@@ -34,6 +31,9 @@ from agent.prepare.handler_runner import Runner
 from agent.prepare.preparation import Preparation
 from agent.state.state_store import Store
 from agent.windows.approval_policy import DEFAULT_PROFILE, Profile
+
+if TYPE_CHECKING:  # the fleet history is the store backend's: a peers daemon never loads it (decision 0220)
+    from agent.coordination.store.fleet_history import FleetHistory
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class LocalApi:
     def __init__(self, view: Callable[[], LoopView], *, store: Store, health: HealthStore, rotation: Rotation,
                  runner: Runner, coordinator: Coordinator, preparation: Preparation, metrics: Metrics, clock: Clock,
                  peer_token: Callable[[], str | None], history: FleetHistory | None = None,
-                 history_group: Callable[[], str] = lambda: NO_GROUP) -> None:
+                 history_group: Callable[[], str]) -> None:
         self.view = view
         self.store = store
         self.health_store = health
@@ -161,6 +161,8 @@ class LocalApi:
             start = since_instant(since or HISTORY_SINCE, now)
         except ValueError as exc:
             raise ApiError(400, f"since: {exc}") from None
+        from agent.coordination.store.store_protocol import StoreError
+
         try:
             return {"backend": "azure_blob", **self.history.read(self.history_group(), start, now)}
         except StoreError as exc:

@@ -7,18 +7,19 @@ it vanished), the handlers' run records (when preparation finished, each outcome
 record of the event's drain (out, back) and the approval this VM sent. It hands the outcome to the
 history lane (`FleetHistory.write`), which records its progress under the event's `history` key in
 the state store; the loop reads that key to know an event is done (or due a retry).
+
+All of it is the store backend's: a daemon on the peers backend builds none of it and never loads the
+store's modules (decision 0220), so they are imported where they are first used.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import logs
 from agent.clock import Clock
-from agent.coordination.store.fleet_history import HISTORY_KEY, FleetHistory, due, finished
-from agent.coordination.store.history_protocol import VmOutcome
 from agent.health.rotation import OUT_OF_ROTATION
 from agent.model.approval import APPROVAL_KEY, SENT, approved_by, has_status
 from agent.model.events import STARTED, parse_event
@@ -27,6 +28,12 @@ from agent.model.timefmt import parse_iso
 from agent.prepare.handler_runner import Runner
 from agent.prepare.run_records import RunKey
 from agent.state.state_store import Store
+
+if TYPE_CHECKING:
+    from agent.coordination.store.budget import Budget
+    from agent.coordination.store.fleet_history import FleetHistory
+    from agent.coordination.store.history_protocol import VmOutcome
+    from agent.coordination.store.store_exchange import Store as BlobStore
 
 CHECK_EVERY = 2.0
 """Seconds between two looks for events that ended (the loop's tick is cheaper than this scan)."""
@@ -42,6 +49,8 @@ def outcome_for(vm: str, record: dict[str, Any], results: dict[str, dict[str, An
                 chosen: str | None) -> VmOutcome:
     """This VM's outcome for an event that ended, from its state store's records (ValueError, KeyError or
     TypeError on a record of the wrong shape)."""
+    from agent.coordination.store.history_protocol import VmOutcome
+
     event = parse_event(record["event"])
     started = next((_instant(h.get("at")) for h in record.get("history", []) if h.get("status") == STARTED), None)
     runs = sorted(((key, r) for k, r in results.items() if (key := RunKey.parse(k)) is not None),
@@ -68,6 +77,20 @@ def outcome_for(vm: str, record: dict[str, Any], results: dict[str, dict[str, An
                      chosen=chosen, ended_at=ended, day=(not_before or first_seen).date())
 
 
+def fleet_history(blobs: Callable[[], BlobStore] | None, store: Store, runner: Runner, clock: Clock,
+                  count_error: Callable[[], None], group: Callable[[], str],
+                  budget: Budget | None) -> tuple[FleetHistory | None, EventEnds | None]:
+    """The fleet history's lane and the loop's part that feeds it, on the store backend (`blobs`); none otherwise."""
+    if blobs is None:
+        return None, None
+    from agent.coordination.store.fleet_history import HISTORY_KEY, FleetHistory
+
+    history = FleetHistory(blobs, lambda eid, value, wait: store.record(eid, HISTORY_KEY, value, wait=wait), clock,
+                           count_error)
+    return history, EventEnds(store, runner, history, clock, group,
+                              **({"chosen": budget.reason_for} if budget is not None else {}))
+
+
 class EventEnds:
     """The loop's part: finds the events that ended for this VM and hands each outcome to the history lane once."""
 
@@ -92,6 +115,8 @@ class EventEnds:
         if vm_name is None or mono - self._checked < CHECK_EVERY:
             return
         self._checked = mono
+        from agent.coordination.store.fleet_history import HISTORY_KEY
+
         now = self.clock.now()
         records = self.store.gone_records(self._done)
         self._sent = {eid: n for eid, n in self._sent.items() if eid in records}
@@ -105,6 +130,8 @@ class EventEnds:
 
     def _consider(self, vm_name: str, eid: str, rec: dict[str, Any], note: dict[str, Any] | None,
                   now: datetime) -> None:
+        from agent.coordination.store.fleet_history import due, finished
+
         vanished = _instant(rec.get("vanished_at"))
         if vanished is None or (now - vanished).total_seconds() > RECORD_WITHIN or finished(note):
             self._done.add(eid)  # never looked at again by this run of maintd

@@ -21,9 +21,6 @@ from agent.clock import Clock, Waitable
 from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.store.budget import Budget, Want
-from agent.coordination.store.fleet_history import HISTORY_KEY, FleetHistory
-from agent.coordination.store.history_protocol import group_name
 from agent.errors import ConfigError, ImdsError, kept_in_memory
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate
@@ -35,7 +32,7 @@ from agent.health.tcp_probe import TcpProbe
 from agent.http.routes import ApiServer
 from agent.imds.imds_client import ImdsClient, is_transient
 from agent.loop.api import LocalApi, LoopView
-from agent.loop.event_end import EventEnds
+from agent.loop.event_end import fleet_history
 from agent.metrics import Metrics
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED
@@ -51,7 +48,8 @@ from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
 from agent.windows.approval_policy import NOW, Profile
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the store backend's parts load only when the config chooses it (decision 0220)
+    from agent.coordination.store.budget import Budget
     from agent.coordination.store.store_backend import StoreBackend
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -153,12 +151,9 @@ class Parts:
             on_change=callbacks.coordination_changed, gates=config.gates, local_health=self.health_json,
             warning_as_error=config.health.consider_warning_as_error, health=self.health,
             backend=backend, budget=self.budget)
-        self.history = None if backend is None else FleetHistory(
-            backend.exchange.store, lambda eid, value, wait: self.store.record(eid, HISTORY_KEY, value, wait=wait),
-            clock, self.metrics.lane_errors.labels("history").inc)
-        self.event_ends = None if self.history is None else EventEnds(
-            self.store, self.runner, self.history, clock, self.history_group,
-            **({"chosen": self.budget.reason_for} if self.budget is not None else {}))
+        self.history, self.event_ends = fleet_history(
+            None if backend is None else backend.exchange.store, self.store, self.runner, clock,
+            self.metrics.lane_errors.labels("history").inc, self.history_group, self.budget)
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
         self._stopping = threading.Event()  # cuts an identity lookup's retries short at stop
         self._lookup: concurrent.futures.Future[Identity | None] | None = None
@@ -184,6 +179,7 @@ class Parts:
         c = self.config.coordination
         if backend is None or c.budget is None:
             return None
+        from agent.coordination.store.budget import Budget
         states = {"ok": HealthState.OK, "warning": HealthState.WARNING}
         return Budget(c.budget, store=backend.exchange.store, describe=backend.config.describe, clock=self.clock,
                       on_change=callbacks.coordination_changed, metrics=self.metrics,
@@ -199,6 +195,7 @@ class Parts:
         This VM is out while drained, or while an event naming it is prepared or Started."""
         if self.budget is None:
             return NO_BUDGET
+        from agent.coordination.store.budget import Want
         wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting()]
         out = bool(self.rotation.drains()) or any(
             t.names_self and (t.event.status != SCHEDULED or self.preparation.started(eid))
@@ -220,6 +217,7 @@ class Parts:
     def history_group(self) -> str:
         """The fleet history's group: the budget's (`coordination.budget.group`, else its scale set), else this
         VM's scale set (learnt from IMDS), else `_`."""
+        from agent.coordination.store.history_protocol import group_name
         identity = self.coordinator.identity
         budget_group = self.budget.group if self.budget is not None else None
         return group_name(budget_group, identity.scale_set if identity is not None else None)
