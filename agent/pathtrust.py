@@ -4,7 +4,9 @@ each hook's program and the state dir: whoever could replace any of them runs co
 maintd.
 
 Who is trusted (`trusted_uids`): root, the user maintd runs as, and the `maintd` account when there is one
-(a unit may run as it with `User=maintd`), so root's `check-config` judges a path as the daemon would.
+(a unit may run as it with `User=maintd`), so root's `check-config` judges a path as the daemon would. The
+account is looked up only for a path owned by neither of the first two: where it does not exist, the failed
+lookup loads the system's NSS modules (libnss_systemd: about 0.5 MB resident for the life of the process).
 
 `first_problem` walks down from `/` one component at a time with `lstat`; a symbolic link is followed by
 walking its target the same way, so every directory that could redirect the path is checked (at most
@@ -36,14 +38,30 @@ SERVICE_USER = "maintd"
 """The account the packaged unit may run as (`User=maintd`)."""
 
 
-def trusted_uids() -> frozenset[int]:
-    """root, the user this process runs as, and the `maintd` account when it exists."""
-    uids = {0, os.geteuid()}
-    try:
-        uids.add(pwd.getpwnam(SERVICE_USER).pw_uid)
-    except KeyError:
-        pass
-    return frozenset(uids)
+class TrustedUids:
+    """root, the user this process runs as, and the `maintd` account when it exists (looked up once, and only
+    when asked about another uid)."""
+
+    def __init__(self) -> None:
+        self._sure = frozenset({0, os.geteuid()})
+        self._service: int | None = None
+        self._looked = False
+
+    def __contains__(self, uid: object) -> bool:
+        if uid in self._sure:
+            return True
+        if not self._looked:
+            self._looked = True
+            try:
+                self._service = pwd.getpwnam(SERVICE_USER).pw_uid
+            except KeyError:
+                pass
+        return self._service is not None and uid == self._service
+
+
+def trusted_uids() -> TrustedUids:
+    """Who may own a trusted path (see `TrustedUids`)."""
+    return TrustedUids()
 
 
 def owner(uid: int) -> str:
@@ -54,7 +72,7 @@ def owner(uid: int) -> str:
         return f"uid {uid}"
 
 
-def component_problem(name: str, st: os.stat_result, uids: frozenset[int], last: bool = True) -> str | None:
+def component_problem(name: str, st: os.stat_result, uids: TrustedUids, last: bool = True) -> str | None:
     """Why one component (`name`, its `lstat`) lets someone else change the path; None when it does not."""
     if st.st_uid not in uids:
         return f"{name} is owned by {owner(st.st_uid)}, neither root nor maintd's user; fix: chown root {name}"
@@ -66,7 +84,7 @@ def component_problem(name: str, st: os.stat_result, uids: frozenset[int], last:
             f"fix: chmod go-w {name}")
 
 
-def first_problem(path: str | os.PathLike[str], uids: frozenset[int] | None = None) -> str | None:
+def first_problem(path: str | os.PathLike[str], uids: TrustedUids | None = None) -> str | None:
     """The first component of `path` that someone other than root or maintd's user could change, and the fix;
     None when there is none."""
     uids = trusted_uids() if uids is None else uids

@@ -137,3 +137,22 @@ def test_polling_imds_by_address_loads_no_international_domain_name_tables():
                          check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
+
+NSS = """
+import sys
+from agent.config.config import load
+load(sys.argv[1])
+print(sorted({line.rsplit("/", 1)[-1].strip() for line in open("/proc/self/maps") if "/libnss_" in line}))
+"""
+
+
+def test_a_config_owned_by_root_or_maintds_user_loads_no_name_service_module(tmp_path):
+    """Checking who owns the config (and each directory above it) asks the system's user database only
+    about an owner that is neither root nor the user maintd runs as: a lookup of a missing `maintd`
+    account would load the NSS modules (libnss_systemd, about 0.5 MB resident) for the life of the process."""
+    config = tmp_path / "maintd.yaml"
+    config.write_text(SHIPPED.read_text())
+    config.chmod(0o600)
+    out = subprocess.run([sys.executable, "-c", NSS, str(config)], capture_output=True, text=True, timeout=60,
+                         check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
