@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from agent import __version__, logs
 from agent.clock import Clock
@@ -22,7 +22,7 @@ from agent.coordination.store.history_protocol import NO_GROUP
 from agent.coordination.store.store_protocol import StoreError
 from agent.handlers.base import NOTE_PREFIX
 from agent.health.health_store import HealthStore, parse_report
-from agent.health.rotation import MANUAL, Rotation
+from agent.health.rotation import MANUAL, Drain, Rotation
 from agent.http.auth import peer_authorized
 from agent.http.routes import ApiError
 from agent.metrics import Metrics
@@ -58,6 +58,45 @@ class LoopView:
         c = self.config.imds
         allowance = max(c.poll_interval, c.max_backoff) + c.first_timeout + 5.0
         return max(0.0, now - self.last_tick - allowance)
+
+
+class DrainAnswer(TypedDict):
+    """The answer to POST /v1/drain."""
+
+    drained: bool
+    already: bool
+    reason: str
+    note: NotRequired[str]
+    """Only while the state disk refuses writes."""
+
+
+class UndrainAnswer(TypedDict):
+    """The answer to POST /v1/undrain."""
+
+    undrained: bool
+    remaining_drains: dict[str, Drain]
+
+
+class ApproveAnswer(TypedDict):
+    """The answer to POST /v1/events/{id}/approve."""
+
+    event_id: str
+    manual_approval: str
+
+
+class PeerReadyAnswer(TypedDict):
+    """The answer to a peer's POST /v1/events/{id}/ready."""
+
+    event_id: str
+    asked_again: bool
+
+
+class HealthAccepted(TypedDict):
+    """The answer to POST /v1/health."""
+
+    accepted: bool
+    SourceId: str
+    Property: str
 
 
 HISTORY_SINCE = "7d"
@@ -197,8 +236,8 @@ class LocalApi:
             "not_ready": (self.runner.not_ready(tracked)
                           if tracked is not None and tracked.event.status == SCHEDULED else []),
             "results": self.store.results(event_id),
-            "history": (record or {}).get("history", []),
-            "outcome": (record or {}).get("outcome"),
+            "history": record.get("history", []) if record is not None else [],
+            "outcome": record.get("outcome") if record is not None else None,
             **coordination,
             "plan": self.preparation.view(event_id, coordination),
         }
@@ -209,21 +248,23 @@ class LocalApi:
     def health(self) -> dict[str, Any]:
         return self.health_store.to_json(self.view().config.health.consider_warning_as_error)
 
-    def drain(self, reason: str, by: str) -> dict[str, Any]:
+    def drain(self, reason: str, by: str) -> DrainAnswer:
         created = self.rotation.drain(MANUAL, reason, self.clock.now())
         self.log.warning("rotation.drained", key=MANUAL, reason=reason, new=created, by=by)
         self.store.journal("rotation.drained", key=MANUAL, reason=reason, by=by)
-        saved = {} if self.rotation.saved else {"note": "in effect; not yet saved: the state disk refuses writes "
-                                                        "(maintd retries; see maintd status)"}
-        return {"drained": True, "already": not created, "reason": reason, **saved}
+        answer: DrainAnswer = {"drained": True, "already": not created, "reason": reason}
+        if not self.rotation.saved:
+            answer["note"] = ("in effect; not yet saved: the state disk refuses writes "
+                              "(maintd retries; see maintd status)")
+        return answer
 
-    def undrain(self, by: str) -> dict[str, Any]:
+    def undrain(self, by: str) -> UndrainAnswer:
         removed = self.rotation.undrain(MANUAL)
         self.log.info("rotation.undrained", key=MANUAL, was_drained=removed, by=by)
         self.store.journal("rotation.undrained", key=MANUAL, by=by)
         return {"undrained": removed, "remaining_drains": self.rotation.drains()}
 
-    def approve(self, event_id: str, by: str) -> dict[str, Any]:
+    def approve(self, event_id: str, by: str) -> ApproveAnswer:
         """Record an operator's approval (`maintd approve`); the coordinator sends it. `by`: the caller."""
         tracked = self.view().tracked.get(event_id)
         if tracked is None:
@@ -236,13 +277,13 @@ class LocalApi:
         self.preparation.release(event_id, "operator")  # an operator's go starts a held preparation
         return {"event_id": event_id, "manual_approval": "recorded"}
 
-    def peer_ready(self, event_id: str, body: Any) -> dict[str, Any]:
+    def peer_ready(self, event_id: str, body: Any) -> PeerReadyAnswer:
         vm = body.get("vm") if isinstance(body, dict) else None
         if not isinstance(vm, str) or not vm:
             raise ApiError(400, 'body must be {"vm": "name of the peer that became ready"}')
         return {"event_id": event_id, "asked_again": self.coordinator.hint(event_id, vm)}
 
-    def report_health(self, body: Any) -> dict[str, Any]:
+    def report_health(self, body: Any) -> HealthAccepted:
         try:
             report = parse_report(body)
             self.health_store.report(report)
