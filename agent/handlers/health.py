@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import NotRequired, TypedDict
+from typing import TypedDict
 from urllib.parse import quote
 
 from agent import boundedhttp
 from agent.errors import ConfigValueError
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result
 from agent.handlers.webhook import post, target
+from agent.health.health_json import HealthInformation
 from agent.health.health_store import HealthState
 from agent.model.config_schema import boolean, choice, duration, opt, optional, text
 from agent.model.events import maintenance_property
@@ -73,18 +74,6 @@ def iso_duration(seconds: float) -> str:
     clock = "".join(f"{n}{unit}" for n, unit in ((hours, "H"), (minutes, "M")) if n) + (f"{secs}S" if secs else "")
     out = "P" + (f"{days}D" if days else "") + (f"T{clock}" if clock else "")
     return out if out != "P" else "PT0S"
-
-
-class HealthInformation(TypedDict):
-    """The body of Service Fabric's ReportHealth."""
-
-    SourceId: str
-    Property: str
-    HealthState: str
-    Description: str
-    SequenceNumber: str
-    RemoveWhenExpired: bool
-    TimeToLiveInMilliSeconds: NotRequired[str]
 
 
 class _Tls(TypedDict):
