@@ -17,7 +17,7 @@ from agent import __version__, logs
 from agent.clock import Clock
 from agent.config.config import Config
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.store.fleet_history import FleetHistory
+from agent.coordination.store.fleet_history import FleetHistory, HistoryRead
 from agent.coordination.store.history_protocol import NO_GROUP
 from agent.coordination.store.store_protocol import StoreError
 from agent.handlers.base import NOTE_PREFIX
@@ -97,6 +97,12 @@ class HealthAccepted(TypedDict):
     accepted: bool
     SourceId: str
     Property: str
+
+
+class FleetHistoryAnswer(HistoryRead):
+    """The answer to GET /v1/fleet/history."""
+
+    backend: str
 
 
 HISTORY_SINCE = "7d"
@@ -190,7 +196,7 @@ class LocalApi:
                 "events": self.coordinator.fleet(mine, lv.vm_name, self.runner.is_ready),
                 **({"budget": budget.snapshot} if budget is not None else {})}
 
-    def fleet_history(self, since: str | None) -> dict[str, Any]:
+    def fleet_history(self, since: str | None) -> FleetHistoryAnswer:
         """The group's past events from the store (`maintd fleet --history`); 409 on the peer backend."""
         if self.history is None:
             raise ApiError(409, "fleet history needs the store backend (coordination.backend: azure_blob); "
