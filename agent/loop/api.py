@@ -99,6 +99,17 @@ class HealthAccepted(TypedDict):
     Property: str
 
 
+class FleetView(TypedDict):
+    """The answer to GET /v1/fleet (`maintd fleet`)."""
+
+    vm_name: str | None
+    backend: str
+    events: list[dict[str, Any]]
+    """Each pending event naming this VM, as the backend shows it (its shape is the backend's)."""
+    budget: NotRequired[dict[str, Any]]
+    """The disruption budget's view (store backend with a budget)."""
+
+
 class FleetHistoryAnswer(HistoryRead):
     """The answer to GET /v1/fleet/history."""
 
@@ -187,14 +198,16 @@ class LocalApi:
                 out[eid] = "; ".join(lines)
         return out
 
-    def fleet(self) -> dict[str, Any]:
+    def fleet(self) -> FleetView:
         """Each pending event naming this VM: the VMs it names, their state, who approved (`maintd fleet`)."""
         lv = self.view()
         mine = {eid: t for eid, t in lv.tracked.items() if t.names_self}
         budget = self.coordinator.budget
-        return {"vm_name": lv.vm_name, "backend": lv.config.coordination.backend,
-                "events": self.coordinator.fleet(mine, lv.vm_name, self.runner.is_ready),
-                **({"budget": budget.snapshot} if budget is not None else {})}
+        view: FleetView = {"vm_name": lv.vm_name, "backend": lv.config.coordination.backend,
+                           "events": self.coordinator.fleet(mine, lv.vm_name, self.runner.is_ready)}
+        if budget is not None:
+            view["budget"] = budget.snapshot
+        return view
 
     def fleet_history(self, since: str | None) -> FleetHistoryAnswer:
         """The group's past events from the store (`maintd fleet --history`); 409 on the peer backend."""
