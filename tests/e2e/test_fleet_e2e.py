@@ -67,9 +67,10 @@ def test_a_fixed_peers_file_is_picked_up_and_a_broken_one_keeps_the_last_good_ma
     health = leader.get("/v1/health").json()
     assert any(r["SourceId"] == "coordination" and r["HealthState"] == "Warning" for r in health["HealthEvents"])
     assert not emu.approvals("vm-1")
+    loaded = len(leader.events("peers_file.loaded"))  # the first load at start-up is one of them
     peers_file.write_text(f"vm-2: http://127.0.0.1:{ports['vm-2']}\n")
-    leader.wait_log("peers_file.loaded", entries=1, timeout=10)
-    leader.wait_log("approval.sent", event_id=eid, timeout=10)
+    wait_until(lambda: len(leader.events("peers_file.loaded")) > loaded, 20, "the fixed peers file loaded")
+    leader.wait_log("approval.sent", event_id=eid, timeout=30)
     assert len(emu.approvals("vm-1")) + len(emu.approvals("vm-2")) == 1
 
 
