@@ -26,7 +26,7 @@ def test_no_approval_while_a_peer_reports_error_then_sent_when_it_clears(start_e
     assert held["gate"] == "fleet" and "vm-3" in held["reason"]
     view = agents["vm-1"].get(f"/v1/events/{eid}").json()
     assert view["approval_held"]["gate"] == "fleet"
-    wait_until(lambda: 'maintd_approval_gate_blocked{gate="fleet"} 1.0' in agents["vm-1"].get("/metrics").text, 5,
+    wait_until(lambda: 'maintd_approval_gate_blocked{gate="fleet"} 1.0' in agents["vm-1"].get("/metrics").text, 15,
                "the gate gauge")
     assert not all_approvals(emu)
     agents["vm-3"].post("/v1/health/reports", {**report, "HealthState": "Ok", "SequenceNumber": seq + 1})
