@@ -31,7 +31,8 @@ def lines(path):
 
 def test_a_reboot_runs_every_phase_once_in_order(start_emulator, start_agent, tmp_path):
     out = tmp_path / "hooks.jsonl"
-    emu = start_emulator(["vm-1"], "--started-duration", "1")
+    # Started for 3 s: a poll stalled for longer than that on a loaded host would miss the Started phase
+    emu = start_emulator(["vm-1"], "--started-duration", "3")
     agent = start_agent(emu, "vm-1", {"handlers": [hook("record", out, ["scheduled", "started", "completed"])]})
     eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=120)
     agent.wait_log("event.completed", event_id=eid)
