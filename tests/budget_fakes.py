@@ -11,6 +11,7 @@ from agent.clock import FakeClock
 from agent.coordination.coordination_settings import BudgetConfig
 from agent.coordination.store.budget import Budget, Want
 from agent.coordination.store.budget_rules import Entry
+from agent.coordination.store.budget_wake import Hinter
 from agent.coordination.store.store_protocol import StoreError
 from agent.metrics import Metrics
 
@@ -78,13 +79,15 @@ class Hints:
 
 
 def member(store: CasStore, clock: FakeClock, name: str, zone: str = "1", needs: float = 60.0,
-           hints: Hints | None = None, **config: Any) -> tuple[Budget, Health]:
+           hints: Hinter | None = None, url: str | None = None, **config: Any) -> tuple[Budget, Health]:
+    """A member of group web; with `hints`, its releases' hints go there and it takes hints at `url` (default
+    http://{name}:8088)."""
     health = Health()
-    url = f"http://{name}:8088" if hints is not None else ""
+    url = url if url is not None else f"http://{name}:8088" if hints is not None else ""
     budget = Budget(BudgetConfig(**{"group": "web", **config}), store=lambda: store, describe="fake store",
                     clock=clock, on_change=lambda: None, health=health, metrics=Metrics(), needs=lambda: needs,
                     lead_time=lambda: 0.0, wake_sender=hints, url=url)
-    if hints is not None:
+    if isinstance(hints, Hints):
         hints.budgets[url] = budget
     budget.identify(name, zone, "0", "")
     return budget, health

@@ -169,3 +169,22 @@ def test_a_flood_of_wake_hints_costs_at_most_one_store_read_per_second() -> None
     for junk in ([], "x", {"vm": 3}, 7):
         with pytest.raises(ValueError):
             b.wake(junk)
+
+
+def test_a_member_whose_event_went_away_while_it_waited_leaves_the_line_and_is_never_handed_a_place() -> None:
+    clock = FakeClock()
+    store = CasStore(clock)
+    nb = clock.now() + timedelta(hours=1)
+    a, _ = member(store, clock, "a")
+    b, _ = member(store, clock, "b")
+    c, _ = member(store, clock, "c")
+    wants = {"a": [want("ea", nb)], "b": [want("eb", nb)], "c": [want("ec", nb)]}
+    settle([a], wants, {})
+    settle([b], wants, {})
+    settle([c], wants, {})
+    wants.pop("b")  # b's event was cancelled
+    settle([b], wants, {})
+    wants.pop("a")
+    settle([a], wants, {})  # a is back: the place goes to c, not to b
+    assert [(h["vm"], h["event_id"]) for h in a.publish()["holders"]] == [("c", "ec")]
+    assert a.publish()["waiting"] == []

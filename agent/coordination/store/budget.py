@@ -207,6 +207,8 @@ class Budget:
     def _next(self, wants: Sequence[Want], forced: frozenset[str], out: bool) -> tuple[Action | None, str]:
         m = self.mine
         if (m.why is not None or m.waiting_since is not None) and not wants and not out:
+            if not m.failures:  # not the next poll: at once (a failed step keeps its backoff)
+                m.due = min(m.due, self.clock.monotonic())
             return RELEASE, m.event or m.waiting_for  # back in rotation, or no longer waiting: leave the record
         if m.why is not None and self.clock.monotonic() >= m.renew_at:
             return RENEW, m.event
