@@ -82,8 +82,8 @@ class BudgetConfig:
                          "when a release hands it a place; auto: this VM's private IP with the server's port "
                          "when server.listen is not loopback-only, else none")
     fallback_poll: float = opt(duration(5, 3600), 120.0,
-                               "a waiting member reads the record this often, only to catch a lost wake hint (its "
-                               "last safe moment needs no read)")
+                               "a waiting member reads the record this often (at most release_after / 4), only "
+                               "to catch a lost wake hint (its last safe moment needs no read)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -283,7 +283,8 @@ class Budget:
                 self.log.info("budget.waiting", event_id=o.event, group=self.group, reason=o.reason,
                               effect="stays in rotation; prepares at its last safe moment if no place frees")
             m.waiting_for = o.event
-            m.due = now + self.config.fallback_poll  # only to catch a lost hint: forced comes by local timing
+            # only to catch a lost hint (forced comes by local timing); often enough that its entry never lapses
+            m.due = now + min(self.config.fallback_poll, self.config.release_after / 4)
         elif o.result == "released":
             if m.why is not None:
                 self.log.info("budget.released", event_id=o.event, group=self.group, vm=self._name(),
