@@ -115,16 +115,23 @@ def test_a_multi_vm_event_approves_early_only_when_every_member_holds_a_place_or
     assert holder.approval_blocked("e", ["a", "b"]) is None
 
 
-def handed_over(hints: Hints | None, lost: bool = False) -> tuple[FakeClock, CasStore, Budget, Budget, dict]:
-    """Two members, one place: `a` out, `b` waiting; `a` comes back (its release hands `b` the place)."""
+def line(names: str, hints: Hints | None = None) -> tuple[FakeClock, CasStore, list[Budget], dict]:
+    """One place; each member of `names` in turn asks for it for its own event (NotBefore in an hour): the first
+    holds it, the others wait in that order."""
     clock = FakeClock()
     store = CasStore(clock)
     nb = clock.now() + timedelta(hours=1)
-    a, _ = member(store, clock, "a", hints=hints, fallback_poll=120)
-    b, _ = member(store, clock, "b", hints=hints, fallback_poll=120)
-    wants = {"a": [want("ea", nb)], "b": [want("eb", nb)]}
-    assert settle([a], wants, {})["a"].allowed == {"ea"}
-    assert not settle([b], wants, {})["b"].allowed
+    budgets = [member(store, clock, n, hints=hints, fallback_poll=120)[0] for n in names]
+    wants = {n: [want(f"e{n}", nb)] for n in names}
+    for b in budgets:
+        settle([b], wants, {})
+    return clock, store, budgets, wants
+
+
+def handed_over(hints: Hints | None, lost: bool = False) -> tuple[FakeClock, CasStore, Budget, Budget, dict]:
+    """Two members, one place: `a` out, `b` waiting; `a` comes back (its release hands `b` the place)."""
+    clock, store, (a, b), wants = line("ab", hints)
+    assert a.mine.why is not None and b.mine.why is None
     wants.pop("a")
     if hints is not None:
         hints.lost = lost
@@ -151,14 +158,7 @@ def test_a_lost_hint_costs_at_most_the_fallback_poll() -> None:
 def test_a_flood_of_wake_hints_costs_at_most_one_store_read_per_second() -> None:
     """A waiting member hinted 50 times in 5 s (a place is still held: hints that say nothing) reads the store at
     most once a second; a hint for another VM or of a bad shape wakes nothing and never crashes."""
-    clock = FakeClock()
-    store = CasStore(clock)
-    nb = clock.now() + timedelta(hours=1)
-    a, _ = member(store, clock, "a", fallback_poll=120)
-    b, _ = member(store, clock, "b", fallback_poll=120)
-    wants = {"a": [want("ea", nb)], "b": [want("eb", nb)]}
-    settle([a], wants, {})
-    settle([b], wants, {})
+    clock, store, (_, b), wants = line("ab")
     before = store.requests
     for _ in range(50):
         b.wake({"group": "web", "vm": "b"})
@@ -172,16 +172,7 @@ def test_a_flood_of_wake_hints_costs_at_most_one_store_read_per_second() -> None
 
 
 def test_a_member_whose_event_went_away_while_it_waited_leaves_the_line_and_is_never_handed_a_place() -> None:
-    clock = FakeClock()
-    store = CasStore(clock)
-    nb = clock.now() + timedelta(hours=1)
-    a, _ = member(store, clock, "a")
-    b, _ = member(store, clock, "b")
-    c, _ = member(store, clock, "c")
-    wants = {"a": [want("ea", nb)], "b": [want("eb", nb)], "c": [want("ec", nb)]}
-    settle([a], wants, {})
-    settle([b], wants, {})
-    settle([c], wants, {})
+    _, _, (a, b, _), wants = line("abc")
     wants.pop("b")  # b's event was cancelled
     settle([b], wants, {})
     wants.pop("a")
