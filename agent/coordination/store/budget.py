@@ -130,7 +130,6 @@ class Mine:
     due: float = float("-inf")
     woken: float = float("-inf")
     """When the last read a wake hint asked for was due (hints cause at most one read per WAKE_GAP)."""
-
     renew_at: float = float("inf")
     look: bool = False
     """The coordinator waits on other members' places: read the record again soon."""
