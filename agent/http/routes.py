@@ -56,6 +56,7 @@ class Backend(Protocol):
     def undrain(self, by: str) -> Mapping[str, object]: ...
     def approve(self, event_id: str, by: str) -> Mapping[str, object]: ...
     def peer_ready(self, event_id: str, body: Any) -> Mapping[str, object]: ...
+    def budget_wake(self, body: Any) -> Mapping[str, object]: ...
     def report_health(self, body: Any) -> Mapping[str, object]: ...
     def peer_authorized(self, authorization: str | None) -> bool: ...
 
@@ -112,6 +113,7 @@ class Router:
             "/v1/drain": Route("drain", post, lambda c: self._mutate(c, lambda: b.drain(_reason(self._json(c)),
                                                                                        c.caller.by))),
             "/v1/undrain": Route("undrain", post, lambda c: self._mutate(c, lambda: b.undrain(c.caller.by))),
+            "/v1/budget/wake": Route("budget_wake", post, self._budget_wake),
             "/v1/health/reports": Route("health_reports", post,
                                         lambda c: self._mutate(c, lambda: b.report_health(self._json(c)))),
         }
@@ -216,6 +218,12 @@ class Router:
         """A peer's hint that it became ready: peer auth suffices, since the leader only re-asks it."""
         self._peer_or_operator(call)
         return 202, self.backend.peer_ready(call.arg, self._json(call))
+
+    def _budget_wake(self, call: Call) -> tuple[int, Any]:
+        """A member's hint that its release handed this VM a place: peer auth suffices, since it only makes this
+        VM read the store (rate-limited) and act on what it reads there."""
+        self._peer_or_operator(call)
+        return 202, self.backend.budget_wake(self._json(call))
 
     def _mutate(self, call: Call, fn: Callable[[], Any]) -> tuple[int, Any]:
         caller = call.caller

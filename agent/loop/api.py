@@ -17,6 +17,7 @@ from agent import __version__, logs
 from agent.clock import Clock
 from agent.config.config import Config
 from agent.coordination.coordinator import Coordinator
+from agent.coordination.store.budget_wake import WakeAnswer
 from agent.coordination.store.fleet_history import FleetHistory, HistoryRead
 from agent.coordination.store.history_protocol import NO_GROUP
 from agent.coordination.store.store_protocol import StoreError
@@ -126,7 +127,8 @@ class LocalApi:
     def __init__(self, view: Callable[[], LoopView], *, store: Store, health: HealthStore, rotation: Rotation,
                  runner: Runner, coordinator: Coordinator, preparation: Preparation, metrics: Metrics, clock: Clock,
                  peer_token: Callable[[], str | None], history: FleetHistory | None = None,
-                 history_group: Callable[[], str] = lambda: NO_GROUP) -> None:
+                 history_group: Callable[[], str] = lambda: NO_GROUP,
+                 budget_wake: Callable[[Any], WakeAnswer] | None = None) -> None:
         self.view = view
         self.store = store
         self.health_store = health
@@ -139,6 +141,7 @@ class LocalApi:
         self.peer_token = peer_token
         self.history = history
         self.history_group = history_group
+        self._budget_wake = budget_wake
         self.log = logs.get("api")
 
     def probe(self) -> tuple[bool, str]:
@@ -301,6 +304,15 @@ class LocalApi:
         if not isinstance(vm, str) or not vm:
             raise ApiError(400, 'body must be {"vm": "name of the peer that became ready"}')
         return {"event_id": event_id, "asked_again": self.coordinator.hint(event_id, vm)}
+
+    def budget_wake(self, body: Any) -> WakeAnswer:
+        """A wake hint of the disruption budget (`store/budget.Budget.wake`); 409 when this VM has no budget."""
+        if self._budget_wake is None:
+            raise ApiError(409, "no disruption budget here (coordination.budget with backend azure_blob)")
+        try:
+            return self._budget_wake(body)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
 
     def report_health(self, body: Any) -> HealthAccepted:
         try:
