@@ -9,13 +9,17 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from agent import __version__
 from agent.config import config as config_mod
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peers_file import PeersFile
 from agent.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agent.model.outcomes import Phase
+    from agent.model.tracker import Transition, TransitionKind, VanishOutcome
 
 EX_CONFIG = 78
 
@@ -73,6 +77,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+class Would(TypedDict):
+    """What `maintd run --once` would do for one transition."""
+
+    transition: TransitionKind
+    event_id: str
+    event_type: str
+    names_self: bool
+    outcome: VanishOutcome | None
+    phase: Phase | None
+    handlers: list[str]
+
+
 def run_once(daemon: Any) -> int:
     """Poll once, print what maintd sees and would do, change nothing on disk, exit."""
     from agent.errors import ImdsError
@@ -90,7 +106,7 @@ def run_once(daemon: Any) -> int:
         print(f"maintd: poll failed: {exc} {exc.body[:200]}", file=sys.stderr)
         return 1
 
-    def would(tr: Any) -> dict[str, Any]:
+    def would(tr: Transition) -> Would:
         phase = phase_for(tr)
         handlers = [h.spec.name for h in daemon.runner.selected(phase, tr.event, tr.names_self)] if phase else []
         return {"transition": tr.kind, "event_id": tr.event.event_id, "event_type": tr.event.event_type,

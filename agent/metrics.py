@@ -98,6 +98,10 @@ class Metrics:
                                      "How long this VM waited for a place in its disruption budget (until it took one "
                                      "or was forced)", buckets=(0, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600),
                                      registry=r)
+        self.budget_wake = Counter("maintd_budget_wake_hints_total",
+                                   "Wake hints of the disruption budget: sent to a member a release handed a place, "
+                                   "failed to send (the member reads on its fallback poll), received", ["outcome"],
+                                   registry=r)
         self.lane_errors = Counter("maintd_lane_errors_total",
                                    "Jobs on a worker lane that raised instead of handling their own failure, by lane "
                                    "(store, peer, history); each is logged as lane.internal_error and its work put "

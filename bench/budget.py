@@ -1,37 +1,44 @@
 """The disruption budget on a simulated group: 200 members, 40 overlapping events of 5 members each.
 
-A discrete-event simulation on a simulated clock: every budget step is the real `budget.step` (read the
-record, the pure rules, an If-Match write, again on a conflict) against an in-memory store with the blob
-store's conditional writes, each request taking STORE_LATENCY of simulated time; a waiting member reads again
-after the real `poll_delay`, and is forced at the real `last_safe_moment`. A member that holds a place
-prepares (PREPARE seconds: drain wait and hooks), its event is approved once every member it names holds a
-place or is forced, maintenance lasts MAINTENANCE, then the member is back and releases its place.
+A discrete-event simulation on a simulated clock: every budget step is the real `budget.step` (read the record,
+the pure rules, an If-Match write, again on a conflict) against an in-memory store with the blob store's
+conditional writes, each request taking STORE_LATENCY of simulated time. A member's release hands its place to
+the next in line in the same write (the real `budget_rules.grant`); the releaser then sends the granted member a
+wake hint, delivered HINT_LATENCY later, except a LOST fraction (seeded) which the member only catches on its
+fallback poll (FALLBACK_POLL, the default `coordination.budget.fallback_poll`). A woken
+member reads the record (one TAKE step); once it sees its place it leaves rotation LOOP_LATENCY later (the
+loop's tick and preparation's start). A waiting member is forced at the real `last_safe_moment` by local timing,
+with no read. A member that holds a place prepares (PREPARE seconds: drain wait and hooks) and renews its place
+every release_after / 4 while out; its event is approved once every member it names holds a place or is forced,
+maintenance lasts MAINTENANCE, then the member is back and releases its place.
 
-Reported: the most members out at once with the budget and without one (every member leaves at once), the
-time from the last release to the place of a member that was waiting (p50/p99; target p99 < 2 s), and store requests
-per member per event (target <= 10). `python -m bench budget`.
+Reported: the most members out at once with the budget and without one (every member leaves at once); from a
+release to the next member's place (the grant: in the releaser's own write) and to that member leaving rotation
+(it noticed: the honest figure for the target p99 < 2 s), p50/p99, with and without lost hints; store requests
+per member per event (target <= 10); forced members; events approved before NotBefore. `python -m bench budget`.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent.clock import FakeClock
-from agent.coordination.store.budget import step
+from agent.coordination.store.budget import Outcome, step
 from agent.coordination.store.budget_rules import (
     FORCE,
     RELEASE,
+    RENEW,
     TAKE,
     Me,
     capacity,
     forced_now,
+    last_safe_moment,
     parse_places,
     places_blob,
-    poll_delay,
-    position,
 )
 from bench.common import percentile, write
 from tests.budget_fakes import CasStore
@@ -41,44 +48,63 @@ NOTICE, EVERY = 900.0, 15.0
 """Each event gives 15 minutes' notice (a Reboot's minimum); one appears every 15 s (all 40 within 10 min)."""
 PREPARE, MAINTENANCE, STORE_LATENCY = 41.0, 60.0, 0.03
 MAX_UNAVAILABLE, SPREAD, RELEASE_AFTER = "10%", "zone", 1800.0
+FALLBACK_POLL, HINT_LATENCY, LOOP_LATENCY, LOST = 120.0, 0.05, 0.1, 0.05
+"""The default fallback poll; a hint's way over the network; the loop's tick and preparation's start after the
+read that found the place; the fraction of hints lost."""
 T0 = datetime(2026, 11, 27, tzinfo=UTC)
 
 
 class Sim:
-    def __init__(self) -> None:
+    def __init__(self, lost: float, seed: int = 30) -> None:
+        self.lost, self.random = lost, random.Random(seed)
         self.clock = FakeClock(T0, 0.0)
         self.store = CasStore(self.clock)
         self.queue: list[tuple[float, int, str, int]] = []
         self.seq = itertools.count()
         # a platform wave goes zone by zone: an event names members of one zone
-        self.members = [Me(f"m{i:03d}", str(i // PER_EVENT % 3 + 1), str(i % 2)) for i in range(MEMBERS)]
+        self.members = [Me(f"m{i:03d}", str(i // PER_EVENT % 3 + 1), str(i % 2), f"http://m{i:03d}:8088")
+                        for i in range(MEMBERS)]
+        self.index = {me.vm: i for i, me in enumerate(self.members)}
         self.event_of = {i: i // PER_EVENT for i in range(MEMBERS)}
         self.not_before = {e: T0 + timedelta(seconds=e * EVERY + NOTICE) for e in range(EVENTS)}
         self.state: dict[int, str] = {}
         self.out: set[int] = set()
         self.most_out = 0
         self.forced = 0
-        self.last_release: float | None = None
-        self.waited: set[int] = set()
-        self.handoffs: list[float] = []
+        self.granted_at: dict[int, float] = {}
+        self.grants: list[float] = []
+        self.leaves: list[float] = []
+        self.hints = {"sent": 0, "lost": 0}
         self.approved_before_nb = 0
 
     def at(self, when: float, what: str, member: int) -> None:
         heapq.heappush(self.queue, (when, next(self.seq), what, member))
 
-    def store_step(self, action: str, i: int) -> str:
-        me = self.members[i]
+    def store_step(self, action: str, i: int) -> Outcome:
+        me, started = self.members[i], self.clock.monotonic()
         before = self.store.requests
         done = step(self.store, "web", action, me, f"e{self.event_of[i]}",
                     lambda n: capacity(MAX_UNAVAILABLE, MEMBERS), SPREAD, RELEASE_AFTER)
         self.clock.advance(STORE_LATENCY * (self.store.requests - before))
+        for entry in done.granted:  # handed a place in this write: the hint goes out
+            j = self.index[entry.vm]
+            self.granted_at[j] = started
+            self.grants.append(self.clock.monotonic() - started)
+            self.hints["sent"] += 1
+            if self.random.random() < self.lost:
+                self.hints["lost"] += 1
+            else:
+                self.at(self.clock.monotonic() + HINT_LATENCY, "try", j)
         if done.result == "waiting":
-            places = done.places
-            delay = poll_delay(position(places, me.vm) if places else 0, capacity(MAX_UNAVAILABLE, MEMBERS))
-            self.at(self.clock.monotonic() + delay, "try", i)
-        return done.result
+            nb = self.not_before[self.event_of[i]]
+            until = (last_safe_moment(nb, PREPARE, 0.0) - self.clock.now()).total_seconds()
+            self.at(self.clock.monotonic() + FALLBACK_POLL, "try", i)
+            if i not in self.state:
+                self.state[i] = "waiting"
+                self.at(self.clock.monotonic() + until, "try", i)  # the forced path: local timing, no read
+        return done
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> None:
         for e in range(EVENTS):
             for i in range(e * PER_EVENT, (e + 1) * PER_EVENT):
                 self.at(e * EVERY, "try", i)
@@ -87,24 +113,30 @@ class Sim:
             if when > self.clock.monotonic():
                 self.clock.advance(when - self.clock.monotonic())
             getattr(self, what)(i)
-        return {}
 
     def try_(self, i: int) -> None:
-        if self.state.get(i) in ("out", "done"):
+        if self.state.get(i) not in (None, "waiting"):
             return
         nb = self.not_before[self.event_of[i]]
         forced = forced_now("Reboot", nb, PREPARE, 0.0, self.clock.now())
-        result = self.store_step(FORCE if forced else TAKE, i)
-        if result == "waiting":
-            self.waited.add(i)
+        result = self.store_step(FORCE if forced else TAKE, i).result
         if result in ("acquired", "forced"):
             self.forced += result == "forced"
-            if i in self.waited and result == "acquired" and self.last_release is not None:
-                self.handoffs.append(self.clock.monotonic() - self.last_release)
+            if i in self.granted_at:
+                self.leaves.append(self.clock.monotonic() + LOOP_LATENCY - self.granted_at[i])
             self.state[i] = "out"
-            self.out.add(i)
-            self.most_out = max(self.most_out, len(self.out))
-            self.at(self.clock.monotonic() + PREPARE, "prepared", i)
+            self.at(self.clock.monotonic() + LOOP_LATENCY, "leave", i)
+
+    def leave(self, i: int) -> None:
+        self.out.add(i)
+        self.most_out = max(self.most_out, len(self.out))
+        self.at(self.clock.monotonic() + PREPARE, "prepared", i)
+        self.at(self.clock.monotonic() + RELEASE_AFTER / 4, "renew", i)
+
+    def renew(self, i: int) -> None:
+        if self.state.get(i) in ("out", "prepared"):
+            self.store_step(RENEW, i)
+            self.at(self.clock.monotonic() + RELEASE_AFTER / 4, "renew", i)
 
     def prepared(self, i: int) -> None:
         self.state[i] = "prepared"
@@ -122,37 +154,56 @@ class Sim:
     def back(self, i: int) -> None:
         if self.state.get(i) == "done":
             return
-        self.store_step(RELEASE, i)
         self.state[i] = "done"
         self.out.discard(i)
-        self.last_release = self.clock.monotonic()
+        self.store_step(RELEASE, i)
 
 
 setattr(Sim, "try", Sim.try_)
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    sim = Sim()
+def p(values: list[float], q: float) -> float:
+    return round(percentile(values, q), 2) if values else 0.0
+
+
+def simulate(lost: float) -> dict[str, Any]:
+    sim = Sim(lost)
     sim.run()
     found = sim.store.read_body(places_blob("web"))
     leftover = parse_places(found[0]) if found else None
-    handoff = sorted(sim.handoffs)
-    p50, p99 = (percentile(handoff, 50), percentile(handoff, 99)) if handoff else (0.0, 0.0)
-    per = sim.store.requests / MEMBERS
+    return {"most_out_with_budget": sim.most_out, "most_out_without_budget": MEMBERS, "forced": sim.forced,
+            "events_approved_before_notbefore": sim.approved_before_nb,
+            "release_to_next_place_s": {"p50": p(sim.grants, 50), "p99": p(sim.grants, 99), "n": len(sim.grants)},
+            "release_to_next_leaves_rotation_s": {"p50": p(sim.leaves, 50), "p99": p(sim.leaves, 99),
+                                                  "max": round(max(sim.leaves, default=0.0), 2),
+                                                  "n": len(sim.leaves)},
+            "hints": {**sim.hints, "lost_fraction": lost},
+            "store_requests_total": sim.store.requests,
+            "store_requests_per_member_per_event": round(sim.store.requests / MEMBERS, 2),
+            "left_in_record": len(leftover.holders) + len(leftover.waiting)
+            if leftover and not isinstance(leftover, str) else None}
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    every, lossy = simulate(0.0), simulate(LOST)
+    places = capacity(MAX_UNAVAILABLE, MEMBERS)
     figures = {"members": MEMBERS, "events": EVENTS, "members_per_event": PER_EVENT, "notice_s": NOTICE,
-               "event_every_s": EVERY, "max_unavailable": MAX_UNAVAILABLE, "spread": SPREAD,
-               "places": capacity(MAX_UNAVAILABLE, MEMBERS), "prepare_s": PREPARE, "maintenance_s": MAINTENANCE,
-               "store_latency_s": STORE_LATENCY, "most_out_with_budget": sim.most_out,
-               "most_out_without_budget": MEMBERS, "forced": sim.forced,
-               "events_approved_before_notbefore": sim.approved_before_nb,
-               "release_to_next_place_s": {"p50": round(p50, 2), "p99": round(p99, 2), "n": len(handoff)},
-               "store_requests_total": sim.store.requests, "store_requests_per_member_per_event": round(per, 2),
-               "left_in_record": len(leftover.holders) if leftover and not isinstance(leftover, str) else None}
-    print(f"  most out at once: {sim.most_out} with the budget, {MEMBERS} without; forced {sim.forced}; "
-          f"release -> next place p50 {p50:.2f} s p99 {p99:.2f} s; {per:.1f} store requests per member per event",
-          flush=True)
-    checks = [("most members out at once (budget 10% of 200)", str(sim.most_out),
-               f"<= {capacity(MAX_UNAVAILABLE, MEMBERS)} + forced", sim.most_out <= figures["places"] + sim.forced),
-              ("release -> next member's place, p99", f"{p99:.2f} s", "< 2 s", p99 < 2.0),
-              ("store requests per member per event", f"{per:.1f}", "<= 10", per <= 10)]
+               "event_every_s": EVERY, "max_unavailable": MAX_UNAVAILABLE, "spread": SPREAD, "places": places,
+               "prepare_s": PREPARE, "maintenance_s": MAINTENANCE, "store_latency_s": STORE_LATENCY,
+               "fallback_poll_s": FALLBACK_POLL, "hint_latency_s": HINT_LATENCY, "loop_latency_s": LOOP_LATENCY,
+               "with_lost_hints": lossy, "no_hint_lost": every}
+    for name, f in (("no hint lost", every), (f"{LOST:.0%} of hints lost", lossy)):
+        g, leave = f["release_to_next_place_s"], f["release_to_next_leaves_rotation_s"]
+        print(f"  {name}: most out at once {f['most_out_with_budget']} with the budget, {MEMBERS} without; forced "
+              f"{f['forced']}; approved before NotBefore {f['events_approved_before_notbefore']}/{EVENTS}; release -> "
+              f"next place p50 {g['p50']:.2f} s p99 {g['p99']:.2f} s; -> it leaves rotation p50 {leave['p50']:.2f} s "
+              f"p99 {leave['p99']:.2f} s max {leave['max']:.1f} s; {f['store_requests_per_member_per_event']:.1f} "
+              f"store requests per member per event", flush=True)
+    leave99 = every["release_to_next_leaves_rotation_s"]["p99"]
+    per = lossy["store_requests_per_member_per_event"]
+    checks = [("most members out at once (budget 10% of 200)", str(lossy["most_out_with_budget"]),
+               f"<= {places} + forced", lossy["most_out_with_budget"] <= places + lossy["forced"]),
+              ("release -> next member leaves rotation, p99 (every hint delivered)", f"{leave99:.2f} s", "< 2 s",
+               leave99 < 2.0),
+              ("store requests per member per event (5% of hints lost)", f"{per:.1f}", "<= 10", per <= 10)]
     return write("budget", figures, checks, quick)

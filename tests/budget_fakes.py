@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from agent.clock import FakeClock
 from agent.coordination.coordination_settings import BudgetConfig
 from agent.coordination.store.budget import Budget, Want
+from agent.coordination.store.budget_rules import Entry
+from agent.coordination.store.budget_wake import Hinter
 from agent.coordination.store.store_protocol import StoreError
 from agent.metrics import Metrics
 
@@ -54,12 +57,38 @@ class Health:
         self.reports[prop] = (state, text)
 
 
+class Hints:
+    """Wake hints delivered in-process to the member at the URL (or lost): a `WakeSender`'s stand-in."""
+
+    def __init__(self) -> None:
+        self.budgets: dict[str, Budget] = {}
+        self.lost = False
+        self.sent: list[str] = []
+
+    def send(self, group: str, targets: Sequence[Entry]) -> None:
+        for t in targets:
+            self.sent.append(t.vm)
+            if not self.lost and t.url in self.budgets:
+                self.budgets[t.url].wake({"group": group, "vm": t.vm})
+
+    def wait_idle(self, timeout: float) -> bool:
+        return True
+
+    def stop(self) -> None:
+        pass
+
+
 def member(store: CasStore, clock: FakeClock, name: str, zone: str = "1", needs: float = 60.0,
-           **config: Any) -> tuple[Budget, Health]:
+           hints: Hinter | None = None, url: str | None = None, **config: Any) -> tuple[Budget, Health]:
+    """A member of group web; with `hints`, its releases' hints go there and it takes hints at `url` (default
+    http://{name}:8088)."""
     health = Health()
+    url = url if url is not None else f"http://{name}:8088" if hints is not None else ""
     budget = Budget(BudgetConfig(**{"group": "web", **config}), store=lambda: store, describe="fake store",
                     clock=clock, on_change=lambda: None, health=health, metrics=Metrics(), needs=lambda: needs,
-                    lead_time=lambda: 0.0)
+                    lead_time=lambda: 0.0, wake_sender=hints, url=url)
+    if isinstance(hints, Hints):
+        hints.budgets[url] = budget
     budget.identify(name, zone, "0", "")
     return budget, health
 

@@ -282,11 +282,14 @@ def big_listing(fleet: Fleet, size: int = 50 << 20, limit: float = 45.0) -> Outc
 
 # --- pauses (SIGSTOP: a frozen VM, a live migration, swapping) -------------------------------------
 
-def _pause(agent: Agent, seconds: float) -> float:
-    """SIGSTOP the agent (its hook, a child, runs on) for `seconds`; when it was resumed (wall clock)."""
+def _pause(agent: Agent, seconds: float, until: Callable[[], Any] | None = None, limit: float = 40.0) -> float:
+    """SIGSTOP the agent (its hook, a child, runs on) for `seconds`, and then until `until()` is true (at most
+    `limit` s in all); when it was resumed (wall clock)."""
     os.kill(agent.proc.pid, signal.SIGSTOP)
     try:
         time.sleep(seconds)
+        if until is not None:
+            wait_until(until, limit - seconds, "the fleet to move on while the VM is paused", interval=0.1)
     finally:
         os.kill(agent.proc.pid, signal.SIGCONT)
     return time.time()
@@ -295,7 +298,9 @@ def _pause(agent: Agent, seconds: float) -> float:
 def paused_claimer(fleet: Fleet, imds_500: bool = False, limit: float = 40.0) -> Outcome:
     """The VM that claims is paused right after its claim (the `store.claimed` line; with `imds_500`, right
     after its first POST, which IMDS answers 500, so the pause falls in its retry backoff) and resumed after
-    2 x takeover_after: one POST in all, the claimer's or the taker's, never both."""
+    2 x takeover_after once another VM has taken the claim over (or an approval is in: the claimer's POST
+    went before the pause): one POST in all, the claimer's or the taker's, never both. Resuming after a fixed
+    time raced the takeover on a loaded host: a claimer woken before it rightly POSTed itself."""
     if imds_500:
         for vm in fleet.vms:
             fleet.emu.admin("POST", "faults", vm, vm=vm, kind="status", status=500, path="/metadata/scheduledevents",
@@ -308,7 +313,13 @@ def paused_claimer(fleet: Fleet, imds_500: bool = False, limit: float = 40.0) ->
         return next((vm for vm, a in fleet.agents.items() if a.events("store.claimed")), None)
 
     vm = wait_until(claimer, limit, "a claim", interval=0.005)
-    resumed = _pause(fleet.agents[vm], 2 * TAKEOVER)
+    claims = {other: len(a.events("store.claimed")) for other, a in fleet.agents.items()}
+
+    def moved_on() -> bool:
+        return bool(fleet.approvals()) or any(len(a.events("store.claimed")) > claims[other]
+                                              for other, a in fleet.agents.items() if other != vm)
+
+    resumed = _pause(fleet.agents[vm], 2 * TAKEOVER, until=moved_on, limit=limit)
     settle(fleet, limit, after=2 * TAKEOVER)
     after = [a for a in fleet.approvals() if a["vm"] == vm and a["time"] >= resumed]
     return outcome(fleet, "claimer paused after its claim" + (", its POST 500" if imds_500 else ""),

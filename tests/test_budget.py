@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from agent.clock import FakeClock
 from agent.coordination.store.budget import Budget
 from agent.model.budget_gate import LeaveGate
-from tests.budget_fakes import CasStore, member, want
+from tests.budget_fakes import CasStore, Hints, member, want
 
 
 def settle(budgets: list[Budget], wants: dict[str, list], out: dict[str, bool]) -> dict[str, LeaveGate]:
@@ -23,10 +25,13 @@ def settle(budgets: list[Budget], wants: dict[str, list], out: dict[str, bool]) 
 
 
 def test_four_members_one_place_never_two_out_and_the_next_goes_once_one_is_back() -> None:
+    """The next in line goes at once when one is back (the release hands it the place and wakes it), with no
+    time passing for a poll."""
     clock = FakeClock()
     store = CasStore(clock)
     nb = clock.now() + timedelta(minutes=10)
-    budgets = [member(store, clock, f"vm{i}")[0] for i in range(4)]
+    hints = Hints()
+    budgets = [member(store, clock, f"vm{i}", hints=hints)[0] for i in range(4)]
     wants = {f"vm{i}": [want(f"e{i}", nb)] for i in range(4)}
     order = []
     for _ in range(4):
@@ -108,3 +113,69 @@ def test_a_multi_vm_event_approves_early_only_when_every_member_holds_a_place_or
     settle([a, b], {"a": [want("e", nb)], "b": [want("e", nb)]}, {})
     settle([a, b], {}, {"a": True, "b": True})
     assert holder.approval_blocked("e", ["a", "b"]) is None
+
+
+def line(names: str, hints: Hints | None = None) -> tuple[FakeClock, CasStore, list[Budget], dict]:
+    """One place; each member of `names` in turn asks for it for its own event (NotBefore in an hour): the first
+    holds it, the others wait in that order."""
+    clock = FakeClock()
+    store = CasStore(clock)
+    nb = clock.now() + timedelta(hours=1)
+    budgets = [member(store, clock, n, hints=hints, fallback_poll=120)[0] for n in names]
+    wants = {n: [want(f"e{n}", nb)] for n in names}
+    for b in budgets:
+        settle([b], wants, {})
+    return clock, store, budgets, wants
+
+
+def handed_over(hints: Hints | None, lost: bool = False) -> tuple[FakeClock, CasStore, Budget, Budget, dict]:
+    """Two members, one place: `a` out, `b` waiting; `a` comes back (its release hands `b` the place)."""
+    clock, store, (a, b), wants = line("ab", hints)
+    assert a.mine.why is not None and b.mine.why is None
+    wants.pop("a")
+    if hints is not None:
+        hints.lost = lost
+    settle([a], wants, {"a": True})
+    settle([a], wants, {})  # back in rotation: released, the place handed to b in the same write
+    assert a.publish()["holders"] == [] or a.publish()["holders"][0]["vm"] == "b"
+    return clock, store, a, b, wants
+
+
+def test_a_release_hands_the_place_to_the_next_in_line_who_leaves_at_once_when_hinted() -> None:
+    _, _, a, b, wants = handed_over(Hints())
+    assert a.publish()["holders"][0]["vm"] == "b" and a.publish()["holders"][0]["why"] == "chosen"
+    assert settle([b], wants, {})["b"].allowed == {"eb"}
+    assert b.reason_for("eb") == "chosen"
+
+
+def test_a_lost_hint_costs_at_most_the_fallback_poll() -> None:
+    clock, _, a, b, wants = handed_over(Hints(), lost=True)
+    assert not settle([b], wants, {})["b"].allowed  # nobody told it yet
+    clock.advance(120)
+    assert settle([b], wants, {})["b"].allowed == {"eb"}
+
+
+def test_a_flood_of_wake_hints_costs_at_most_one_store_read_per_second() -> None:
+    """A waiting member hinted 50 times in 5 s (a place is still held: hints that say nothing) reads the store at
+    most once a second; a hint for another VM or of a bad shape wakes nothing and never crashes."""
+    clock, store, (_, b), wants = line("ab")
+    before = store.requests
+    for _ in range(50):
+        b.wake({"group": "web", "vm": "b"})
+        settle([b], wants, {})
+        clock.advance(0.1)
+    assert 1 <= store.requests - before <= 6
+    assert b.wake({"vm": "someone-else"}) == {"woken": False}
+    for junk in ([], "x", {"vm": 3}, 7):
+        with pytest.raises(ValueError):
+            b.wake(junk)
+
+
+def test_a_member_whose_event_went_away_while_it_waited_leaves_the_line_and_is_never_handed_a_place() -> None:
+    _, _, (a, b, _), wants = line("abc")
+    wants.pop("b")  # b's event was cancelled
+    settle([b], wants, {})
+    wants.pop("a")
+    settle([a], wants, {})  # a is back: the place goes to c, not to b
+    assert [(h["vm"], h["event_id"]) for h in a.publish()["holders"]] == [("c", "ec")]
+    assert a.publish()["waiting"] == []

@@ -12,8 +12,11 @@ from agent.coordination.store.budget_rules import (
     CHOSEN,
     FORCE_MARGIN,
     FORCED,
+    RELEASE,
+    TAKE,
     Me,
     Places,
+    apply_step,
     approval_blocked,
     blocked,
     capacity,
@@ -76,6 +79,44 @@ def test_one_place_one_holder_others_wait_first_come_first() -> None:
     places = release(places, "a", T0 + timedelta(seconds=5))
     assert blocked(places, me("c"), 1, "none") is not None  # b waited longer
     assert blocked(places, me("b"), 1, "none") is None
+
+
+def waiters(*members: tuple[str, str]) -> Places:
+    """`a` (zone 1) holds the place; the members wait in this order, a second apart."""
+    places = take(Places(), me("a", "1"), "ea", CHOSEN, T0)
+    for i, (vm, zone) in enumerate(members):
+        places = queue(places, me(vm, zone), f"e{vm}", T0 + timedelta(seconds=i + 1))
+    return places
+
+
+def test_a_release_hands_its_place_to_the_first_in_line_in_the_same_write() -> None:
+    later = T0 + timedelta(minutes=5)
+    result, _, places = apply_step(waiters(("b", "1"), ("c", "1")), RELEASE, me("a"), "ea", 1, "none", later)
+    assert result == "released" and [(h.vm, h.why, h.since) for h in places.holders] == [("b", CHOSEN, later)]
+    assert [w.vm for w in places.waiting] == ["c"]
+
+
+def test_a_handoff_respects_the_count_forced_members_included() -> None:
+    places = take(waiters(("b", "1"), ("c", "1"), ("d", "1")), me("f", "1"), "ef", FORCED, T0)
+    _, _, after = apply_step(places, RELEASE, me("a"), "ea", 2, "none", T0)
+    assert [h.vm for h in after.holders] == ["f", "b"] and [w.vm for w in after.waiting] == ["c", "d"]
+
+
+def test_a_handoff_skips_a_waiter_whose_zone_would_break_the_spread_and_seats_the_next() -> None:
+    places = take(waiters(("b", "2"), ("c", "1"), ("d", "1")), me("e", "1"), "ee", CHOSEN, T0)
+    _, _, after = apply_step(places, RELEASE, me("a"), "ea", 3, "zone", T0)
+    assert [h.vm for h in after.holders] == ["e", "c", "d"] and [w.vm for w in after.waiting] == ["b"]
+    _, _, emptied = apply_step(apply_step(after, RELEASE, me("e"), "ee", 3, "zone", T0)[2], RELEASE, me("c"), "ec",
+                               3, "zone", T0)
+    _, _, last = apply_step(emptied, RELEASE, me("d"), "ed", 3, "zone", T0)
+    assert [h.vm for h in last.holders] == ["b"]  # once zone 1 is all back, zone 2's waiter goes
+
+
+def test_a_member_handed_a_place_finds_it_on_its_next_read_and_a_stale_grant_is_freed() -> None:
+    _, _, places = apply_step(waiters(("b", "1")), RELEASE, me("a"), "ea", 1, "none", T0)
+    result, _, same = apply_step(places, TAKE, me("b"), "eb", 1, "none", T0 + timedelta(seconds=3), 450)
+    assert result == "acquired" and same == places  # a read, no write
+    assert live(places, T0 + timedelta(minutes=30), 1800).holder("b") is None
 
 
 def test_forced_members_count_as_out_for_everyone_else() -> None:

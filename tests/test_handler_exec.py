@@ -273,19 +273,27 @@ def test_stopping_maintd_kills_a_running_hook(tmp_path):
 
 def test_a_hook_is_cut_when_its_event_leaves_the_document(tmp_path):
     """The event is gone (ctx.cancel without a stop): SIGTERM at once, the run is canceled and says so."""
-    out = tmp_path / "got"
+    out, trapping = tmp_path / "got", tmp_path / "trapping"
     hook = script(tmp_path, "import os, signal, sys, time\n"
                             "signal.signal(signal.SIGTERM, "
                             f"lambda *_: (open({str(out)!r}, 'w').write('TERM'), sys.exit(3)))\n"
+                            f"open({str(trapping)!r}, 'w').close()\n"
                             "time.sleep(60)\n")
     h = exec_handler(f'{{name: ckpt, type: exec, phases: [scheduled], command: ["{PY}", "{hook}"]}}')
-    cancel = threading.Event()
-    threading.Timer(0.5, cancel.set).start()
-    t0 = time.monotonic()
+    cancel, canceled_at = threading.Event(), []
+
+    def cancel_once_trapping() -> None:  # a fixed 0.5 s raced a hook slow to start on a loaded host
+        deadline = time.monotonic() + 30
+        while not trapping.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        canceled_at.append(time.monotonic())
+        cancel.set()
+
+    threading.Thread(target=cancel_once_trapping, daemon=True).start()
     result = h.run(context(timeout=60.0, cancel=cancel))
     assert result.outcome == CANCELED and "left the document" in result.detail and "exited on SIGTERM" in result.detail
     assert out.read_text() == "TERM"
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - canceled_at[0] < 3
 
 
 def test_cancel_grace_wait_lets_the_hook_finish_when_its_event_goes(tmp_path):

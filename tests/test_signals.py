@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # A `maintd run` whose main thread sends itself a SIGHUP at every line it runs in the loop's own code,
 # its clock and `threading` (so also while it holds a threading lock), outside the handlers themselves.
 SIGNAL_AT_EVERY_LINE = """
-import os, signal, sys, threading
+import os, signal, sys, threading, time
 from agent import cli
 
 FILES = (threading.__file__, os.path.join("agent", "daemon.py"), os.path.join("agent", "clock.py"))
@@ -51,7 +51,13 @@ def tracer(frame, event, arg):
         os.kill(os.getpid(), signal.SIGHUP)
     return tracer
 
-threading.Timer(2.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+def stop_later():  # 2.5 s after maintd took SIGTERM over (a fixed 2.5 s from here: a slow start died of it, -15)
+    while signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        time.sleep(0.05)
+    time.sleep(2.5)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=stop_later, daemon=True).start()
 sys.settrace(tracer)
 code = cli.main(["run", "--config", sys.argv[1]])
 sys.settrace(None)
@@ -78,7 +84,7 @@ def test_a_signal_landing_anywhere_in_the_loop_even_under_a_lock_never_hangs_it(
     child = subprocess.Popen([sys.executable, "-c", SIGNAL_AT_EVERY_LINE, str(config)], cwd=ROOT, env=CLEAN_ENV,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        out, err = child.communicate(timeout=20)
+        out, err = child.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         child.kill()
         out, err = child.communicate()

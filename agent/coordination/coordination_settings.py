@@ -56,6 +56,13 @@ def parse_max_unavailable(value: object) -> int | str:
     raise ConfigValueError("", f"expected a count (>= 1) or a percentage such as \"25%\", got {value!r}")
 
 
+def parse_advertise(value: object) -> str:
+    """auto, none, or a base URL (scheme, host, port; no path) where this member takes wake hints."""
+    if isinstance(value, str) and (value in ("auto", "none") or re.fullmatch(r"https?://[^\s/?#@]{1,200}", value)):
+        return value
+    raise ConfigValueError("", f"expected auto, none or a base URL such as http://10.0.0.5:8088, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class BudgetConfig:
     group: str | None = opt(optional(text(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$", "letters, digits, _ . -")), None,
@@ -70,6 +77,13 @@ class BudgetConfig:
     release_after: float = opt(duration(10, 7 * 86400), 1800.0,
                                "a member that never comes back frees its place this long after its last renewal "
                                "(store time)")
+    advertise: str = opt(parse_advertise, "auto",
+                         "auto | none | http://HOST:PORT: where this member takes wake hints (POST /v1/budget/wake) "
+                         "when a release hands it a place; auto: this VM's private IP with the server's port "
+                         "when server.listen is not loopback-only, else none")
+    fallback_poll: float = opt(duration(5, 3600), 120.0,
+                               "a waiting member reads the record this often (at most release_after / 4), only "
+                               "to catch a lost wake hint (its last safe moment needs no read)")
 
 
 @dataclasses.dataclass(frozen=True)

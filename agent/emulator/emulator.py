@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.emulator.faults import ANSWER_KINDS, Fault, make_fault
-from agent.emulator.model import Approval, Listener, Model, ModelClock, RecordedRequest
+from agent.emulator.model import Approval, ImdsDocument, Listener, Model, ModelClock, RecordedRequest
 from agent.emulator.scenario import Scenario, Step
 from agent.emulator.server import VmServer
 
@@ -135,7 +135,7 @@ class Emulator:
                 fault.fired_vms.clear()
         self.model.reset_incarnation()
 
-    def document(self, vm: str, api_version: str = "2020-07-01") -> dict[str, Any]:
+    def document(self, vm: str, api_version: str = "2020-07-01") -> ImdsDocument:
         """The Scheduled Events document `vm` would get now."""
         return self.model.document(vm, api_version)
 

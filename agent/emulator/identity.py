@@ -16,7 +16,7 @@ import base64
 import json
 import time
 import uuid
-from typing import Any
+from typing import TypedDict
 
 IDENTITY_PATH = "/metadata/identity/oauth2/token"
 IDENTITY_VERSIONS = ("2018-02-01", "2019-03-11", "2019-06-01", "2019-08-01", "2019-08-15", "2019-11-01",
@@ -29,7 +29,27 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def token_answer(vm_id: str, params: dict[str, str], now: float | None = None) -> tuple[int, dict[str, Any]]:
+class Token(TypedDict):
+    """IMDS's answer with a token."""
+
+    access_token: str
+    client_id: str
+    expires_in: str
+    expires_on: str
+    ext_expires_in: str
+    not_before: str
+    resource: str
+    token_type: str
+
+
+class TokenError(TypedDict):
+    """IMDS's answer to a request it refuses."""
+
+    error: str
+    error_description: str
+
+
+def token_answer(vm_id: str, params: dict[str, str], now: float | None = None) -> tuple[int, Token | TokenError]:
     """(status, JSON body) for one token request."""
     resource = params.get("resource")
     if not resource:

@@ -21,13 +21,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 API_VERSIONS = ("2017-03-01", "2017-08-01", "2017-11-01", "2019-01-01", "2019-04-01", "2019-08-01", "2020-07-01")
 """Every Scheduled Events api-version, oldest first (none newer than 2020-07-01 is documented)."""
 NEWEST_VERSIONS = ["2020-10-01", "2020-09-01", "2020-07-15"]
 """What IMDS lists as `newest-versions` in its 400 body (captured in the field)."""
-FIELD_SINCE = (("Description", "2019-04-01"), ("EventSource", "2019-08-01"), ("DurationInSeconds", "2020-07-01"))
+FIELD_SINCE: tuple[tuple[Literal["Description", "EventSource", "DurationInSeconds"], str], ...] = (
+    ("Description", "2019-04-01"), ("EventSource", "2019-08-01"), ("DurationInSeconds", "2020-07-01"))
 TYPE_SINCE = {"Preempt": "2017-11-01", "Terminate": "2019-01-01"}
 """Older api-versions are not sent these event types at all."""
 MIN_NOTICE = {"Freeze": 900.0, "Reboot": 900.0, "Redeploy": 600.0, "Preempt": 30.0, "Terminate": 300.0}
@@ -38,6 +39,27 @@ UNKNOWN_EVENT_ANSWERS = ("ok", "400")
 
 Listener = Callable[[str, dict[str, Any]], None]
 """Told of every state change: (stable event name, fields). Called under the model lock: must not block."""
+
+
+class ImdsEvent(TypedDict):
+    """One event of the document as IMDS sends it (an older api-version is not sent the later fields)."""
+
+    EventId: str
+    EventStatus: str
+    EventType: str
+    ResourceType: str
+    Resources: list[str]
+    NotBefore: str
+    Description: NotRequired[str]
+    EventSource: NotRequired[str]
+    DurationInSeconds: NotRequired[int]
+
+
+class ImdsDocument(TypedDict):
+    """The Scheduled Events document one VM gets."""
+
+    DocumentIncarnation: int
+    Events: list[ImdsEvent]
 
 
 class ModelClock(Protocol):
@@ -82,11 +104,11 @@ class Approval:
     monotonic: float
 
 
-def render_event(e: EmuEvent, api_version: str) -> dict[str, Any] | None:
+def render_event(e: EmuEvent, api_version: str) -> ImdsEvent | None:
     """The event as a VM asking with `api_version` sees it; None when that version is not sent its type."""
     if api_version < TYPE_SINCE.get(e.event_type, API_VERSIONS[0]):
         return None
-    out: dict[str, Any] = {
+    out: ImdsEvent = {
         "EventId": e.event_id,
         "EventStatus": e.status,
         "EventType": e.event_type,
@@ -151,7 +173,7 @@ class Model:
         """Broadcast (an availability set): every VM sees every event; otherwise only those naming it."""
         return self.broadcast or vm in e.resources
 
-    def document(self, vm: str, api_version: str = API_VERSIONS[-1]) -> dict[str, Any]:
+    def document(self, vm: str, api_version: str = API_VERSIONS[-1]) -> ImdsDocument:
         """The Scheduled Events document `vm` gets now when asking with `api_version`."""
         with self.lock:
             self._vm(vm)

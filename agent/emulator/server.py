@@ -20,7 +20,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from agent.emulator.admin import Host, admin
@@ -48,6 +48,32 @@ ERR_VERSION = {"error": "Bad request. api-version is invalid or was not specifie
 ERR_BODY = {"error": 'Bad request. The request body is malformed: expected {"StartRequests": [{"EventId": "..."}]}'}
 ERR_LEAF = {"error": "Bad request. Leaf nodes require format=text"}
 MAX_BODY = 64 * 1024
+
+
+class OsProfile(TypedDict):
+    """`compute.osProfile`."""
+
+    adminUsername: str
+    computerName: str
+    disablePasswordAuthentication: str
+
+
+class Compute(TypedDict):
+    """`compute` metadata: every primitive a string, as IMDS sends it."""
+
+    name: str
+    location: str
+    vmId: str
+    vmSize: str
+    osType: str
+    zone: str
+    vmScaleSetName: str
+    platformFaultDomain: str
+    osProfile: OsProfile
+    platformUpdateDomain: str
+    resourceGroupName: str
+    subscriptionId: str
+    resourceId: str
 
 
 def uniform_names(vm: str) -> tuple[str, str]:
@@ -264,8 +290,8 @@ class VmServer(http.server.ThreadingHTTPServer):
         """Take a token from this VM's bucket (always True without a rate limit)."""
         return self.bucket is None or self.bucket.take(self.emulator.clock.monotonic())
 
-    def compute(self) -> dict[str, Any]:
-        """`compute` metadata: every primitive a string, as IMDS sends it."""
+    def compute(self) -> Compute:
+        """`compute` metadata as this VM's IMDS sends it."""
         group = "maintd-emulator"
         scale_set, computer_name = uniform_names(self.vm)
         return {"name": self.vm, "location": "westeurope", "vmId": self.vm_id, "vmSize": "Standard_D2s_v5",

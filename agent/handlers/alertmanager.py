@@ -27,7 +27,7 @@ import socket
 import threading
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import requests
 
@@ -37,7 +37,12 @@ from agent.handlers.alertmanager_api import Credentials, Failed, Replica, Replic
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result, Services
 from agent.handlers.drain import drain_key
 from agent.handlers.silences import (
+    DONE,
+    EXPIRING,
+    KEEPING,
     Matcher,
+    NotedSilence,
+    SilenceNote,
     Window,
     check_matchers,
     comment_template,
@@ -55,8 +60,6 @@ from agent.model.events import STARTED, Event
 from agent.model.outcomes import PHASE_COMPLETED
 from agent.model.timefmt import iso_z, parse_iso
 
-KEEPING, EXPIRING, DONE = "keeping", "expiring", "done"
-"""A note's state: silences kept while the event lasts; to expire once back in rotation; nothing left."""
 ROTATION_CHECK = 1.0
 """Seconds between looks at the rotation while a silence's start or expiry waits for it."""
 MIN_ATTEMPT = 0.5
@@ -127,7 +130,7 @@ class AlertmanagerHandler(Handler):
     def completed(self, ctx: Context) -> Result:
         eid = ctx.event.event_id
         with _event_lock(self.spec.name, eid):
-            note = self.note(eid) or self._new_note(ctx.event)
+            note = self._note(eid) or self._new_note(ctx.event)
             verdict = self.services.rotation.verdict()
             if ctx.outcome != CANCELED and not verdict.in_rotation:
                 note["state"] = EXPIRING
@@ -141,7 +144,7 @@ class AlertmanagerHandler(Handler):
     def _silence(self, ctx: Context) -> Result:
         eid = ctx.event.event_id
         with _event_lock(self.spec.name, eid):
-            note = self.note(eid) or self._new_note(ctx.event)
+            note = self._note(eid) or self._new_note(ctx.event)
             note["state"] = KEEPING
             failed = self._sync(eid, ctx.event, note, self._deadline(ctx.timeout), ctx.cancel)
         if failed:
@@ -158,16 +161,16 @@ class AlertmanagerHandler(Handler):
         """Extend, remake and expire the silences of every event this handler keeps one for."""
         waits: list[float] = []
         tracked = self.services.store.tracked()
-        for eid, note in self.notes().items():
+        for eid, note in self._notes().items():
             if note.get("state") not in (KEEPING, EXPIRING):
                 continue
             with _event_lock(self.spec.name, eid):
-                wait = self._keep_one(eid, self.note(eid) or note, tracked[eid].event if eid in tracked else None)
+                wait = self._keep_one(eid, self._note(eid) or note, tracked[eid].event if eid in tracked else None)
             if wait is not None:
                 waits.append(wait)
         return min(waits, default=None)
 
-    def _keep_one(self, eid: str, note: dict[str, Any], event: Event | None) -> float | None:
+    def _keep_one(self, eid: str, note: SilenceNote, event: Event | None) -> float | None:
         clock, never = self.services.clock, threading.Event()
         if note.get("state") == EXPIRING or (event is None and PHASE_COMPLETED not in self.spec.phases):
             return self._keep_expiring(eid, note)
@@ -182,7 +185,7 @@ class AlertmanagerHandler(Handler):
             self._sync(eid, event, note, mono, never)
         return min(ROTATION_CHECK, max(0.0, self._checked[eid] + float(self.options.recheck) - clock.monotonic()))
 
-    def _keep_expiring(self, eid: str, note: dict[str, Any]) -> float | None:
+    def _keep_expiring(self, eid: str, note: SilenceNote) -> float | None:
         """After the event: expire once the VM is back in rotation; a silence that ran out needs nothing."""
         now = self.services.clock.now()
         ends = [parse_iso(s["ends_at"]) for s in note.get("silences", {}).values() if s.get("id")]
@@ -202,14 +205,14 @@ class AlertmanagerHandler(Handler):
         return {"vm": s.vm_name, "computer_name": s.computer_name or socket.gethostname().split(".")[0],
                 "event_id": event.event_id, "event_type": event.event_type}
 
-    def _new_note(self, event: Event) -> dict[str, Any]:
+    def _new_note(self, event: Event) -> SilenceNote:
         fields = self._fields(event)
         return {"state": KEEPING, "created_by": f"maintd@{fields['vm']}",
                 "comment": expand(self.options.comment, fields),
                 "matchers": [m.expanded(fields) for m in self.options.matchers],
                 "not_before": iso_z(event.not_before) if event.not_before else None, "silences": {}}
 
-    def _window(self, event: Event, note: dict[str, Any], now: datetime) -> Window:
+    def _window(self, event: Event, note: SilenceNote, now: datetime) -> Window:
         if event.not_before is not None:
             note["not_before"] = iso_z(event.not_before)
         elif not note.get("not_before"):
@@ -222,7 +225,7 @@ class AlertmanagerHandler(Handler):
 
     # --- talking to the replicas ------------------------------------------------------------------
 
-    def _sync(self, eid: str, event: Event, note: dict[str, Any], deadline: float,
+    def _sync(self, eid: str, event: Event, note: SilenceNote, deadline: float,
               cancel: threading.Event) -> list[str]:
         """Make each replica's silence match the event now (retrying until `deadline`); the failures."""
         def one(replica: Replica) -> None:
@@ -235,9 +238,9 @@ class AlertmanagerHandler(Handler):
         self._count()
         return failed
 
-    def _sync_one(self, replica: Replica, note: dict[str, Any], want: Window, now: datetime) -> dict[str, Any]:
+    def _sync_one(self, replica: Replica, note: SilenceNote, want: Window, now: datetime) -> NotedSilence:
         url = replica.url
-        known = note["silences"].get(url, {}).get("id")
+        known = _noted_id(note, url)
         current = replica.get(known) if known else None
         if current is None:
             found = replica.ours(note)
@@ -263,12 +266,12 @@ class AlertmanagerHandler(Handler):
                       starts_at=instant(want.starts), ends_at=instant(want.ends))
         return {"id": sid, "starts_at": instant(want.starts), "ends_at": instant(want.ends)}
 
-    def _expire(self, eid: str, note: dict[str, Any], deadline: float, cancel: threading.Event) -> list[str]:
+    def _expire(self, eid: str, note: SilenceNote, deadline: float, cancel: threading.Event) -> list[str]:
         """Expire maintd's silences of the event on every replica noted or configured; the failures."""
         def one(replica: Replica) -> None:
             url = replica.url
             ids = {s["id"] for s in replica.ours(note)}
-            known = note["silences"].get(url, {}).get("id")
+            known = _noted_id(note, url)
             for sid in sorted(ids | ({known} if known else set())):
                 replica.delete(sid)
                 self.log.info("silence.expired", handler=self.spec.name, url=target(url), silence_id=sid)
@@ -283,7 +286,7 @@ class AlertmanagerHandler(Handler):
         self._count()
         return failed
 
-    def _each_replica(self, eid: str, note: dict[str, Any], urls: list[str],
+    def _each_replica(self, eid: str, note: SilenceNote, urls: list[str],
                       one: ReplicaWork, deadline: float,
                       cancel: threading.Event) -> list[str]:
         """Run `one` for each replica, retrying the failed ones with backoff until `deadline` (one round when
@@ -308,7 +311,7 @@ class AlertmanagerHandler(Handler):
         self._tell(eid, note, urls, errors)
         return [f"{target(u)}: {e}" for u, e in errors.items()]
 
-    def _tell(self, eid: str, note: dict[str, Any], urls: list[str], errors: dict[str, str]) -> None:
+    def _tell(self, eid: str, note: SilenceNote, urls: list[str], errors: dict[str, str]) -> None:
         for url in urls:
             entry = note["silences"].get(url)
             error = errors.get(url)
@@ -324,7 +327,7 @@ class AlertmanagerHandler(Handler):
                 entry.pop("error", None)
         ok = [s for s in note["silences"].values() if s.get("id") and not s.get("error")]
         ends = max((s["ends_at"] for s in ok), default=None)
-        ids = ", ".join(s["id"] for s in ok)
+        ids = ", ".join(s["id"] or "" for s in ok)
         note["summary"] = (f"silence {ids} until {ends} on {len(ok)} of {len(urls)} Alertmanagers" if ok else
                            f"no silence on any of {len(urls)} Alertmanagers")
         prop = f"{self.spec.name}/silences"
@@ -334,11 +337,25 @@ class AlertmanagerHandler(Handler):
         else:
             self.services.health.remove("handlers", prop)
 
-    def _save(self, eid: str, note: dict[str, Any]) -> None:
+    def _note(self, eid: str) -> SilenceNote | None:
+        """The note on the event, as this handler wrote it."""
+        return cast(SilenceNote | None, self.note(eid))
+
+    def _notes(self) -> dict[str, SilenceNote]:
+        """The notes on every stored event, as this handler wrote them."""
+        return cast(dict[str, SilenceNote], self.notes())
+
+    def _save(self, eid: str, note: SilenceNote) -> None:
         with kept_in_memory():
             self.set_note(eid, note)
 
     def _count(self) -> None:
-        held = sum(1 for note in self.notes().values() if note.get("state") in (KEEPING, EXPIRING)
+        held = sum(1 for note in self._notes().values() if note.get("state") in (KEEPING, EXPIRING)
                    for s in note.get("silences", {}).values() if s.get("id"))
         self.services.metrics.silences.labels(self.spec.name).set(held)
+
+
+def _noted_id(note: SilenceNote, url: str) -> str | None:
+    """The id of the replica's silence the note keeps (None: none)."""
+    entry = note["silences"].get(url)
+    return entry.get("id") if entry is not None else None

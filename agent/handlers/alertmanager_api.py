@@ -14,10 +14,10 @@ are never followed); anything that is not the JSON expected is one too.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 from urllib.parse import quote
 
 import requests
@@ -25,7 +25,7 @@ import requests
 from agent import __version__, boundedhttp, jsonsafe
 from agent.boundedhttp import Reply
 from agent.errors import AnswerTooLarge
-from agent.handlers.silences import Window
+from agent.handlers.silences import MatcherJson, SilenceNote, Window
 from agent.model.timefmt import iso_z, parse_iso
 from agent.secretfile import read_token
 
@@ -33,6 +33,17 @@ MAX_REPLY_BYTES = 64 * 1024
 """The most of an answer about one silence read."""
 MAX_LIST_BYTES = 8 * 1024 * 1024
 """The most of the list of silences read (expired ones stay listed for days: `--data.retention`)."""
+
+
+class PostableSilence(TypedDict):
+    """The body of `POST /api/v2/silences` (`id`: the silence to change)."""
+
+    matchers: list[MatcherJson]
+    startsAt: str
+    endsAt: str
+    createdBy: str
+    comment: str
+    id: NotRequired[str]
 
 
 class Failed(Exception):
@@ -51,15 +62,16 @@ def instant(t: datetime) -> str:
     return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def same_matchers(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
-    """Whether two lists of v2 matcher objects say the same (in any order; isEqual defaults to true)."""
-    def key(ms: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+def same_matchers(a: Sequence[Any], b: Sequence[MatcherJson]) -> bool:
+    """Whether a replica's list of v2 matcher objects (`a`, as answered) says the same as `b` (in any order;
+    isEqual defaults to true)."""
+    def key(ms: Sequence[Any]) -> list[tuple[Any, ...]]:
         return sorted((m.get("name"), m.get("value"), bool(m.get("isRegex")), m.get("isEqual", True) is not False)
                       for m in ms if isinstance(m, dict))
     return key(a) == key(b)
 
 
-def silence_filter(matchers: list[dict[str, Any]]) -> dict[str, str]:
+def silence_filter(matchers: list[MatcherJson]) -> dict[str, str]:
     """The query narrowing the list to silences with the first equality matcher (Alertmanager compares its
     value as a label value, and ignores a silence's regex matchers there); none without one."""
     for m in matchers:
@@ -113,7 +125,7 @@ class Replica:
         silence = _json(reply, "GET", dict)
         return None if silence.get("status", {}).get("state") == "expired" else silence
 
-    def ours(self, note: dict[str, Any]) -> list[dict[str, Any]]:
+    def ours(self, note: SilenceNote) -> list[dict[str, Any]]:
         """maintd's unexpired silences of the noted event (same createdBy, comment and matchers)."""
         try:
             reply = self._call("GET", "/silences", MAX_LIST_BYTES, params=silence_filter(note["matchers"]))
@@ -124,10 +136,13 @@ class Replica:
                 and s.get("status", {}).get("state") != "expired"
                 and same_matchers(s.get("matchers", []), note["matchers"])]
 
-    def post(self, note: dict[str, Any], want: Window, sid: str | None) -> str:
+    def post(self, note: SilenceNote, want: Window, sid: str | None) -> str:
         """Make (or, with `sid`, change) the silence; the id Alertmanager answers (new when it replaced it)."""
-        body = {"matchers": note["matchers"], "startsAt": instant(want.starts), "endsAt": instant(want.ends),
-                "createdBy": note["created_by"], "comment": note["comment"], **({"id": sid} if sid else {})}
+        body: PostableSilence = {"matchers": note["matchers"], "startsAt": instant(want.starts),
+                                 "endsAt": instant(want.ends), "createdBy": note["created_by"],
+                                 "comment": note["comment"]}
+        if sid:
+            body["id"] = sid
         reply = self._call("POST", "/silences", json=body)
         if reply.status == 404 and sid:  # gone since it was read: make a new one
             return self.post(note, want, None)

@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 from agent.clock import Clock
 from agent.handlers.spec import HandlerSpec, NoOptions, Result, Settings
-from agent.model.events import Event
+from agent.model.events import Event, EventJson
 from agent.model.outcomes import CANCELED, FAILED, OK, PHASES, SKIPPED, TIMED_OUT
 from agent.model.timefmt import iso_z
 
@@ -34,6 +35,17 @@ if TYPE_CHECKING:
 __all__ = ["PHASES", "OK", "FAILED", "TIMED_OUT", "SKIPPED", "CANCELED", "Result", "HandlerSpec", "NoOptions",
            "Settings", "Services", "Context", "Handler"]
 """The plugin API third-party handlers import from here (the pure types live in `agent.handlers.spec`)."""
+
+
+class Payload(TypedDict):
+    """The event as handlers receive it: a hook's stdin JSON, the generic webhook's body."""
+
+    phase: str
+    vm_name: str
+    names_this_vm: bool
+    outcome: str | None
+    dry_run: bool
+    event: EventJson
 
 
 @dataclass
@@ -79,7 +91,7 @@ class Context:
         """Whether the run was cut short because its event left the document (not by a stop)."""
         return self.cancel.is_set() and not self.stopping.is_set()
 
-    def payload(self) -> dict[str, Any]:
+    def payload(self) -> Payload:
         """The event as handlers receive it (stdin JSON, generic webhook body)."""
         return {
             "phase": self.phase,
@@ -160,7 +172,7 @@ class Handler:
         """This handler's note on the event (small JSON it keeps across restarts; shown in /v1/events/{id})."""
         return self.services.store.result(event_id, NOTE_PREFIX + self.spec.name)
 
-    def set_note(self, event_id: str, note: dict[str, Any]) -> None:
+    def set_note(self, event_id: str, note: Mapping[str, Any]) -> None:
         """Keep a note on the event (written through; raises StateError when the disk refuses, kept in memory)."""
         self.services.store.record(event_id, NOTE_PREFIX + self.spec.name, note)
 

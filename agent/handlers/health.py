@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 from urllib.parse import quote
 
 from agent import boundedhttp
 from agent.errors import ConfigValueError
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result
 from agent.handlers.webhook import post, target
+from agent.health.health_json import HealthInformation
 from agent.health.health_store import HealthState
 from agent.model.config_schema import boolean, choice, duration, opt, optional, text
 from agent.model.events import maintenance_property
@@ -75,11 +76,18 @@ def iso_duration(seconds: float) -> str:
     return out if out != "P" else "PT0S"
 
 
+class _Tls(TypedDict):
+    """The TLS arguments of a request to the cluster."""
+
+    cert: str | tuple[str, str] | None
+    verify: bool | str
+
+
 def health_information(prop: str, state: str, description: str, ttl: float | None, remove: bool,
-                       sequence: int) -> dict[str, Any]:
+                       sequence: int) -> HealthInformation:
     """The Service Fabric `HealthInformation` body (SequenceNumber as text, like SF's int64)."""
-    body: dict[str, Any] = {"SourceId": SOURCE_ID, "Property": prop, "HealthState": state, "Description": description,
-                            "SequenceNumber": str(sequence), "RemoveWhenExpired": remove}
+    body: HealthInformation = {"SourceId": SOURCE_ID, "Property": prop, "HealthState": state,
+                               "Description": description, "SequenceNumber": str(sequence), "RemoveWhenExpired": remove}
     if ttl is not None:
         body["TimeToLiveInMilliSeconds"] = iso_duration(ttl)
     return body
@@ -115,7 +123,7 @@ class HealthHandler(Handler):
         node = o.node_name or ctx.vm_name
         url = f"{o.cluster_url.rstrip('/')}/Nodes/{quote(node, safe='')}/$/ReportHealth?{REPORT_QUERY}"
         body = health_information(self._prop(ctx), state, description, ttl, ttl is not None, self._sequence(ctx))
-        tls: dict[str, Any] = {  # per request: a Session's verify loses to $REQUESTS_CA_BUNDLE
+        tls: _Tls = {  # per request: a Session's verify loses to $REQUESTS_CA_BUNDLE
             "cert": (o.client_cert, o.client_key) if o.client_key else o.client_cert, "verify": o.ca_cert or o.verify}
         with boundedhttp.session() as session:
             try:

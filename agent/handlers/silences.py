@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, Final, Literal, NotRequired, TypedDict, cast
 
 from agent.errors import ConfigValueError
 from agent.model.config_schema import did_you_mean, text
@@ -34,6 +34,47 @@ _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 SAMPLE = {"vm": "vm-1", "computer_name": "vm000001", "event_id": "00000000-0000-0000-0000-000000000000",
           "event_type": "Reboot"}
 """Values that stand in for the placeholders when a config is checked."""
+
+
+class MatcherJson(TypedDict):
+    """A matcher as Alertmanager's v2 API writes it (placeholders filled in)."""
+
+    name: str
+    value: str
+    isRegex: bool
+    isEqual: bool
+
+
+NoteState = Literal["keeping", "expiring", "done"]
+"""A note's state: silences kept while the event lasts; to expire once back in rotation; nothing left."""
+KEEPING: Final = "keeping"
+EXPIRING: Final = "expiring"
+DONE: Final = "done"
+
+
+class NotedSilence(TypedDict):
+    """One replica's silence in the handler's note (`id` None: none made yet, the replica failed)."""
+
+    id: str | None
+    starts_at: NotRequired[str]
+    ends_at: NotRequired[str]
+    error: NotRequired[str]
+    """The last failure, while the replica fails."""
+
+
+class SilenceNote(TypedDict):
+    """The `alertmanager` handler's note on an event (kept in the state store, shown in /v1/events/{id})."""
+
+    state: NoteState
+    created_by: str
+    comment: str
+    matchers: list[MatcherJson]
+    not_before: str | None
+    silences: dict[str, NotedSilence]
+    """Replica URL -> its silence."""
+    started_at: NotRequired[str]
+    """When the event was first seen without a NotBefore (its silence's start)."""
+    summary: NotRequired[str]
 
 
 @dataclass(frozen=True)
@@ -55,7 +96,7 @@ class Matcher:
     def __str__(self) -> str:
         return f'{self.name}{self.op}"{self.value}"'
 
-    def expanded(self, fields: dict[str, str]) -> dict[str, Any]:
+    def expanded(self, fields: dict[str, str]) -> MatcherJson:
         """The v2 API's matcher object with the placeholders filled in (escaped in a regex)."""
         return {"name": self.name, "value": expand(self.value, fields, regex=self.is_regex),
                 "isRegex": self.is_regex, "isEqual": self.is_equal}

@@ -20,6 +20,7 @@ from typing import Any
 
 from agent.clock import Clock
 from agent.errors import ReservedSource, StaleReport, TooManyReports
+from agent.health.health_json import EventHealthEvaluation, HealthEventJson
 from agent.model.config_schema import parse_duration_text
 from agent.model.timefmt import iso_z_or_none
 
@@ -82,7 +83,7 @@ class HealthEvent:
         """The state the event counts as: Error once expired, else the reported one."""
         return HealthState.ERROR if self.is_expired else self.report.state
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> HealthEventJson:
         """The Service Fabric HealthEvent fields (SequenceNumber as text, like SF's int64)."""
         r = self.report
         return {
@@ -355,12 +356,12 @@ class HealthStore:
         return max((state for state, _ in evaluated), default=HealthState.OK)
 
     def unhealthy(self, consider_warning_as_error: bool = False,
-                  sources: SourceFilter | None = None) -> list[dict[str, Any]]:
+                  sources: SourceFilter | None = None) -> list[EventHealthEvaluation]:
         """SF EventHealthEvaluations for the events that make the aggregated state what it is."""
         return self._unhealthy(consider_warning_as_error, sources, self.snapshot())
 
     def _unhealthy(self, consider_warning_as_error: bool, sources: SourceFilter | None,
-                   events: list[HealthEvent]) -> list[dict[str, Any]]:
+                   events: list[HealthEvent]) -> list[EventHealthEvaluation]:
         evaluated = self._evaluated(consider_warning_as_error, sources, events)
         worst = max((state for state, _ in evaluated), default=HealthState.OK)
         if worst == HealthState.OK:
@@ -379,7 +380,7 @@ class HealthStore:
         }
 
 
-def _evaluation(state: HealthState, ev: HealthEvent, consider_warning_as_error: bool) -> dict[str, Any]:
+def _evaluation(state: HealthState, ev: HealthEvent, consider_warning_as_error: bool) -> EventHealthEvaluation:
     """One SF EventHealthEvaluation, its Description readable on its own (the probe shows it)."""
     r = ev.report
     label = r.state.label

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TypedDict
 
 from agent.errors import kept_in_memory
 from agent.health.health_store import HealthState, HealthStore
@@ -28,6 +28,22 @@ from agent.model.timefmt import iso_z
 from agent.state.state_store import Store
 
 DRAINS_FLAG = "drains"
+
+
+class Drain(TypedDict):
+    """One drain as the state store's `drains` flag keeps it (and /v1/status shows it), by its key."""
+
+    reason: str
+    since: str
+
+
+class OutOfRotation(TypedDict):
+    """An event's interval out of rotation, kept in the state store under the event (`OUT_OF_ROTATION`)."""
+
+    out_at: str | None
+    back_at: str
+
+
 MANUAL = "manual"
 OUT_OF_ROTATION = "rotation"
 """The state store's record, per event, of when its drain began and was lifted (the fleet history reads it)."""
@@ -62,7 +78,7 @@ class Verdict:
     reason: str
 
 
-def verdict(drains: dict[str, dict[str, Any]], health: HealthState, unhealthy: Sequence[str]) -> Verdict:
+def verdict(drains: dict[str, Drain], health: HealthState, unhealthy: Sequence[str]) -> Verdict:
     """Pure decision: any drain or an Error health takes the VM out of rotation."""
     if drains:
         reasons = "; ".join(f"{key}: {d.get('reason', '')}".rstrip(": ") for key, d in sorted(drains.items()))
@@ -112,7 +128,7 @@ class Rotation:
         self._warning_is_error = consider_warning_as_error
         self._changed()
 
-    def drains(self) -> dict[str, dict[str, Any]]:
+    def drains(self) -> dict[str, Drain]:
         """Current drains: key -> {"reason", "since"}."""
         return dict(self.store.flag(DRAINS_FLAG) or {})
 
@@ -136,13 +152,13 @@ class Rotation:
             if lifted is None:
                 return False
             if event_id is not None and now is not None:  # saved with the drains just below
-                self.store.record(event_id, OUT_OF_ROTATION, {"out_at": lifted.get("since"), "back_at": iso_z(now)},
-                                  wait=False)
+                interval: OutOfRotation = {"out_at": lifted.get("since"), "back_at": iso_z(now)}
+                self.store.record(event_id, OUT_OF_ROTATION, interval, wait=False)
             self._save(drains)
         self._changed()
         return True
 
-    def _save(self, drains: dict[str, dict[str, Any]]) -> None:
+    def _save(self, drains: dict[str, Drain]) -> None:
         with kept_in_memory():
             self.store.set_flag(DRAINS_FLAG, drains or None)
 

@@ -18,9 +18,9 @@ import grp
 import hmac
 import os
 import pwd
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from agent.http.http_connection import is_loopback
 from agent.http.http_wire import Request
@@ -39,12 +39,12 @@ def token_ok(authorization: str | None, token: str | None) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
 
 
-def peer_event_view(view: dict[str, Any]) -> dict[str, Any]:
+def peer_event_view(view: Mapping[str, object]) -> dict[str, object]:
     """The readiness-only view of an event that a peer gets."""
     return {k: view[k] for k in PEER_EVENT_FIELDS if k in view}
 
 
-def peer_health_view(health: dict[str, Any]) -> dict[str, Any]:
+def peer_health_view(health: Mapping[str, object]) -> dict[str, object]:
     """Health as a peer's fleet gate needs it: states per (SourceId, Property), no descriptions."""
     reports = health.get("HealthEvents")
     return {"AggregatedHealthState": health.get("AggregatedHealthState"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from agent import __version__, logs
 from agent.clock import Clock
@@ -19,7 +19,7 @@ from agent.config.config import Config
 from agent.coordination.coordinator import Coordinator
 from agent.handlers.base import NOTE_PREFIX
 from agent.health.health_store import HealthStore, parse_report
-from agent.health.rotation import MANUAL, Rotation
+from agent.health.rotation import MANUAL, Drain, Rotation
 from agent.http.auth import peer_authorized
 from agent.http.routes import ApiError
 from agent.metrics import Metrics
@@ -32,8 +32,14 @@ from agent.prepare.preparation import Preparation
 from agent.state.state_store import Store
 from agent.windows.approval_policy import DEFAULT_PROFILE, Profile
 
-if TYPE_CHECKING:  # the fleet history is the store backend's: a peers daemon never loads it (decision 0220)
-    from agent.coordination.store.fleet_history import FleetHistory
+if TYPE_CHECKING:  # the fleet history and the budget are the store backend's: a peers daemon never loads them
+    from agent.coordination.store.budget_wake import WakeAnswer
+    from agent.coordination.store.fleet_history import FleetHistory, HistoryRead
+
+    class FleetHistoryAnswer(HistoryRead):  # decision 0220
+        """The answer to GET /v1/fleet/history."""
+
+        backend: str
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,56 @@ class LoopView:
         return max(0.0, now - self.last_tick - allowance)
 
 
+class DrainAnswer(TypedDict):
+    """The answer to POST /v1/drain."""
+
+    drained: bool
+    already: bool
+    reason: str
+    note: NotRequired[str]
+    """Only while the state disk refuses writes."""
+
+
+class UndrainAnswer(TypedDict):
+    """The answer to POST /v1/undrain."""
+
+    undrained: bool
+    remaining_drains: dict[str, Drain]
+
+
+class ApproveAnswer(TypedDict):
+    """The answer to POST /v1/events/{id}/approve."""
+
+    event_id: str
+    manual_approval: str
+
+
+class PeerReadyAnswer(TypedDict):
+    """The answer to a peer's POST /v1/events/{id}/ready."""
+
+    event_id: str
+    asked_again: bool
+
+
+class HealthAccepted(TypedDict):
+    """The answer to POST /v1/health."""
+
+    accepted: bool
+    SourceId: str
+    Property: str
+
+
+class FleetView(TypedDict):
+    """The answer to GET /v1/fleet (`maintd fleet`)."""
+
+    vm_name: str | None
+    backend: str
+    events: list[dict[str, Any]]
+    """Each pending event naming this VM, as the backend shows it (its shape is the backend's)."""
+    budget: NotRequired[dict[str, Any]]
+    """The disruption budget's view (store backend with a budget)."""
+
+
 HISTORY_SINCE = "7d"
 """How far back `/v1/fleet/history` reads without `since`."""
 
@@ -70,7 +126,8 @@ class LocalApi:
     def __init__(self, view: Callable[[], LoopView], *, store: Store, health: HealthStore, rotation: Rotation,
                  runner: Runner, coordinator: Coordinator, preparation: Preparation, metrics: Metrics, clock: Clock,
                  peer_token: Callable[[], str | None], history: FleetHistory | None = None,
-                 history_group: Callable[[], str]) -> None:
+                 history_group: Callable[[], str],
+                 budget_wake: Callable[[Any], WakeAnswer] | None = None) -> None:
         self.view = view
         self.store = store
         self.health_store = health
@@ -83,6 +140,7 @@ class LocalApi:
         self.peer_token = peer_token
         self.history = history
         self.history_group = history_group
+        self._budget_wake = budget_wake
         self.log = logs.get("api")
 
     def probe(self) -> tuple[bool, str]:
@@ -142,16 +200,18 @@ class LocalApi:
                 out[eid] = "; ".join(lines)
         return out
 
-    def fleet(self) -> dict[str, Any]:
+    def fleet(self) -> FleetView:
         """Each pending event naming this VM: the VMs it names, their state, who approved (`maintd fleet`)."""
         lv = self.view()
         mine = {eid: t for eid, t in lv.tracked.items() if t.names_self}
         budget = self.coordinator.budget
-        return {"vm_name": lv.vm_name, "backend": lv.config.coordination.backend,
-                "events": self.coordinator.fleet(mine, lv.vm_name, self.runner.is_ready),
-                **({"budget": budget.snapshot} if budget is not None else {})}
+        view: FleetView = {"vm_name": lv.vm_name, "backend": lv.config.coordination.backend,
+                           "events": self.coordinator.fleet(mine, lv.vm_name, self.runner.is_ready)}
+        if budget is not None:
+            view["budget"] = budget.snapshot
+        return view
 
-    def fleet_history(self, since: str | None) -> dict[str, Any]:
+    def fleet_history(self, since: str | None) -> FleetHistoryAnswer:
         """The group's past events from the store (`maintd fleet --history`); 409 on the peer backend."""
         if self.history is None:
             raise ApiError(409, "fleet history needs the store backend (coordination.backend: azure_blob); "
@@ -199,8 +259,8 @@ class LocalApi:
             "not_ready": (self.runner.not_ready(tracked)
                           if tracked is not None and tracked.event.status == SCHEDULED else []),
             "results": self.store.results(event_id),
-            "history": (record or {}).get("history", []),
-            "outcome": (record or {}).get("outcome"),
+            "history": record.get("history", []) if record is not None else [],
+            "outcome": record.get("outcome") if record is not None else None,
             **coordination,
             "plan": self.preparation.view(event_id, coordination),
         }
@@ -211,21 +271,23 @@ class LocalApi:
     def health(self) -> dict[str, Any]:
         return self.health_store.to_json(self.view().config.health.consider_warning_as_error)
 
-    def drain(self, reason: str, by: str) -> dict[str, Any]:
+    def drain(self, reason: str, by: str) -> DrainAnswer:
         created = self.rotation.drain(MANUAL, reason, self.clock.now())
         self.log.warning("rotation.drained", key=MANUAL, reason=reason, new=created, by=by)
         self.store.journal("rotation.drained", key=MANUAL, reason=reason, by=by)
-        saved = {} if self.rotation.saved else {"note": "in effect; not yet saved: the state disk refuses writes "
-                                                        "(maintd retries; see maintd status)"}
-        return {"drained": True, "already": not created, "reason": reason, **saved}
+        answer: DrainAnswer = {"drained": True, "already": not created, "reason": reason}
+        if not self.rotation.saved:
+            answer["note"] = ("in effect; not yet saved: the state disk refuses writes "
+                              "(maintd retries; see maintd status)")
+        return answer
 
-    def undrain(self, by: str) -> dict[str, Any]:
+    def undrain(self, by: str) -> UndrainAnswer:
         removed = self.rotation.undrain(MANUAL)
         self.log.info("rotation.undrained", key=MANUAL, was_drained=removed, by=by)
         self.store.journal("rotation.undrained", key=MANUAL, by=by)
         return {"undrained": removed, "remaining_drains": self.rotation.drains()}
 
-    def approve(self, event_id: str, by: str) -> dict[str, Any]:
+    def approve(self, event_id: str, by: str) -> ApproveAnswer:
         """Record an operator's approval (`maintd approve`); the coordinator sends it. `by`: the caller."""
         tracked = self.view().tracked.get(event_id)
         if tracked is None:
@@ -238,13 +300,22 @@ class LocalApi:
         self.preparation.release(event_id, "operator")  # an operator's go starts a held preparation
         return {"event_id": event_id, "manual_approval": "recorded"}
 
-    def peer_ready(self, event_id: str, body: Any) -> dict[str, Any]:
+    def peer_ready(self, event_id: str, body: Any) -> PeerReadyAnswer:
         vm = body.get("vm") if isinstance(body, dict) else None
         if not isinstance(vm, str) or not vm:
             raise ApiError(400, 'body must be {"vm": "name of the peer that became ready"}')
         return {"event_id": event_id, "asked_again": self.coordinator.hint(event_id, vm)}
 
-    def report_health(self, body: Any) -> dict[str, Any]:
+    def budget_wake(self, body: Any) -> WakeAnswer:
+        """A wake hint of the disruption budget (`store/budget.Budget.wake`); 409 when this VM has no budget."""
+        if self._budget_wake is None:
+            raise ApiError(409, "no disruption budget here (coordination.budget with backend azure_blob)")
+        try:
+            return self._budget_wake(body)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+
+    def report_health(self, body: Any) -> HealthAccepted:
         try:
             report = parse_report(body)
             self.health_store.report(report)

@@ -27,6 +27,7 @@ from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.timefmt import parse_iso
 from agent.prepare.handler_runner import Runner
 from agent.prepare.run_records import RunKey
+from agent.state.state_file import EventRecord
 from agent.state.state_store import Store
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def _instant(value: Any) -> datetime | None:
     return parse_iso(value) if isinstance(value, str) and value else None
 
 
-def outcome_for(vm: str, record: dict[str, Any], results: dict[str, dict[str, Any]], prepared: bool,
+def outcome_for(vm: str, record: EventRecord, results: dict[str, dict[str, Any]], prepared: bool,
                 chosen: str | None) -> VmOutcome:
     """This VM's outcome for an event that ended, from its state store's records (ValueError, KeyError or
     TypeError on a record of the wrong shape)."""
@@ -128,7 +129,7 @@ class EventEnds:
                 self.log.warning("history.unreadable_event", event_id=eid, error=f"{type(exc).__name__}: {exc}"[:300],
                                  effect="this VM records no fleet history for the event")
 
-    def _consider(self, vm_name: str, eid: str, rec: dict[str, Any], note: dict[str, Any] | None,
+    def _consider(self, vm_name: str, eid: str, rec: EventRecord, note: dict[str, Any] | None,
                   now: datetime) -> None:
         from agent.coordination.store.fleet_history import due, finished
 

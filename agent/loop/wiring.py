@@ -140,7 +140,7 @@ class Parts:
         self.keeper = Keeper(lambda: self.runner.handlers, clock)
         self._on_result = callbacks.handler_result
         backend = self._store_backend(callbacks)
-        self.budget = self._budget(backend, callbacks)
+        self.budget = make_budget(self, backend, callbacks)
         if self.budget is not None and self.vm_name is not None:  # named in the config: no IMDS topology
             self.budget.identify(self.vm_name, "", "", "")
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
@@ -174,19 +174,7 @@ class Parts:
                             local_health=self.health_json,
                             warning_as_error=lambda: self.config.health.consider_warning_as_error)
 
-    def _budget(self, backend: StoreBackend | None, callbacks: Callbacks) -> Budget | None:
-        """The disruption budget, when the config asks for one (the store backend only: refused otherwise)."""
-        c = self.config.coordination
-        if backend is None or c.budget is None:
-            return None
-        from agent.coordination.store.budget import Budget
-        states = {"ok": HealthState.OK, "warning": HealthState.WARNING}
-        return Budget(c.budget, store=backend.exchange.store, describe=backend.config.describe, clock=self.clock,
-                      on_change=callbacks.coordination_changed, metrics=self.metrics,
-                      health=lambda prop, state, text: self.health.set("coordination", prop, states[state], text),
-                      needs=self.preparation_needs, lead_time=self._lead_seconds)
-
-    def _lead_seconds(self) -> float:
+    def lead_seconds(self) -> float:
         lead = self.config.prepare.lead_time
         return 0.0 if lead == NOW else float(lead)
 
@@ -380,12 +368,30 @@ class Parts:
             self.store.flush()
 
 
+def make_budget(parts: Parts, backend: StoreBackend | None, callbacks: Callbacks) -> Budget | None:
+    """The disruption budget, when the config asks for one (the store backend only: refused otherwise)."""
+    c = parts.config.coordination
+    if backend is None or c.budget is None:
+        return None
+    from agent.coordination.store.budget import Budget
+    from agent.coordination.store.budget_wake import WakeSender, advertised, primary_ip
+
+    states = {"ok": HealthState.OK, "warning": HealthState.WARNING}
+    return Budget(c.budget, store=backend.exchange.store, describe=backend.config.describe, clock=parts.clock,
+                  on_change=callbacks.coordination_changed, metrics=parts.metrics,
+                  health=lambda prop, state, text: parts.health.set("coordination", prop, states[state], text),
+                  needs=parts.preparation_needs, lead_time=parts.lead_seconds,
+                  wake_sender=WakeSender(parts.peer_token, parts.metrics),
+                  url=advertised(c.budget.advertise, parts.config.server.listen, primary_ip))
+
+
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:
     """The API facade over the parts it reads and the loop's published view."""
     return LocalApi(view, store=parts.store, health=parts.health, rotation=parts.rotation, runner=parts.runner,
                     coordinator=parts.coordinator, preparation=parts.preparation, metrics=parts.metrics,
                     clock=parts.clock, peer_token=parts.peer_token, history=parts.history,
-                    history_group=parts.history_group)
+                    history_group=parts.history_group,
+                    budget_wake=parts.budget.wake if parts.budget is not None else None)
 
 
 def serve(parts: Parts, view: Callable[[], LoopView], sock: Any = None) -> tuple[ApiServer, TcpProbe | None]:

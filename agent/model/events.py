@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypedDict
 
 from agent.errors import DocumentError
 from agent.httpdates import parse_http_date
@@ -48,6 +48,21 @@ MAX_ID = 128
 """Longest EventId, EventType, EventStatus, ResourceType, EventSource or NotBefore read (an EventId is 36)."""
 MAX_DESCRIPTION = 4_096
 """Longest Description kept, its cut marker included."""
+
+
+class EventJson(TypedDict):
+    """An event in IMDS field names (`Event.to_json`): in the state file, /v1/events and the webhook's body."""
+
+    EventId: str
+    EventType: str
+    ResourceType: str
+    Resources: list[str]
+    EventStatus: str
+    NotBefore: str
+    Description: str
+    EventSource: str
+    DurationInSeconds: int
+    LiveMigration: bool
 
 
 def maintenance_property(event_id: str) -> str:
@@ -93,7 +108,7 @@ class Event:
         """EventType as a bounded metric label: the known types, or `Other`."""
         return self.event_type if self.event_type in KNOWN_TYPES else "Other"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> EventJson:
         """The event in IMDS field names, NotBefore as ISO 8601 (or "")."""
         return {
             "EventId": self.event_id,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from agent.model.approval import ALLOWING, MANUAL
 from agent.model.config_schema import fmt_duration, opt
@@ -59,6 +59,29 @@ def fmt_lead(lead: LeadTime) -> str:
     return NOW if lead == NOW else fmt_duration(float(lead))
 
 
+class WindowJson(TypedDict):
+    """The `window` of a plan's JSON."""
+
+    profile: str
+    approval: str
+    start: str | None
+    end: str | None
+
+
+class PlanJson(TypedDict):
+    """A plan as the `plan` object of /v1/events/{id} and the `plan.*` journal lines show it."""
+
+    prepare_at: str | None
+    prepare_reason: str
+    prepare_detail: str
+    approve_not_before: str | None
+    approve_reason: str
+    approve_detail: str
+    not_before: str | None
+    lead_time: str
+    window: WindowJson | None
+
+
 @dataclass(frozen=True)
 class Window:
     """From `start`, `profile` (approval `mode`) lets this VM approve the event, until `end` (None: past NotBefore)."""
@@ -68,7 +91,7 @@ class Window:
     profile: str
     mode: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> WindowJson:
         return {"profile": self.profile, "approval": self.mode, "start": iso_z_or_none(self.start),
                 "end": iso_z_or_none(self.end)}
 
@@ -91,7 +114,7 @@ class Plan:
         """Whether preparation should have started by `now`."""
         return self.prepare_at <= now
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PlanJson:
         return {"prepare_at": iso_z_or_none(self.prepare_at), "prepare_reason": self.prepare_reason,
                 "prepare_detail": self.prepare_detail, "approve_not_before": iso_z_or_none(self.approve_not_before),
                 "approve_reason": self.approve_reason, "approve_detail": self.approve_detail,
@@ -200,7 +223,7 @@ def make_plan(event: Event, profiles: tuple[Profile, ...], prepare: PrepareConfi
                 lead_time=lead, window=window)
 
 
-def with_coordination(plan: dict[str, Any], coordination: dict[str, Any]) -> dict[str, Any]:
+def with_coordination(plan: PlanJson, coordination: dict[str, Any]) -> PlanJson:
     """A plan's JSON with what holds the approval right now (a gate, peers) from the coordinator's view."""
     held = coordination.get("approval_held")
     decision = str(coordination.get("approval_decision") or "")

@@ -18,13 +18,14 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from agent import jsonsafe
 from agent.clock import Clock
 from agent.errors import StateError
-from agent.model.events import parse_event
+from agent.model.events import EventJson, parse_event
 from agent.model.timefmt import parse_iso
+from agent.model.tracker import TransitionKind, VanishOutcome
 from agent.pathtrust import first_problem
 
 STATE_FILE = "state.json"
@@ -34,6 +35,41 @@ STATE_FORMAT = 1
 field says `"version": 1` instead: that is format 1."""
 MAX_STATE_BYTES = 64 * 1024 * 1024
 """Largest state file read back (a week of events with hook output tails is well under 10 MB)."""
+
+
+class HistoryEntry(TypedDict):
+    """One transition in an event's stored history (also in /v1/events/{id})."""
+
+    kind: TransitionKind
+    at: str
+    status: str
+    outcome: NotRequired[VanishOutcome]
+
+
+class EventRecord(TypedDict):
+    """One event in state.json, present or vanished (its layout: `agent.state.state_store`)."""
+
+    event: EventJson
+    names_self: bool
+    first_seen: str
+    history: list[HistoryEntry]
+    boot_id: NotRequired[str]
+    seen_started: NotRequired[bool]
+    not_before: NotRequired[str]
+    """The last NotBefore seen, kept once IMDS sends "" for a started event."""
+    vanished_at: NotRequired[str | None]
+    outcome: NotRequired[VanishOutcome | None]
+
+
+class StateData(TypedDict):
+    """The state object: `check_shape` makes sure a file read back has this shape."""
+
+    format: int
+    events: dict[str, EventRecord]
+    results: dict[str, dict[str, dict[str, Any]]]
+    """EventId -> key -> a handler's result, an approval record or a handler's note: each its writer's shape."""
+    flags: dict[str, dict[str, Any]]
+    """Name -> a JSON object (the drains)."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +164,7 @@ def _need(ok: bool, where: str, problem: str) -> None:
         raise ValueError(f"{where}: {problem}")
 
 
-def read_state(path: Path, clock: Clock) -> tuple[dict[str, Any] | None, LoadReport]:
+def read_state(path: Path, clock: Clock) -> tuple[StateData | None, LoadReport]:
     """The state object at `path` (None when there is none or it was unusable and moved aside)."""
     for leftover in path.parent.glob(f".{path.name}.*"):  # temp files of a write cut short by a crash
         try:
@@ -153,7 +189,7 @@ def read_state(path: Path, clock: Clock) -> tuple[dict[str, Any] | None, LoadRep
     data.setdefault("flags", {})
     data.pop("version", None)  # format 1 as written before the `format` field
     data["format"] = STATE_FORMAT
-    return data, LoadReport(len(data["events"]))
+    return cast(StateData, data), LoadReport(len(data["events"]))
 
 
 def set_aside(path: Path, clock: Clock, label: str) -> str:

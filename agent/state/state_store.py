@@ -52,7 +52,16 @@ from agent.model.timefmt import iso_z, parse_iso
 from agent.model.tracker import VANISHED, Tracked, Transition
 from agent.state.journal import JOURNAL_FILE, set_aside_newer
 from agent.state.journal import append as append_journal
-from agent.state.state_file import STATE_FILE, STATE_FORMAT, LoadReport, read_state, replace_file
+from agent.state.state_file import (
+    STATE_FILE,
+    STATE_FORMAT,
+    EventRecord,
+    HistoryEntry,
+    LoadReport,
+    StateData,
+    read_state,
+    replace_file,
+)
 
 
 class Store:
@@ -70,7 +79,7 @@ class Store:
         self._lock = threading.Lock()  # the in-memory state; never held across file I/O
         self._io = threading.Lock()  # one writer at a time (state file and journal)
         self._writer_done = threading.Condition(self._lock)
-        self._data: dict[str, Any] = {"format": STATE_FORMAT, "events": {}, "results": {}, "flags": {}}
+        self._data: StateData = {"format": STATE_FORMAT, "events": {}, "results": {}, "flags": {}}
         self._generation = 0  # bumped by every change
         self._saved = 0  # the generation on disk
         self._lines: list[str] = []  # journal lines not yet appended
@@ -174,24 +183,24 @@ class Store:
                                    rec.get("boot_id", ""), rec.get("seen_started", False))
             return out
 
-    def event_record(self, event_id: str) -> dict[str, Any] | None:
+    def event_record(self, event_id: str) -> EventRecord | None:
         """The stored record of one event (present or vanished), as a copy."""
         with self._lock:
             rec = self._data["events"].get(event_id)
-            return json.loads(json.dumps(rec)) if rec is not None else None
+            return cast(EventRecord, json.loads(json.dumps(rec))) if rec is not None else None
 
-    def event_records(self) -> dict[str, dict[str, Any]]:
+    def event_records(self) -> dict[str, EventRecord]:
         """Every stored event record, as copies."""
         with self._lock:
-            return cast(dict[str, dict[str, Any]], json.loads(json.dumps(self._data["events"])))
+            return cast(dict[str, EventRecord], json.loads(json.dumps(self._data["events"])))
 
-    def gone_records(self, skip: Container[str] = ()) -> dict[str, dict[str, Any]]:
+    def gone_records(self, skip: Container[str] = ()) -> dict[str, EventRecord]:
         """The records of the events naming this VM that have left the document, but those in `skip`, as copies
         (only those are copied)."""
         with self._lock:
             gone = {eid: rec for eid, rec in self._data["events"].items()
                     if rec.get("vanished_at") and rec.get("names_self") and eid not in skip}
-            return cast(dict[str, dict[str, Any]], json.loads(json.dumps(gone)))
+            return cast(dict[str, EventRecord], json.loads(json.dumps(gone)))
 
     def apply(self, tracked: dict[str, Tracked], transitions: list[Transition]) -> None:
         """Store the tracker's new view and each transition (history, journal); written in the background."""
@@ -199,16 +208,20 @@ class Store:
             events = self._data["events"]
             changed = bool(transitions) or self._view_changed(tracked)
             for eid, t in tracked.items():
-                rec = events.setdefault(eid, {"history": []})
-                rec.update(event=t.event.to_json(), names_self=t.names_self, first_seen=iso_z(t.first_seen),
-                           boot_id=t.boot_id, seen_started=t.seen_started, vanished_at=None, outcome=None)
+                event, first_seen = t.event.to_json(), iso_z(t.first_seen)
+                rec = events.setdefault(eid, {"event": event, "names_self": t.names_self, "first_seen": first_seen,
+                                              "history": []})
+                rec.update({"event": event, "names_self": t.names_self, "first_seen": first_seen, "boot_id": t.boot_id,
+                            "seen_started": t.seen_started, "vanished_at": None, "outcome": None})
                 if t.event.not_before is not None:  # kept once the event has started (IMDS then sends "")
                     rec["not_before"] = iso_z(t.event.not_before)
             for tr in transitions:
                 rec = events.setdefault(tr.event.event_id, {"history": [], "event": tr.event.to_json(),
                                                             "names_self": tr.names_self, "first_seen": iso_z(tr.at)})
-                rec["history"].append({"kind": tr.kind, "at": iso_z(tr.at), "status": tr.event.status,
-                                       **({"outcome": tr.outcome} if tr.outcome else {})})
+                entry: HistoryEntry = {"kind": tr.kind, "at": iso_z(tr.at), "status": tr.event.status}
+                if tr.outcome:
+                    entry["outcome"] = tr.outcome
+                rec["history"].append(entry)
                 if tr.kind == VANISHED:
                     rec["vanished_at"] = iso_z(tr.at)
                     rec["outcome"] = tr.outcome
@@ -229,7 +242,7 @@ class Store:
         cutoff = now - timedelta(seconds=self.retention)
         with self._lock:
             gone = [eid for eid, rec in self._data["events"].items()
-                    if rec.get("vanished_at") and parse_iso(rec["vanished_at"]) < cutoff]
+                    if (at := rec.get("vanished_at")) and parse_iso(at) < cutoff]
             for eid in gone:
                 del self._data["events"][eid]
                 self._data["results"].pop(eid, None)
@@ -263,7 +276,7 @@ class Store:
         """Store a result and write it through; raises StateError if the disk refused (kept in memory).
         With `wait=False` (the loop's path) it returns at once and the background writer saves it."""
         with self._lock:
-            self._data["results"].setdefault(event_id, {})[key] = value
+            self._data["results"].setdefault(event_id, {})[key] = dict(value)
             if journal:
                 self._queue_line(journal, event_id=event_id, key=key, **value)
             generation = self._changed()

@@ -51,6 +51,10 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
         time.sleep(interval)
 
 
+class PortTaken(AssertionError):
+    """maintd could not bind its port: another process took it between `free_port` and the bind."""
+
+
 class Process:
     """A child process whose stderr JSON lines are collected on a thread."""
 
@@ -62,7 +66,8 @@ class Process:
         self.raw: list[str] = []
         self._lock = threading.Lock()
         self.stdout: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read_err, daemon=True).start()
+        self.err_reader = threading.Thread(target=self._read_err, daemon=True)
+        self.err_reader.start()
         threading.Thread(target=self._read_out, daemon=True).start()
 
     def _read_err(self) -> None:
@@ -147,7 +152,17 @@ class Agent(Process):
 
     def __init__(self, workdir: Path, imds_url: str, name: str, extra: dict[str, Any] | None = None,
                  env: dict[str, str] | None = None, port: int | None = None) -> None:
-        self.port = port or free_port()
+        for attempt in range(3):  # a port of our choosing that another process took first: choose again
+            try:
+                self._start_on(port or free_port(), workdir, imds_url, name, extra, env)
+                return
+            except PortTaken:
+                if port is not None or attempt == 2:
+                    raise
+
+    def _start_on(self, port: int, workdir: Path, imds_url: str, name: str, extra: dict[str, Any] | None,
+                  env: dict[str, str] | None) -> None:
+        self.port = port
         self.env = {**CLEAN_ENV, **(env or {})}
         self.workdir = workdir
         self.base = f"http://127.0.0.1:{self.port}"
@@ -186,7 +201,12 @@ class Agent(Process):
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:
-            raise AssertionError(f"maintd exited with {self.proc.returncode}: " + "".join(self.raw[-20:]))
+            self.err_reader.join(5)
+            why = f"maintd exited with {self.proc.returncode}: " + "".join(self.raw[-20:])
+            if any(e.get("event") == "server.bind_failed" and "Address already in use" in str(e.get("error"))
+                   for e in self.events()):
+                raise PortTaken(why)
+            raise AssertionError(why)
         try:
             return self.http.get(self.base + "/healthz", timeout=1).status_code == 200
         except requests.RequestException:

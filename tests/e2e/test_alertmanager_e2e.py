@@ -27,14 +27,14 @@ def test_the_vms_alert_is_silenced_during_maintenance_across_a_restart_and_not_a
              "urls": [am.url], "matchers": ['instance=~"{vm}(:[0-9]+)?"'], "margin": "2m", "recheck": "1s"},
             {"name": "drain", "type": "drain", "phases": ["scheduled", "completed"]}]})
     eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=300)
-    wait_until(lambda: agent.get("/probe").status_code == 503, 5, "the VM to leave rotation")
-    silenced = wait_until(lambda: am.silenced_by(instance=INSTANCE), 5, "the VM's alert to be silenced")
+    wait_until(lambda: agent.get("/probe").status_code == 503, 20, "the VM to leave rotation")
+    silenced = wait_until(lambda: am.silenced_by(instance=INSTANCE), 20, "the VM's alert to be silenced")
     assert am.silenced_by(instance="vm-2:9100") == []
     (silence,) = am.live()
     assert silenced == [silence["id"]] and silence["createdBy"] == "maintd@vm-1" and eid in silence["comment"]
     note = wait_until(lambda: agent.get(f"/v1/events/{eid}").json()["results"].get("note:silence", {})
                       .get("silences", {}).get(am.url, {}).get("id") == silence["id"]
-                      and agent.get(f"/v1/events/{eid}").json()["results"]["note:silence"], 5,
+                      and agent.get(f"/v1/events/{eid}").json()["results"]["note:silence"], 20,
                       "the silence id in /v1/events/{id}")
     assert note["silences"][am.url]["ends_at"] and silence["id"] in note["summary"]
     status = agent.get("/v1/status").json()["notes"][eid]  # what `maintd status` prints
@@ -46,8 +46,8 @@ def test_the_vms_alert_is_silenced_during_maintenance_across_a_restart_and_not_a
     assert [s["id"] for s in am.live()] == [silence["id"]], "a restart never makes a second silence"
 
     agent.wait_log("event.completed", event_id=eid, timeout=60)
-    wait_until(lambda: agent.get("/probe").status_code == 200, 10, "the VM back in rotation")
-    wait_until(lambda: not am.silenced_by(instance=INSTANCE), 10, "the silence to be expired")
+    wait_until(lambda: agent.get("/probe").status_code == 200, 20, "the VM back in rotation")
+    wait_until(lambda: not am.silenced_by(instance=INSTANCE), 20, "the silence to be expired")
     assert am.live() == []
     made = am.silences("expired")
     assert silence["id"] in [s["id"] for s in made]

@@ -1,5 +1,7 @@
 """The disruption budget with real agents, the emulator and Azurite: a wave of separate events spread out in
-time, one member out at a time, the late ones forced at their last safe moment, the store down."""
+time, one member out at a time, the late ones forced at their last safe moment, the store down; a release hands
+the place to the next member, whose wake hint (POST /v1/budget/wake) makes it leave at once, and which still
+gets there through its fallback read when the hint cannot reach it."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from typing import Any
 import pytest
 
 from tests.azurite import Azurite, azurite, start  # noqa: F401 - the fixture
-from tests.e2e.harness import Agent, wait_until
-from tests.e2e.test_store_e2e import store_config
+from tests.e2e.harness import Agent, free_port, wait_until
+from tests.e2e.test_store_e2e import metric, store_config
 from tests.test_cli import maintd
 
 pytestmark = pytest.mark.e2e
@@ -47,15 +49,24 @@ class ProbeSampler:
         self.thread.join(5)
 
 
-def budget(server: Azurite, container: str, workdir: Path, **config: Any) -> dict[str, Any]:
-    cfg = store_config(server, container, workdir, budget={"group": "web", "max_unavailable": 1, **config})
+def budget(server: Azurite, container: str, workdir: Path, port: int, **config: Any) -> dict[str, Any]:
+    """The member's config: the store, the budget (it takes wake hints on its own port: the test agents listen
+    on loopback, where `advertise: auto` is none), the drain."""
+    cfg = store_config(server, container, workdir, budget={"group": "web", "max_unavailable": 1,
+                                                           "advertise": f"http://127.0.0.1:{port}", **config})
     return {**cfg, **DRAIN}
 
 
-def wave(start_emulator, start_agent, azurite: Azurite, tmp_path: Path, notice: float):
+def members(start_agent, emu, azurite: Azurite, tmp_path: Path, vms: list[str], **config: Any) -> dict[str, Agent]:
     container = azurite.new_container()
+    ports = {vm: free_port() for vm in vms}
+    return {vm: start_agent(emu, vm, budget(azurite, container, tmp_path / f"{vm}-conf", ports[vm], **config),
+                            port=ports[vm]) for vm in vms}
+
+
+def wave(start_emulator, start_agent, azurite: Azurite, tmp_path: Path, notice: float):
     emu = start_emulator(VMS)
-    agents = {vm: start_agent(emu, vm, budget(azurite, container, tmp_path / f"{vm}-conf")) for vm in VMS}
+    agents = members(start_agent, emu, azurite, tmp_path, VMS)
     sampler = ProbeSampler(agents)
     begun = time.time()  # NotBefore is `notice` after this, or a little later
     for vm in VMS:
@@ -112,9 +123,8 @@ def test_the_store_stopped_no_member_leaves_rotation_early_and_all_prepare_at_th
     """Azurite stopped before the wave: nobody drains before its last safe moment (NotBefore - drain wait - 5 s),
     all are drained before NotBefore, and the budget Warning names the store."""
     server = start(tmp_path / "azurite")
-    container = server.new_container()
     emu = start_emulator(VMS)
-    agents = {vm: start_agent(emu, vm, budget(server, container, tmp_path / f"{vm}-conf")) for vm in VMS}
+    agents = members(start_agent, emu, server, tmp_path, VMS)
     server.stop()
     begun = time.time()
     sampler = ProbeSampler(agents)
@@ -140,11 +150,10 @@ def test_the_store_stopped_no_member_leaves_rotation_early_and_all_prepare_at_th
 def test_a_member_killed_while_out_frees_its_place_after_release_after(
         start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
     """Two members, one place: the holder is killed -9 while out; the other takes the place once release_after
-    (15 s, store time) has passed since the holder's last renewal, and not before."""
-    container = azurite.new_container()
+    (15 s, store time) has passed since the holder's last renewal (and its next read: a 5 s fallback poll here),
+    and not before."""
     emu = start_emulator(VMS[:2])
-    agents = {vm: start_agent(emu, vm, budget(azurite, container, tmp_path / f"{vm}-conf", release_after="15s"))
-              for vm in VMS[:2]}
+    agents = members(start_agent, emu, azurite, tmp_path, VMS[:2], release_after="15s", fallback_poll="5s")
     first = VMS[0]
     emu.add_event(event_type="Reboot", resources=[first], notice=600, duration_seconds=2)
     agents[first].wait_log("budget.acquired", timeout=30)
@@ -165,8 +174,10 @@ def test_spread_zone_with_two_zones_never_both_zones_out(
     container = azurite.new_container()
     emu = start_emulator(VMS, "--zones", "2")
     zone = {vm: str(i % 2 + 1) for i, vm in enumerate(VMS)}
-    agents = {vm: start_agent(emu, vm, {**budget(azurite, container, tmp_path / f"{vm}-conf", max_unavailable=2,
-                                                 spread="zone"), "identity": {"name": "auto"}}) for vm in VMS}
+    ports = {vm: free_port() for vm in VMS}
+    agents = {vm: start_agent(emu, vm, {**budget(azurite, container, tmp_path / f"{vm}-conf", ports[vm],
+                                                 max_unavailable=2, spread="zone"), "identity": {"name": "auto"}},
+                              port=ports[vm]) for vm in VMS}
     zones_out: list[set[str]] = []
     stop = threading.Event()
 
@@ -188,3 +199,52 @@ def test_spread_zone_with_two_zones_never_both_zones_out(
     assert max(len(z) for z in zones_out) == 1, "two zones out at once"
     assert {z for s in zones_out for z in s} == {"1", "2"}
     assert all(emu.approvals(vm)[0]["time"] < begun + 110 for vm in VMS)
+
+
+def handoff(start_emulator, start_agent, azurite: Azurite, tmp_path: Path, **second: Any) -> tuple[float, float]:
+    """Two members, one place, a 10-minute fallback poll: the first holds the place, the second waits; when the
+    first is back in rotation (its release), how long until the second is out of rotation (its /probe down).
+    `second`: the waiting member's own budget keys. The probes are never down together."""
+    emu = start_emulator(VMS[:2])
+    container = azurite.new_container()
+    ports = {vm: free_port() for vm in VMS[:2]}
+    first, waiter = VMS[:2]
+    agents = {vm: start_agent(emu, vm, budget(azurite, container, tmp_path / f"{vm}-conf", ports[vm],
+                                              **({"fallback_poll": "10m"} | (second if vm == waiter else {}))),
+                              port=ports[vm]) for vm in VMS[:2]}
+    sampler = ProbeSampler(agents)
+    try:
+        emu.add_event(event_type="Reboot", resources=[first], notice=300, duration_seconds=2)
+        agents[first].wait_log("budget.acquired", timeout=30)
+        emu.add_event(event_type="Reboot", resources=[waiter], notice=300, duration_seconds=2)
+        agents[waiter].wait_log("budget.waiting", timeout=30)
+        released = agents[first].wait_log("budget.released", timeout=90)
+        released_at = datetime.fromisoformat(released["timestamp"]).timestamp()
+        wait_until(lambda: agents[waiter].get("/probe").status_code != 200, 240, f"{waiter} out of rotation")
+        left = time.time() - released_at
+    finally:
+        sampler.close()
+    assert sampler.most_down == 1
+    assert agents[waiter].events("budget.acquired") and not agents[waiter].events("budget.forced")
+    return left, metric(agents[first], "maintd_budget_wake_hints_total", outcome="failed")
+
+
+def test_a_release_hands_the_place_over_and_the_hint_makes_the_next_member_leave_within_seconds(
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
+    """With a 10-minute fallback poll, the waiting member is out of rotation within a few seconds of the holder's
+    release: the release handed it the place and its hint woke it (the figure goes to bench/budget.py)."""
+    left, failed = handoff(start_emulator, start_agent, azurite, tmp_path)
+    print(f"\nrelease -> next member out of rotation, hinted: {left:.2f} s")
+    assert left < 20, f"{left:.1f} s from the release to the next member out of rotation"
+    assert failed == 0
+
+
+def test_a_hint_that_cannot_reach_the_member_costs_only_its_fallback_read(
+        start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
+    """The waiting member advertises an address where nothing listens: the hint fails (counted), and its fallback
+    read (15 s here) still finds the place the release handed it."""
+    left, failed = handoff(start_emulator, start_agent, azurite, tmp_path, advertise=f"http://127.0.0.1:{free_port()}",
+                           fallback_poll="15s")
+    print(f"\nrelease -> next member out of rotation, hint unreachable, 15 s fallback poll: {left:.2f} s")
+    assert left < 60, f"{left:.1f} s from the release to the next member out of rotation"
+    assert failed >= 1

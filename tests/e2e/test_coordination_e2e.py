@@ -18,7 +18,7 @@ WAIT_FOR_GO = "import os, time\nwhile not os.path.exists(os.environ['GO']): time
 
 
 def fleet(start_emulator, start_agent, extra_for=lambda vm: {}, coordination=None):
-    emu = start_emulator(VMS, "--started-duration", "2")
+    emu = start_emulator(VMS, "--started-duration", "5")  # each VM must see Started, even after a stalled poll
     ports = {vm: free_port() for vm in VMS}
     peers = {vm: f"http://127.0.0.1:{p}" for vm, p in ports.items()}
     agents = {}

@@ -40,7 +40,8 @@ def test_polls_on_cadence_with_the_imds_headers_and_no_proxy(start_emulator, sta
 
 def test_reboot_for_this_vm_is_tracked_approved_and_completed(start_emulator, start_agent):
     """appeared → approval → Started → gone: each transition logged, persisted and journaled."""
-    emu = start_emulator(["vm-1", "vm-2"], "--started-duration", "1")
+    # Started for 3 s: a poll stalled for longer than that on a loaded host would miss the Started state
+    emu = start_emulator(["vm-1", "vm-2"], "--started-duration", "3")
     agent = start_agent(emu, "vm-1")
     eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=120)
     appeared = agent.wait_log("event.appeared", event_id=eid)

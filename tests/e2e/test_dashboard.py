@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -64,9 +65,10 @@ def panel_queries(instance: str) -> dict[str, list[str]]:
 class Prometheus:
     """Debian's `prometheus` on 127.0.0.1 scraping one maintd every second, with the shipped alert rules."""
 
-    def __init__(self, workdir: Path, target: str, until: float) -> None:
+    def __init__(self, workdir: Path, target: str) -> None:
         shutil.copy(ROOT / "packaging/prometheus/alerts.yml", workdir / "alerts.yml")
-        (workdir / "blocker.yml").write_text(BLOCKER.format(until=until))
+        self.blocker = workdir / "blocker.yml"
+        self.blocker.write_text(BLOCKER.format(until=time.time() + 3600))  # fires until `lift`
         (workdir / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": ["alerts.yml", "blocker.yml"],
@@ -90,6 +92,11 @@ class Prometheus:
                    and not math.isnan(float(s["value"][1]))
                    for expr in exprs for s in self.query(expr))
 
+    def lift(self) -> None:
+        """Stop the blocker firing: its rule rewritten to fire never, the rules reloaded (SIGHUP)."""
+        self.blocker.write_text(BLOCKER.format(until=0))
+        self.proc.send_signal(signal.SIGHUP)
+
     def up(self) -> bool:
         try:
             return bool(self.query('up{job="maintd"} == 1'))
@@ -108,7 +115,7 @@ def test_every_panel_and_alert_query_parses_and_shows_the_situation_it_is_for(st
     """A held Reboot (gate), a Freeze waiting for its lead time, then the approval: every dashboard and alert
     expression parses, and each panel returns series in the situation it is for ("No data" is a bug)."""
     port = free_port()
-    prom = Prometheus(tmp_path, f"127.0.0.1:{port}", until=time.time() + 40)
+    prom = Prometheus(tmp_path, f"127.0.0.1:{port}")
     try:
         emu = start_emulator(["vm-1"], "--started-duration", "1")
         hook = {"name": "prepare", "type": "exec", "phases": ["scheduled"], "command": [sys.executable, "-c", "pass"]}
@@ -129,6 +136,9 @@ def test_every_panel_and_alert_query_parses_and_shows_the_situation_it_is_for(st
                 prom.query(expr)
         assert set(queries) == set(WHILE_HELD) | set(AFTER_APPROVAL), "every panel has its situation here"
 
+        # the gate holds only an alert Prometheus has evaluated as firing: the event comes after that
+        wait_until(lambda: prom.query('ALERTS{alertname="MaintenanceBlocker",alertstate="firing"}'), 30,
+                   "the blocker to fire")
         eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=600)
         emu.add_event(event_type="Freeze", resources=["vm-1"], notice=3600)
         agent.wait_log("approval.held", event_id=eid, timeout=30)
@@ -137,6 +147,7 @@ def test_every_panel_and_alert_query_parses_and_shows_the_situation_it_is_for(st
         wait_until(lambda: prom.query("ALERTS{alertname='MaintdMaintenanceScheduled'}"), 20,
                    "MaintdMaintenanceScheduled to fire for a Reboot 10 minutes away")
 
+        prom.lift()  # held for as long as the checks above took (a fixed end raced them on a loaded host)
         agent.wait_log("approval.sent", event_id=eid, timeout=60)
         for title, labels in AFTER_APPROVAL.items():
             wait_until(lambda: prom.shows(queries[title], labels), 20, f"panel {title!r} to show {labels}")

@@ -49,7 +49,7 @@ def test_a_fixed_peers_file_is_picked_up_and_a_broken_one_keeps_the_last_good_ma
     emu = start_emulator(vms)
     ports = {vm: free_port() for vm in vms}
     peers_file = tmp_path / "peers.yaml"
-    peers_file.write_text(f"vm-2: http://127.0.0.1:{free_port()}\n")
+    peers_file.write_text("vm-2: http://127.0.0.1:9\n")  # discard: nothing listens (a free_port() may be taken)
     leader = start_agent(emu, "vm-1", {"coordination": {"peers_file": str(peers_file), "request_timeout": "500ms"}},
                          port=ports["vm-1"])
     start_agent(emu, "vm-2", {"coordination": {"peers": {"vm-1": f"http://127.0.0.1:{ports['vm-1']}"}}},
@@ -67,9 +67,10 @@ def test_a_fixed_peers_file_is_picked_up_and_a_broken_one_keeps_the_last_good_ma
     health = leader.get("/v1/health").json()
     assert any(r["SourceId"] == "coordination" and r["HealthState"] == "Warning" for r in health["HealthEvents"])
     assert not emu.approvals("vm-1")
+    loaded = len(leader.events("peers_file.loaded"))  # the first load at start-up is one of them
     peers_file.write_text(f"vm-2: http://127.0.0.1:{ports['vm-2']}\n")
-    leader.wait_log("peers_file.loaded", entries=1, timeout=10)
-    leader.wait_log("approval.sent", event_id=eid, timeout=10)
+    wait_until(lambda: len(leader.events("peers_file.loaded")) > loaded, 20, "the fixed peers file loaded")
+    leader.wait_log("approval.sent", event_id=eid, timeout=30)
     assert len(emu.approvals("vm-1")) + len(emu.approvals("vm-2")) == 1
 
 

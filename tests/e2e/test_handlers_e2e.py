@@ -31,7 +31,8 @@ def lines(path):
 
 def test_a_reboot_runs_every_phase_once_in_order(start_emulator, start_agent, tmp_path):
     out = tmp_path / "hooks.jsonl"
-    emu = start_emulator(["vm-1"], "--started-duration", "1")
+    # Started for 3 s: a poll stalled for longer than that on a loaded host would miss the Started phase
+    emu = start_emulator(["vm-1"], "--started-duration", "3")
     agent = start_agent(emu, "vm-1", {"handlers": [hook("record", out, ["scheduled", "started", "completed"])]})
     eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=120)
     agent.wait_log("event.completed", event_id=eid)
@@ -44,22 +45,23 @@ def test_a_reboot_runs_every_phase_once_in_order(start_emulator, start_agent, tm
 
 
 def test_the_drain_takes_the_probe_out_before_approval_and_back_after(start_emulator, start_agent):
-    """Probe 503 within a poll of the event; approval only after probe.lb_timeout; 200 once it is gone."""
+    """Probe 503 soon after the event (how soon is a figure for bench/, not a pass/fail bound on a loaded host),
+    before any approval; approval only after probe.lb_timeout; 200 once it is gone."""
     emu = start_emulator(["vm-1"], "--started-duration", "1")
     agent = start_agent(emu, "vm-1", {"probe": {"lb_timeout": "11s", "lb_interval": "5s", "drain_grace": "0s"},
                                       "handlers": [{"name": "drain", "type": "drain",
                                                     "phases": ["scheduled", "completed"]}]})
     assert agent.get("/probe").status_code == 200
-    eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=300)
     t0 = time.monotonic()
-    wait_until(lambda: agent.get("/probe").status_code == 503, 5, "the probe to answer 503")
+    eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=300)
+    wait_until(lambda: agent.get("/probe").status_code == 503, 10, "the probe to answer 503 (well inside lb_timeout)")
     assert agent.get("/probe").text.startswith("draining")
-    drained_after = time.monotonic() - t0
-    agent.wait_log("approval.sent", event_id=eid, timeout=30)
+    assert not emu.approvals("vm-1"), "out of rotation before the approval"
+    agent.wait_log("approval.sent", event_id=eid, timeout=40)
     approved_after = time.monotonic() - t0
-    assert drained_after < 2 and approved_after >= 11, (drained_after, approved_after)
-    agent.wait_log("event.completed", event_id=eid)
-    wait_until(lambda: agent.get("/probe").status_code == 200, 5, "the probe back to 200")
+    assert approved_after >= 11, approved_after
+    agent.wait_log("event.completed", event_id=eid, timeout=30)
+    wait_until(lambda: agent.get("/probe").status_code == 200, 20, "the probe back to 200")
 
 
 def test_kill_9_never_runs_a_hook_with_rerun_interrupted_false_twice(start_emulator, start_agent, tmp_path):

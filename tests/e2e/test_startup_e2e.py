@@ -94,7 +94,7 @@ def test_a_socket_activated_restart_while_drained_never_answers_the_probe_200(st
     try:
         seen = sample_probe(agent.base, proc, until_up=0.5)
         assert seen and 200 not in seen, f"{seen.count(200)} of {len(seen)} answers were 200: {seen[:40]}"
-        wait_until(lambda: agent.post("/v1/undrain").status_code == 200, 5, "undrain")
+        wait_until(lambda: agent.post("/v1/undrain").status_code == 200, 15, "undrain")
         assert agent.http.get(agent.base + "/probe", timeout=5).status_code == 200
     finally:
         proc.terminate()

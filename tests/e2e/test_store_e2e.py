@@ -7,7 +7,6 @@ import os
 import socket
 import socketserver
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ pytestmark = pytest.mark.e2e
 FLEX = ["web_3f2a9c1b", "web_7c0d11e4", "web_90ab12cd", "web_0e5f7a21", "web_c4d3b2a1"]
 """Flexible scale-set names: computer names cannot be derived from them."""
 HOOK = 'sleep "$SLEEP"; date +%s.%N > "$DIR/$MAINTD_VM_NAME.done"'
+GATED = 'while [ ! -e "$DIR/go" ]; do sleep 0.05; done; date +%s.%N > "$DIR/$MAINTD_VM_NAME.done"'
+"""A hook that ends only once the test creates `go` in its directory."""
 
 
 def store_config(server: Azurite, container: str, workdir: Path, **coordination: Any) -> dict[str, Any]:
@@ -50,14 +51,17 @@ def test_five_flexible_vms_that_cannot_reach_each_other_send_one_post_after_the_
         start_emulator, start_agent, azurite: Azurite, tmp_path: Path) -> None:
     """5 agents with Flexible names, no peers map or file (the default peer template points nowhere): one
     StartRequests POST in all, after the slowest hook ended; no request to any peer; the fleet view shows
-    every VM ready and who approved."""
+    every VM ready and who approved. The slowest hook (web_90ab12cd) ends only once the test has seen the fleet
+    midway: with a fixed sleep, a slow `maintd fleet` on a loaded host could see it ready already."""
     container = azurite.new_container()
     emu = start_emulator(FLEX)
     done = tmp_path / "done"
     done.mkdir()
     sleeps = dict(zip(FLEX, (1.0, 2.0, 3.5, 1.5, 2.5), strict=True))
+    hooks = {vm: hook(sleeps[vm], done) for vm in FLEX}
+    hooks[FLEX[2]]["handlers"][0]["command"] = ["/bin/sh", "-c", GATED]
     agents = {vm: start_agent(emu, vm, {**store_config(azurite, container, tmp_path / f"{vm}-conf"),
-                                        **hook(sleeps[vm], done)}) for vm in FLEX}
+                                        **hooks[vm]}) for vm in FLEX}
     eid = emu.add_event(event_type="Reboot", resources=FLEX, notice=300)
 
     def states() -> dict[str, str]:
@@ -66,6 +70,7 @@ def test_five_flexible_vms_that_cannot_reach_each_other_send_one_post_after_the_
 
     midway = wait_until(lambda: (s := states()).get(FLEX[0]) == "ready" and s, 30, "web_3f2a9c1b ready in its view")
     assert midway[FLEX[2]] in ("preparing", "not seen")
+    (done / "go").touch()
     wait_until(lambda: [a for vm in FLEX for a in emu.approvals(vm)], 60, "the approval")
     approvals = [a for vm in FLEX for a in emu.approvals(vm)]
     slowest = max(float((done / f"{vm}.done").read_text()) for vm in FLEX)
@@ -169,7 +174,10 @@ def test_no_store_traffic_while_no_event_names_the_vm(start_emulator, start_agen
     vms = FLEX[:2]
     emu = start_emulator(vms)
     agents = {vm: start_agent(emu, vm, store_config(azurite, container, tmp_path / f"{vm}-conf")) for vm in vms}
-    time.sleep(1.5)  # a few polls: the store client is opened in the background, nothing is sent
+    # a few polls (counted, not slept for: a loaded host polls less often): the store client is opened in the
+    # background, nothing is sent
+    seen = {vm: len(emu.requests(vm)) for vm in vms}
+    wait_until(lambda: all(len(emu.requests(vm)) >= seen[vm] + 15 for vm in vms), 20, "15 more polls of each VM")
     assert [metric(a, "maintd_store_requests_total") for a in agents.values()] == [0, 0]
     eid = emu.add_event(event_type="Reboot", resources=[vms[0]], notice=300)
     wait_until(lambda: emu.approvals(vms[0]), 30, "the approval")

@@ -35,10 +35,10 @@ def test_cancel_during_the_drain_wait_restores_rotation_at_once(start_emulator, 
         "probe": {"lb_timeout": "30s", "lb_interval": "5s", "drain_grace": "0s"},
         "handlers": [{"name": "drain", "type": "drain", "phases": ["scheduled", "completed"]}, restore_hook(done)]})
     eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=600)
-    wait_until(lambda: agent.get("/probe").status_code == 503, 5, "the drain")
+    wait_until(lambda: agent.get("/probe").status_code == 503, 20, "the drain")
     emu.admin("POST", f"events/{eid}/cancel")
-    wait_until(lambda: agent.get("/probe").status_code == 200, 5, "back in rotation right after the cancel")
-    wait_until(lambda: lines(done) == ["canceled"], 5, "the completed hook")
+    wait_until(lambda: agent.get("/probe").status_code == 200, 15, "back in rotation well before the 30 s LB wait")
+    wait_until(lambda: lines(done) == ["canceled"], 15, "the completed hook")
     agent.wait_log("handler.finished", event_id=eid, handler="drain", phase="scheduled", outcome="canceled")
     results = agent.get(f"/v1/events/{eid}").json()["results"]
     assert results["handler:drain:scheduled"]["outcome"] == "canceled"
@@ -55,10 +55,10 @@ def test_cancel_cuts_a_running_hook_and_skips_the_rest(start_emulator, start_age
         {"name": "after", "type": "exec", "phases": ["scheduled"], "command": ["/bin/true"]},
         restore_hook(done)]})
     eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=900)
-    wait_until(lambda: lines(ckpt) == ["started"], 10, "the checkpoint hook to start")
+    wait_until(lambda: lines(ckpt) == ["started"], 20, "the checkpoint hook to start")
     emu.admin("POST", f"events/{eid}/cancel")
-    wait_until(lambda: lines(ckpt) == ["started", "TERM"], 5, "SIGTERM to reach the hook")
-    wait_until(lambda: lines(done) == ["canceled"], 5, "the completed hook")
+    wait_until(lambda: lines(ckpt) == ["started", "TERM"], 15, "SIGTERM to reach the hook")
+    wait_until(lambda: lines(done) == ["canceled"], 15, "the completed hook")
     agent.wait_log("handler.finished", event_id=eid, handler="after", outcome="skipped")
     results = agent.get(f"/v1/events/{eid}").json()["results"]
     assert results["handler:ckpt:scheduled"]["outcome"] == "canceled"

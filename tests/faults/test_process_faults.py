@@ -63,7 +63,7 @@ def test_the_drain_survives_kill_9_and_lifts_when_the_event_is_gone(start_emulat
         "probe": {"lb_timeout": "11s", "lb_interval": "5s", "drain_grace": "0s"},
         "handlers": [{"name": "drain", "type": "drain", "phases": ["scheduled", "completed"]}]})
     eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=600)
-    wait_until(lambda: agent.get("/probe").status_code == 503, 5, "the drain")
+    wait_until(lambda: agent.get("/probe").status_code == 503, 20, "the drain")
     agent.kill()
     agent.start()
     assert agent.get("/probe").status_code == 503, "out of rotation from the first request after the restart"
@@ -76,13 +76,16 @@ def test_kill_9_between_the_approval_post_and_its_record_sends_one_post(start_em
     """The POST is slow; maintd dies before recording the answer; after the restart no second POST."""
     emu = start_emulator(["vm-1"])
     agent = start_agent(emu, "vm-1")
-    emu.admin("POST", "faults", kind="latency", delay=3, method="POST", count=1)  # the approval POST hangs 3 s
+    # The approval POST hangs 6 s before IMDS starts the event: long enough that the restarted agent (slow to
+    # start on a loaded host) still finds the event Scheduled, its own POST unconfirmed; well short of the 10 s
+    # the restarted agent waits before it would send again.
+    emu.admin("POST", "faults", kind="latency", delay=6, method="POST", count=1)
     eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=600)
     state = agent.workdir / "state" / "state.json"
     wait_until(lambda: state.exists() and '"sending"' in state.read_text(), 15, "the approval to be under way")
-    # Kill only once IMDS has the POST (it then hangs 3 s): killed earlier, no POST was ever sent, and the
+    # Kill only once IMDS has the POST (it then hangs): killed earlier, no POST was ever sent, and the
     # restarted agent rightly sends one after its 10 s wait, which would be a different case.
-    wait_until(lambda: any(r["method"] == "POST" for r in emu.requests("vm-1")), 3, "the POST to reach IMDS")
+    wait_until(lambda: any(r["method"] == "POST" for r in emu.requests("vm-1")), 5, "the POST to reach IMDS")
     agent.kill()
     agent.start()
     agent.wait_log("approval.unconfirmed", event_id=eid)

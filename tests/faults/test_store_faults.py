@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -45,14 +46,16 @@ def test_a_claimer_killed_between_claim_and_post_is_taken_over_with_one_post_in_
         emu.admin("POST", "faults", claimer, vm=claimer, kind="hang", path="/metadata/scheduledevents",
                   method="POST")
         eid = emu.add_event(event_type="Reboot", resources=vms, notice=300)
-        agents[claimer].wait_log("store.claimed", event_id=eid, timeout=30)
-        killed_at = time.monotonic()
+        claimed = agents[claimer].wait_log("store.claimed", event_id=eid, timeout=30)
         agents[claimer].proc.send_signal(signal.SIGKILL)
         agents[claimer].proc.wait(5)
         wait_until(lambda: approvals(emu, vms), 40, "the takeover's approval")
-        took = time.monotonic() - killed_at
+        # from the claim itself (its log line's time), not from the kill: the test sees the line, and kills, late
+        # on a loaded host; the store's whole-second clock makes an age up to 1 s long, the line comes a little
+        # after the write
+        took = approvals(emu, vms)[0]["time"] - datetime.fromisoformat(claimed["timestamp"]).timestamp()
         assert [a["vm"] for a in approvals(emu, vms)] != [claimer] and len(approvals(emu, vms)) == 1
-        assert 3 <= took <= 4 + 10 + 5, f"takeover after {took:.1f}s"
+        assert 2.5 <= took <= 4 + 10 + 5, f"takeover {took:.1f}s after the claim"
         assert any(e.get("event_id") == eid for vm in vms[:2] for e in agents[vm].events("store.claimed"))
     finally:
         server.stop()
@@ -76,7 +79,9 @@ def test_the_store_gone_mid_event_holds_the_approval_warns_and_recovers(start_em
         time.sleep(2)
         assert approvals(emu, vms) == []
         polls = [r["time"] for r in emu.requests(vms[1]) if "scheduledevents" in r["path"] and r["time"] >= down_at]
-        assert max(b - a for a, b in zip(polls, polls[1:], strict=False)) < 0.5, "the poll loop waited on the store"
+        # a poll waiting on the store's 2 retries would stall >= 2 s (their 1 s backoffs); a loaded host alone
+        # stalls up to ~1 s
+        assert max(b - a for a, b in zip(polls, polls[1:], strict=False)) < 1.5, "the poll loop waited on the store"
         health = slow.get("/v1/health").json()["HealthEvents"]
         assert any(r["SourceId"] == "coordination" and r["Property"] == "store" and r["HealthState"] == "Warning"
                    for r in health), health
@@ -84,7 +89,7 @@ def test_the_store_gone_mid_event_holds_the_approval_warns_and_recovers(start_em
         server.start()
         server.create_container(container)
         wait_until(lambda: approvals(emu, vms), 60, "the approval after the store came back")
-        slow.wait_log("store.recovered", timeout=5)
+        slow.wait_log("store.recovered", timeout=15)
         assert len(approvals(emu, vms)) == 1
     finally:
         server.stop()
@@ -206,7 +211,7 @@ def test_a_50_mb_listing_is_refused_with_little_memory_and_the_polls_keep_their_
         gap = max(b - a for a, b in zip(polls, polls[1:], strict=False))
         print(f"peak RSS {peak_mb:.0f} MB after {junk.lists} listings of ~50 MB ({junk.sent / 2**20:.1f} MiB sent in "
               f"all), largest poll gap {gap * 1000:.0f} ms, {len(agent.events())} log lines")
-        assert gap < 1.0, "the poll loop waited on the store"
+        assert gap < 2.0, "the poll loop waited on the store (5 s before the cap; a loaded host alone stalls ~1 s)"
     finally:
         junk.stop()
 

@@ -1,20 +1,30 @@
-"""The disruption budget as a model: members race for places through one record with compare-and-swap.
+"""The disruption budget as a model: members race for places through one record with compare-and-swap, and a
+release hands its place to the next in line in the same write.
 
-What each step calls of the real code: `budget_rules.apply_step` decides every change of the record (take,
-force, release) on the record as the member read it, `render_places` / `parse_places` carry it through the
-store, and the store is exact about what matters: a write lands only if the record is still at the ETag the
-member read (If-Match), as `budget.step` does. A member's read and its write are separate steps, so every
-interleaving of reads and writes of all members is explored; one member may hit its last safe moment
-(forced) at any time, and each may come back into rotation and release.
+What each step calls of the real code: `budget_rules.live` and `apply_step` decide every change of the record
+(take, force, release, and the handoff `grant` inside every write) on the record as the member read it, at the
+store's clock of that read, as `budget.step` does; `render_places` / `parse_places` carry it through the store,
+and the store is exact about what matters: a write lands only if the record is still at the ETag the member read
+(If-Match). A member's read and its write are separate steps, so every interleaving of reads and writes of all
+members is explored; one member may hit its last safe moment (forced) at any time, each may come back into
+rotation and release. A waiter the handoff seated is out for everyone else at once, but out of rotation only
+once it read the record and took the place (a wake hint or its fallback poll: either is just its next read).
+One member may die before it is ever out (it never reads again, never notices a place handed to it); then the
+store's clock may pass `release_after`, while the living members renew their entries (as they do every
+release_after / 4).
 
-Property B1: never more than `cap` members out by choice (leaving rotation on a `chosen` place), and with
-`spread: zone` the members out by choice are never of two zones, in every reachable state.
+Property B1: never more than `cap` members out by choice (leaving rotation on a `chosen` place, or holding one in
+the record), and with `spread: zone` never of two zones, in every reachable state. Property B3: once
+`release_after` has passed, no record written after it still holds the dead member (whoever writes frees its
+place, and hands it on).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 from agent.coordination.store.budget_rules import (
@@ -26,16 +36,29 @@ from agent.coordination.store.budget_rules import (
     Me,
     Places,
     apply_step,
+    live,
     parse_places,
     render_places,
 )
 
 NOW = datetime(2026, 11, 27, 1, 0, tzinfo=UTC)
+RELEASE_AFTER = 1800.0
+LATE = NOW + timedelta(seconds=RELEASE_AFTER)
 MEMBERS = (Me("a", "1"), Me("b", "2"), Me("c", "1"))
 FORCEABLE = "c"
 """The member whose last safe moment may come at any time (one is enough to mix forced and chosen places, and
 keeps the search small)."""
-IDLE, READ, OUT, BACK, DONE = "idle", "read", "out", "back", "done"
+MORTAL = "b"
+"""The member that may die before it is out: queued, perhaps handed a place it never notices."""
+IDLE, READ, OUT, BACK, DONE, DEAD = "idle", "read", "out", "back", "done", "dead"
+
+
+@functools.lru_cache(maxsize=65536)
+def _places(record: bytes) -> Places:
+    """The record as the real parser reads it (cached: the same bytes recur in many states)."""
+    places = parse_places(record)
+    assert not isinstance(places, str), places
+    return places
 
 
 class Member(NamedTuple):
@@ -50,6 +73,8 @@ class State(NamedTuple):
     """The record's body, which is also its ETag here: a record written back to the same bytes matches an
     If-Match on them (a real store would refuse it: the model allows more, so what holds here holds there)."""
     members: tuple[Member, ...]
+    late: bytes | None = None
+    """The record as it was when the store's clock passed release_after (None: not yet)."""
 
 
 class BudgetModel:
@@ -71,22 +96,36 @@ class BudgetModel:
                 yield from self._write(state, i, me, m)
             if m.phase in (IDLE, READ) and not m.forced and me.vm == FORCEABLE:
                 yield f"{me.vm}'s last safe moment", self._set(state, i, m._replace(forced=True))
+            if m.phase in (IDLE, READ) and me.vm == MORTAL:
+                yield f"{me.vm} dies (never reads again)", self._set(state, i, m._replace(phase=DEAD))
             if m.phase == OUT:
                 yield f"{me.vm} is back in rotation", self._set(state, i, m._replace(phase=BACK))
+        if state.late is None and any(m.phase == DEAD for m in state.members):
+            record = self._renew_living(state)
+            yield "release_after passes (the living renew)", state._replace(record=record, late=record)
 
     def _write(self, state: State, i: int, me: Me, m: Member) -> Iterable[tuple[str, State]]:
         assert m.seen is not None
-        places = parse_places(m.seen)
-        assert not isinstance(places, str)
+        read = _places(m.seen)
+        now = NOW if state.late is None else LATE
+        places = live(read, now, RELEASE_AFTER)
         action = RELEASE if m.why else FORCE if m.forced else TAKE
-        result, _, new = apply_step(places, action, me, f"e-{me.vm}", self.cap, self.spread, NOW)
+        result, _, new = apply_step(places, action, me, f"e-{me.vm}", self.cap, self.spread, now)
         if not self.blind and state.record != m.seen:
             yield f"{me.vm}'s If-Match fails", self._set(state, i, m._replace(phase=BACK if m.why else IDLE))
             return
-        record = render_places("web", new) if new != places else state.record
+        record = render_places("web", new) if new != read else state.record
         after = {"acquired": m._replace(phase=OUT, why=CHOSEN), "forced": m._replace(phase=OUT, why=FORCED),
                  "waiting": m._replace(phase=IDLE), "released": m._replace(phase=DONE, why="")}[result]
-        yield f"{me.vm} writes: {result}", State(record, self._set(state, i, after).members)
+        yield f"{me.vm} writes: {result}", State(record, self._set(state, i, after).members, state.late)
+
+    def _renew_living(self, state: State) -> bytes:
+        """The record with every living member's entry renewed at LATE (their renewals while time passed)."""
+        places = _places(state.record)
+        dead = {me.vm for me, m in zip(MEMBERS, state.members, strict=True) if m.phase == DEAD}
+        holders = tuple(h if h.vm in dead else replace(h, renewed=LATE) for h in places.holders)
+        waiting = tuple(w if w.vm in dead else replace(w, renewed=LATE) for w in places.waiting)
+        return render_places("web", Places(holders, waiting, places.members))
 
     @staticmethod
     def _set(state: State, i: int, m: Member) -> State:
@@ -94,16 +133,40 @@ class BudgetModel:
 
     def properties(self) -> Mapping[str, Callable[[State], str | None]]:
         def b1(state: State) -> str | None:
-            chosen = [me for me, m in zip(MEMBERS, state.members, strict=True) if m.phase == OUT and m.why == CHOSEN]
+            held = {h.vm for h in _places(state.record).holders if h.why == CHOSEN}
+            chosen = [me for me, m in zip(MEMBERS, state.members, strict=True)
+                      if (m.phase == OUT and m.why == CHOSEN) or me.vm in held]
             if len(chosen) > self.cap:
                 return f"{len(chosen)} out by choice with {self.cap} place(s): {[me.vm for me in chosen]}"
             if self.spread == "zone" and len({me.zone for me in chosen}) > 1:
                 return f"out by choice in two zones: {[(me.vm, me.zone) for me in chosen]}"
             return None
-        return {"B1": b1}
+
+        def b3(state: State) -> str | None:
+            if state.late is None or state.record == state.late:
+                return None
+            places = _places(state.record)
+            if places.holder(MORTAL) or places.waiter(MORTAL):
+                return f"{MORTAL} died before release_after and a record written after it still lists it"
+            return None
+        return {"B1": b1, "B3": b3}
 
     def describe(self, state: State) -> str:
         return ", ".join(f"{me.vm}: {m.phase} {m.why}".strip() for me, m in zip(MEMBERS, state.members, strict=True))
 
     def elapsed(self, label: str) -> float:
-        return 0.0
+        return RELEASE_AFTER if label.startswith("release_after") else 0.0
+
+
+def granted_unnoticed(state: State) -> bool:
+    """A member the handoff seated that has not read the record since (a holder in it, not out)."""
+    places = _places(state.record)
+    return any(
+        places.holder(me.vm) is not None and m.phase in (IDLE, READ, DEAD)
+        for me, m in zip(MEMBERS, state.members, strict=True))
+
+
+def dead_place_taken_over(state: State) -> bool:
+    """The dead member held a place when release_after passed, and a living member is out by choice since."""
+    return state.late is not None and _places(state.late).holder(MORTAL) is not None and any(
+        m.phase == OUT and m.why == CHOSEN for me, m in zip(MEMBERS, state.members, strict=True) if me.vm != MORTAL)

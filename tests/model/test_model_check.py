@@ -16,7 +16,7 @@ from agent.coordination.approver import Approver
 from agent.coordination.coordination_rules import not_ready
 from agent.coordination.peers import peer_backend
 from agent.coordination.store.budget_rules import CHOSEN
-from tests.model.budget_model import OUT, BudgetModel
+from tests.model.budget_model import OUT, BudgetModel, dead_place_taken_over, granted_unnoticed
 from tests.model.common import LOST_ANSWER, PAUSE, POST_ERROR
 from tests.model.explorer import Result, explore
 from tests.model.peer_model import PeerModel
@@ -112,12 +112,18 @@ def test_the_checker_finds_a_paused_claimer_posting_again(monkeypatch: pytest.Mo
 @pytest.mark.parametrize("cap, spread", [(1, "none"), (2, "zone")])
 def test_budget_b1_never_more_than_max_unavailable_out_by_choice(cap: int, spread: str):
     """Three members racing for `cap` places through one record (read, then If-Match write), one of them forced
-    at any time, back and released: never more than `cap` out by choice, never two zones with spread zone."""
-    result = explore(BudgetModel(cap, spread), outcomes={"out by choice": lambda s: any(
-        m.why == CHOSEN and m.phase == OUT for m in s.members)})
+    at any time, back and released, each release handing its place to the next in line in the same write, one
+    member dying before it is out: never more than `cap` out by choice (a place handed over counts at once),
+    never two zones with spread zone, and a place handed to a member that never notices is freed after
+    release_after and taken by another."""
+    result = explore(BudgetModel(cap, spread), outcomes={
+        "out by choice": lambda s: any(m.why == CHOSEN and m.phase == OUT for m in s.members),
+        "handed over, not yet noticed": granted_unnoticed, "a dead member's place taken over": dead_place_taken_over})
     print(f"\n{result.model}: {result.figures()}")
-    assert result.complete and result.reached.get("out by choice", 0) > 0
+    assert result.complete and all(result.reached.get(k, 0) > 0 for k in (
+        "out by choice", "handed over, not yet noticed", "a dead member's place taken over")), result.reached
     holds(result, "B1")
+    holds(result, "B3")
 
 
 def test_the_checker_finds_a_budget_written_without_if_match():

@@ -11,7 +11,7 @@ pending event, the URL it is asked at and how that was decided.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TypedDict
 
 from agent import logs
 from agent.coordination.coordination_rules import PeerState
@@ -25,6 +25,32 @@ from agent.model.tracker import Tracked
 
 SHOWN_PEERS = 50
 """Peers listed per event in views (counts cover all of them)."""
+
+
+class IdentityView(TypedDict):
+    """This VM's identity as the peer directory knows it."""
+
+    name: str
+    computer_name: str
+    scale_set: str
+
+
+class PeerSources(TypedDict):
+    """Where the peers' addresses come from, in `maintd status` (`coordination`)."""
+
+    peer_url: str
+    peers_static: int
+    peers_file: str | None
+    peers_file_entries: int
+    peers_file_problem: str | None
+    identity: IdentityView | None
+
+
+class PeersStatus(TypedDict):
+    """The peer directory's part of `maintd status`: the sources, and per pending event each peer's line."""
+
+    coordination: PeerSources
+    peers: dict[str, dict[str, str]]
 
 
 class PeerDirectory:
@@ -87,7 +113,7 @@ class PeerDirectory:
         return True
 
     def status(self, tracked: Mapping[str, Tracked], vm_name: str | None,
-               known: Mapping[str, Mapping[str, PeerState]]) -> dict[str, Any]:
+               known: Mapping[str, Mapping[str, PeerState]]) -> PeersStatus:
         """For `maintd status`: the sources, and each peer of every pending event naming this VM (URL, how, answer)."""
         events: dict[str, dict[str, str]] = {}
         for event_id, t in list(tracked.items()):
@@ -103,7 +129,7 @@ class PeerDirectory:
         answer = ("ready" if peer.ready else peer.detail or "asked") if peer else "not asked by this VM"
         return f"{address.url or address.problem} (via {address.via}): {answer}"
 
-    def _sources(self) -> dict[str, Any]:
+    def _sources(self) -> PeerSources:
         s, me = self.settings(), self.identity
         return {
             "peer_url": s.peer_url,

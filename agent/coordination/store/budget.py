@@ -7,6 +7,11 @@ runs on a worker lane and hands an immutable `Outcome` back through a queue; the
 next tick. The loop hands preparation an immutable `LeaveGate`: which pending events may leave rotation now
 (this VM holds a place, or is forced). The store down means no place: wait, and still prepare at the last
 safe moment (forced), with a Warning naming the store.
+
+A release hands the freed place to the next waiter in the same write (`budget_rules.grant`); the worker then
+sends that member a wake hint (`budget_wake`), and a hint received here (`wake`, an API thread) only raises a
+flag: the loop reads the record on its next tick, at most once per WAKE_GAP. A waiter's own reads are the
+fallback for a lost hint (`coordination.budget.fallback_poll`).
 """
 
 from __future__ import annotations
@@ -31,20 +36,21 @@ from agent.coordination.store.budget_rules import (
     RENEW,
     TAKE,
     Action,
+    Entry,
     Me,
     Places,
     apply_step,
     approval_blocked,
     capacity,
     forced_now,
+    granted,
     live,
     parse_places,
     places_blob,
-    poll_delay,
-    position,
     render_places,
     stale,
 )
+from agent.coordination.store.budget_wake import WAKE_GAP, Hinter, WakeAnswer
 from agent.coordination.store.store_protocol import StoreError, retry_delay
 from agent.lanes import Lanes
 from agent.model.budget_gate import LeaveGate
@@ -83,6 +89,8 @@ class Outcome:
     reason: str = ""
     error: StoreError | None = None
     freed: tuple[str, ...] = ()
+    granted: tuple[Entry, ...] = ()
+    """Members this step's write handed a place (to wake)."""
 
 
 def step(store: BudgetStore, group: str, action: Action, me: Me, event: str, cap_of: Callable[[int], int],
@@ -105,7 +113,7 @@ def step(store: BudgetStore, group: str, action: Action, me: Me, event: str, cap
         if new == places and not freed:
             return Outcome(action, event, result, places, reason, freed=freed)
         if store.write_body(name, render_places(group, new), etag) is not None:
-            return Outcome(action, event, result, new, reason, freed=freed)
+            return Outcome(action, event, result, new, reason, freed=freed, granted=granted(places, new, me.vm))
     raise StoreError("conflict", f"{name}: rewritten by others {CAS_TRIES} times in a row")
 
 
@@ -120,6 +128,8 @@ class Mine:
     waiting_for: str = ""
     busy: bool = False
     due: float = float("-inf")
+    woken: float = float("-inf")
+    """When the last read a wake hint asked for was due (hints cause at most one read per WAKE_GAP)."""
     renew_at: float = float("inf")
     look: bool = False
     """The coordinator waits on other members' places: read the record again soon."""
@@ -134,7 +144,9 @@ class Budget:
 
     def __init__(self, config: BudgetConfig, *, store: Callable[[], BudgetStore], describe: str, clock: Clock,
                  on_change: Callable[[], None], health: Callable[[str, str, str], None],
-                 metrics: Any, needs: Callable[[], float], lead_time: Callable[[], float]) -> None:
+                 metrics: Any, needs: Callable[[], float], lead_time: Callable[[], float],
+                 wake_sender: Hinter | None = None, url: str = "") -> None:
+        """`url`: where this member takes wake hints (its entry says so; "" none); `wake_sender` sends them."""
         self.config, self.open_store, self.describe, self.clock = config, store, describe, clock
         self.on_change, self.health, self.metrics = on_change, health, metrics
         self.needs, self.lead_time = needs, lead_time
@@ -146,12 +158,14 @@ class Budget:
         self._said: set[str] = set()
         self._results: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._lanes = Lanes(1, "budget")
+        self.wake_sender, self.url = wake_sender, url
+        self._woken = threading.Event()
         self.snapshot: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def identify(self, vm: str, zone: str, fault_domain: str, scale_set: str) -> None:
         """This VM's name and topology, once IMDS told them; the group defaults to the scale set."""
-        self.me = Me(vm, zone, fault_domain)
+        self.me = Me(vm, zone, fault_domain, self.url)
         self.group = self.config.group or scale_set or None
         if self.group is None:
             self.log.error("budget.no_group", reason="coordination.budget.group is required on a VM outside a scale "
@@ -166,6 +180,12 @@ class Budget:
         now, wall = self.clock.monotonic(), self.clock.now()
         self._absorb(now)
         m = self.mine
+        if self._woken.is_set():
+            self._woken.clear()
+            if m.why is None and m.waiting_since is not None:  # a release may have handed this VM the place
+                at = max(now, m.woken + WAKE_GAP)
+                if at < m.due:
+                    m.due = m.woken = at
         needs, lead = self.needs(), self.lead_time()
         forced = frozenset(w.event_id for w in wants if forced_now(w.event_type, w.not_before, needs, lead, wall))
         for eid in forced - m.forced_local:
@@ -185,8 +205,10 @@ class Budget:
 
     def _next(self, wants: Sequence[Want], forced: frozenset[str], out: bool) -> tuple[Action | None, str]:
         m = self.mine
-        if m.why is not None and not wants and not out:
-            return RELEASE, m.event
+        if (m.why is not None or m.waiting_since is not None) and not wants and not out:
+            if not m.failures:  # not the next poll: at once (a failed step keeps its backoff)
+                m.due = min(m.due, self.clock.monotonic())
+            return RELEASE, m.event or m.waiting_for  # back in rotation, or no longer waiting: leave the record
         if m.why is not None and self.clock.monotonic() >= m.renew_at:
             return RENEW, m.event
         if m.why is not None:
@@ -207,6 +229,8 @@ class Budget:
                         self.config.release_after)
         except StoreError as exc:
             done = Outcome(action, event, error=exc)
+        if done.granted and self.wake_sender is not None:
+            self.wake_sender.send(group, done.granted)
         self._results.put(done)
         self.on_change()
 
@@ -244,7 +268,6 @@ class Budget:
             m.why, m.event, m.since, m.renew_at = held.why, held.event, now, now
             m.reasons.setdefault(held.event, held.why)
             return
-        cap = capacity(self.config.max_unavailable, len(o.places.members) if o.places else 1)
         if o.result in ("acquired", "forced") and m.why is None:
             m.why, m.event, m.since = CHOSEN if o.result == "acquired" else FORCED, o.event, now
             waited = now - m.waiting_since if m.waiting_since is not None else 0.0
@@ -259,11 +282,14 @@ class Budget:
                 self.log.info("budget.waiting", event_id=o.event, group=self.group, reason=o.reason,
                               effect="stays in rotation; prepares at its last safe moment if no place frees")
             m.waiting_for = o.event
-            m.due = now + poll_delay(position(o.places, self._name()) if o.places else 0, cap)
+            # only to catch a lost hint (forced comes by local timing); often enough that its entry never lapses
+            m.due = now + min(self.config.fallback_poll, self.config.release_after / 4)
         elif o.result == "released":
-            self.log.info("budget.released", event_id=o.event, group=self.group, vm=self._name(),
-                          held_seconds=round(now - (m.since or now), 1), was=m.why)
+            if m.why is not None:
+                self.log.info("budget.released", event_id=o.event, group=self.group, vm=self._name(),
+                              held_seconds=round(now - (m.since or now), 1), was=m.why)
             m.why, m.event, m.since, m.renew_at = None, "", None, float("inf")
+            m.waiting_since, m.waiting_for = None, ""
         elif o.result == "renewed":
             m.renew_at = now + self.config.release_after / 4
         elif o.result == "read" and m.why is not None:
@@ -325,8 +351,23 @@ class Budget:
         self.snapshot = view
         return view
 
+    def wake(self, body: Any) -> WakeAnswer:
+        """A wake hint (an API thread): read the record on the next tick if waiting. It carries no authority and
+        is checked for nothing but its shape; a flood costs at most one read per WAKE_GAP."""
+        vm = body.get("vm") if isinstance(body, dict) else None
+        if body is not None and (not isinstance(body, dict) or not isinstance(vm, (str, type(None)))):
+            raise ValueError('body must be {"group": "...", "vm": "this VM\'s name"} or empty')
+        mine = vm is None or vm.casefold() == self._name().casefold()
+        if mine:
+            self.metrics.budget_wake.labels("received").inc()
+            self._woken.set()
+            self.on_change()
+        return {"woken": mine}
+
     def wait_idle(self, timeout: float) -> bool:
-        return self._lanes.wait_idle(timeout)
+        return self._lanes.wait_idle(timeout) and (self.wake_sender is None or self.wake_sender.wait_idle(timeout))
 
     def stop(self) -> None:
         self._lanes.shutdown()
+        if self.wake_sender is not None:
+            self.wake_sender.stop()

@@ -7,8 +7,8 @@ the spread are checked against the whole set at once and no race can seat more t
 `max_unavailable` members by choice:
 
     {"maintd": 1, "kind": "places", "group": "web",
-     "holders": [{"vm", "zone", "fault_domain", "event", "why": "chosen" | "forced", "since", "renewed"}],
-     "waiting": [{"vm", "zone", "fault_domain", "event", "why": "waiting", "since", "renewed"}],
+     "holders": [{"vm", "zone", "fault_domain", "event", "why": "chosen" | "forced", "since", "renewed", "url"}],
+     "waiting": [{"vm", "zone", "fault_domain", "event", "why": "waiting", "since", "renewed", "url"}],
      "members": {"vm": "seen"}}
 
 Every instant in it is the store's own clock (the Date of the answer the writer last read), so an age is
@@ -16,12 +16,19 @@ always the store's Date minus a time the store gave: no VM compares its clock wi
 or waiter that has not renewed for `release_after` is dropped by whoever writes the record next (a VM
 that never came back). Parsing is total: a record of any shape is a `Places` or a reason, never an
 exception; an unreadable record is never taken as free places (a VM waits as if the store were down).
+
+Handoff: every write hands the places it leaves free to the waiters first in line that may go (`grant`, with
+the same count and spread as a `take`), so a release seats the next member in the releaser's own write. A
+granted waiter is a holder from that write on (out for everyone else) even before it notices; its entry's
+`url` (optional: the member's own maintd API, `coordination.budget.advertise`) is where the writer sends a
+wake hint. The hint carries no authority: a member acts only on what it reads here.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -51,8 +58,8 @@ MAX_BODY = 512 * 1024
 MAX_ENTRIES = 5000
 FORCE_MARGIN = 5.0
 """Seconds a forced member starts before what its preparation needs: the loop's and the store's own steps."""
-POLL_FIRST, POLL_MAX = 1.0, 30.0
-"""A waiting member reads the record again: every second when it is next in line, slower further back."""
+URL_PATTERN = re.compile(r"^https?://[^\s/?#]{1,200}$")
+"""A member's advertised API: scheme and authority only (a wake hint is POSTed to {url}/v1/budget/wake)."""
 
 
 def places_blob(group: str) -> str:
@@ -70,10 +77,13 @@ class Entry:
     why: Why
     since: datetime
     renewed: datetime
+    url: str = ""
+    """Where the member takes a wake hint ("" none): what it advertised, never trusted for anything else."""
 
     def to_json(self) -> dict[str, str]:
         return {"vm": self.vm, "zone": self.zone, "fault_domain": self.fault_domain, "event": self.event,
-                "why": self.why, "since": iso_z(self.since), "renewed": iso_z(self.renewed)}
+                "why": self.why, "since": iso_z(self.since), "renewed": iso_z(self.renewed),
+                **({"url": self.url} if self.url else {})}
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,8 @@ class Me:
     vm: str
     zone: str = ""
     fault_domain: str = ""
+    url: str = ""
+    """Its own maintd API for wake hints ("" none)."""
 
 
 # --- the record ------------------------------------------------------------------------------------
@@ -123,8 +135,10 @@ def _entry(raw: object, holder: bool) -> Entry | str:
     if since is None or renewed is None:
         return "an entry has no readable instant"
     why = WHYS[allowed.index(str(values["why"]))] if holder else WAITING
+    url = raw.get("url")
     return Entry(str(values["vm"])[:128], str(values["zone"])[:32], str(values["fault_domain"])[:32],
-                 str(values["event"])[:128], why, since, renewed)
+                 str(values["event"])[:128], why, since, renewed,
+                 url if isinstance(url, str) and URL_PATTERN.match(url) else "")
 
 
 def parse_places(body: bytes) -> Places | str:
@@ -196,7 +210,7 @@ def take(places: Places, me: Me, event: str, why: Why, now: datetime) -> Places:
     held = places.holder(me.vm)
     since = held.since if held is not None else now
     keep = CHOSEN if held is not None and held.why == CHOSEN else why
-    entry = Entry(me.vm, me.zone, me.fault_domain, event, keep, since, now)
+    entry = Entry(me.vm, me.zone, me.fault_domain, event, keep, since, now, me.url)
     return Places(_without(places.holders, me.vm) + (entry,), _without(places.waiting, me.vm),
                   _seen(places, me.vm, now))
 
@@ -204,7 +218,7 @@ def take(places: Places, me: Me, event: str, why: Why, now: datetime) -> Places:
 def queue(places: Places, me: Me, event: str, now: datetime) -> Places:
     """`me` waiting for a place (first come first: a waiter keeps its first `since`)."""
     found = places.waiter(me.vm)
-    entry = Entry(me.vm, me.zone, me.fault_domain, event, WAITING, found.since if found else now, now)
+    entry = Entry(me.vm, me.zone, me.fault_domain, event, WAITING, found.since if found else now, now, me.url)
     waiting = tuple(w for w in places.waiting if w.vm.casefold() != me.vm.casefold())
     return Places(_without(places.holders, me.vm), tuple(sorted(waiting + (entry,), key=lambda w: w.since)),
                   _seen(places, me.vm, now))
@@ -217,6 +231,26 @@ def release(places: Places, vm: str, now: datetime) -> Places:
 
 def register(places: Places, vm: str, now: datetime) -> Places:
     return replace(places, members=_seen(places, vm, now))
+
+
+def grant(places: Places, cap: int, spread: str, now: datetime) -> Places:
+    """The record with its free places handed to the waiters first in line that may go (the handoff): each in
+    turn (first come first) becomes a holder by choice, since `now`, when a `take` of its own would pass the
+    count and the spread against the holders so far; a waiter whose zone would break the spread is skipped
+    and the next one gets the place."""
+    holders, waiting = list(places.holders), []
+    for w in sorted(places.waiting, key=lambda e: (e.since, e.vm)):
+        if _refusal(holders, w, cap, spread) is None:
+            holders.append(Entry(w.vm, w.zone, w.fault_domain, w.event, CHOSEN, now, now, w.url))
+        else:
+            waiting.append(w)
+    return places if len(holders) == len(places.holders) else Places(tuple(holders), tuple(waiting), places.members)
+
+
+def granted(before: Places, after: Places, vm: str) -> tuple[Entry, ...]:
+    """The members other than `vm` that a write seated by handoff (holders after it that were waiting before)."""
+    return tuple(h for h in after.holders if h.vm.casefold() != vm.casefold() and before.holder(h.vm) is None
+                 and before.waiter(h.vm) is not None)
 
 
 # --- decisions -------------------------------------------------------------------------------------
@@ -265,19 +299,6 @@ def blocked(places: Places, me: Me, cap: int, spread: str) -> str | None:
     return None
 
 
-def position(places: Places, vm: str) -> int:
-    """How many waiters are ahead of `vm` (0 when it is next, or not waiting)."""
-    mine = places.waiter(vm)
-    return 0 if mine is None else sum(1 for w in places.waiting if (w.since, w.vm) < (mine.since, mine.vm))
-
-
-def poll_delay(ahead: int, cap: int) -> float:
-    """Seconds before a waiting member reads the record again: among the next `cap` in line every POLL_FIRST
-    (a place that frees is taken within about a second), further back doubling per `cap` members ahead
-    of it, at most POLL_MAX."""
-    return float(min(POLL_MAX, POLL_FIRST * 2.0 ** min(16, ahead // max(1, cap))))
-
-
 def last_safe_moment(not_before: datetime, needs: float, lead_time: float) -> datetime:
     """When a member that found no place prepares anyway: NotBefore minus what its preparation needs (its drain
     wait plus its hooks' timeouts), or `prepare.lead_time` when that is longer; FORCE_MARGIN earlier still."""
@@ -314,13 +335,29 @@ def apply_step(places: Places, action: Action, me: Me, event: str, cap: int, spr
                renew_after: float = 0.0) -> tuple[str, str, Places]:
     """One member's step on the (live) record: (what it came to, why, the record to write back with If-Match).
 
-    take: `acquired` when `blocked` says nothing, else `waiting` (queued, first come first); force: `forced`
-    (never refused: the platform's deadline); release: `released`; renew: `renewed` (a holder's renewal);
-    read: `read` (registered among the members if it was not). A waiter already queued for the event is
-    written again only once its entry is `renew_after` old: a waiting member's polls are reads."""
+    take: `acquired` when `blocked` says nothing or a release handed it the place, else `waiting` (queued, first
+    come first); force: `forced` (never refused: the platform's deadline); release: `released`; renew:
+    `renewed` (a holder's renewal); read: `read` (registered among the members if it was not). A waiter already
+    queued for the event, or a member already handed a place for it, is written again only once its entry is
+    `renew_after` old: a waiting member's polls are reads. Whatever the step, the record written back hands
+    its free places to the waiters first in line (`grant`): the releaser's own write seats the next member."""
+    result, why, new = _decide(places, action, me, event, cap, spread, now, renew_after)
+    new = grant(new, cap, spread, now)
+    if result == "waiting" and (held := new.holder(me.vm)) is not None and held.why == CHOSEN:
+        return "acquired", "a place was free (first in line)", new
+    return result, why, new
+
+
+def _decide(places: Places, action: Action, me: Me, event: str, cap: int, spread: str, now: datetime,
+            renew_after: float) -> tuple[str, str, Places]:
+    held = places.holder(me.vm)
+    if action == FORCE and held is not None and held.why == CHOSEN:  # handed a place it had not noticed yet
+        return "acquired", "a member's release handed it the place", take(places, me, event, CHOSEN, now)
     if action == FORCE:
         return "forced", "its last safe moment came without a place", take(places, me, event, FORCED, now)
     if action == TAKE:
+        if held is not None and held.event == event and _age(held.renewed, now) < renew_after:
+            return "acquired", "a member's release handed it the place", places
         why = blocked(places, me, cap, spread)
         if why is None:
             return "acquired", "a place was free", take(places, me, event, CHOSEN, now)
@@ -331,6 +368,5 @@ def apply_step(places: Places, action: Action, me: Me, event: str, cap: int, spr
     if action == RELEASE:
         return "released", "back in rotation", release(places, me.vm, now)
     if action == RENEW:
-        held = places.holder(me.vm)
         return "renewed", "still out", take(places, me, held.event, held.why, now) if held else places
     return "read", "", places if me.vm in places.members else register(places, me.vm, now)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 from agent import logs
 from agent.clock import Clock
 from agent.coordination.store.history_protocol import (
+    EventHistory,
     VmOutcome,
     day_folder,
     days,
@@ -44,12 +45,30 @@ RECORDED: Final = "recorded"
 EXISTED: Final = "existed"
 """The create found the record there (a retry of a write that had landed)."""
 FAILED: Final = "failed"
+
+
+class HistoryNote(TypedDict):
+    """The state store's `history` record of an event."""
+
+    status: HistoryStatus
+    attempt: int
+    at: str
+    error: NotRequired[str]
+
+
+class HistoryRead(TypedDict):
+    """The group's history as /v1/fleet/history shows it (with the backend's name)."""
+
+    group: str
+    since: str
+    events: list[EventHistory]
+    unreadable_records: int
 MAX_ATTEMPTS = 2
 """Creates per VM per event at most (the first, and one more after a failure or a restart mid-request)."""
 RETRY_AFTER = 60.0
 """Seconds after a failed write before the one retry."""
 
-Note = Callable[[str, dict[str, Any], bool], None]
+Note = Callable[[str, HistoryNote, bool], None]
 """(event_id, value, write_through): record the write's progress under HISTORY_KEY in the state store."""
 
 
@@ -115,7 +134,7 @@ class FleetHistory:
         except StoreError as exc:
             self._failed(eid, attempt, exc)
             return
-        status = RECORDED if etag is not None else EXISTED
+        status: HistoryStatus = RECORDED if etag is not None else EXISTED
         self.note(eid, {"status": status, "attempt": attempt, "at": iso_z(self.clock.now())}, False)
         self.log.info("history.recorded", event_id=eid, group=group, attempt=attempt, already=etag is None,
                       out_seconds=outcome.out_seconds, prepared_before_start=outcome.prepared_before_start)
@@ -130,7 +149,7 @@ class FleetHistory:
                          effect="this VM is missing from the event's fleet history" if last
                          else f"retried once in {RETRY_AFTER:.0f}s")
 
-    def read(self, group: str, since: datetime, now: datetime) -> dict[str, Any]:
+    def read(self, group: str, since: datetime, now: datetime) -> HistoryRead:
         """The group's events that ended since `since` (raises StoreError when the store cannot answer)."""
         store = self.store()
         records, problems = [], 0

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from agent.coordination.store.store_protocol import APPROVED, Item
 from agent.model.timefmt import iso_z, iso_z_or_none, parse_iso
@@ -190,7 +190,56 @@ def most_out_at_once(intervals: Iterable[tuple[datetime, datetime]]) -> int:
     return most
 
 
-def summary(records: Sequence[VmOutcome]) -> dict[str, Any]:
+class EventSummary(TypedDict):
+    """One event across its VMs, in /v1/fleet/history."""
+
+    vms: int
+    most_out_at_once: int
+    longest_out_seconds: float | None
+    longest_out_vm: str | None
+    not_prepared_before_start: list[str]
+    forced: list[str]
+
+
+class HandlerRun(TypedDict):
+    """One handler's run in one phase, as a VM's record lists it."""
+
+    handler: str
+    phase: str
+    outcome: str
+
+
+class VmRecordView(TypedDict):
+    """One VM's outcome for an event, in /v1/fleet/history."""
+
+    vm: str
+    out_at: str | None
+    back_at: str | None
+    out_seconds: float | None
+    ready_at: str | None
+    started_at: str | None
+    prepared_before_start: bool | None
+    approved_by: str | None
+    approved_at: str | None
+    chosen_or_forced: str | None
+    ended_at: str
+    handlers: list[HandlerRun]
+
+
+class EventHistory(TypedDict):
+    """One event that ended, in /v1/fleet/history: its summary and its VMs."""
+
+    event_id: str
+    event_type: str
+    not_before: str | None
+    ended_at: str
+    approved_by: str | None
+    approved_at: str | None
+    summary: EventSummary
+    vms: list[VmRecordView]
+
+
+def summary(records: Sequence[VmOutcome]) -> EventSummary:
     """One event across its VMs: how many, the most out of rotation at once, the longest out, who was not prepared
     before the start."""
     outs = [(r.out_at, r.back_at or r.ended_at) for r in records if r.out_at is not None]
@@ -202,7 +251,7 @@ def summary(records: Sequence[VmOutcome]) -> dict[str, Any]:
             "forced": sorted(r.vm for r in records if r.chosen == "forced")}
 
 
-def record_view(r: VmOutcome) -> dict[str, Any]:
+def record_view(r: VmOutcome) -> VmRecordView:
     out = r.out_seconds
     return {"vm": r.vm, "out_at": iso_z_or_none(r.out_at), "back_at": iso_z_or_none(r.back_at),
             "out_seconds": None if out is None else round(out, 1), "ready_at": iso_z_or_none(r.ready_at),
@@ -212,13 +261,13 @@ def record_view(r: VmOutcome) -> dict[str, Any]:
             "handlers": [{"handler": h, "phase": p, "outcome": o} for h, p, o in r.handlers]}
 
 
-def history_view(records: Iterable[VmOutcome], since: datetime) -> list[dict[str, Any]]:
+def history_view(records: Iterable[VmOutcome], since: datetime) -> list[EventHistory]:
     """The group's events that ended since `since`, oldest first: each with its summary and its VMs (one record
     per VM: a VM listed twice, from two day folders, counts once)."""
     by_event: dict[str, dict[str, VmOutcome]] = {}
     for r in records:
         by_event.setdefault(r.event_id, {}).setdefault(r.vm.lower(), r)
-    events = []
+    events: list[EventHistory] = []
     for event_id, vms in by_event.items():
         rs = sorted(vms.values(), key=lambda r: r.vm)
         ended = max(r.ended_at for r in rs)

@@ -1,0 +1,120 @@
+"""Wake hints of the disruption budget: a member whose write handed a place to a waiter tells it so, at once.
+
+Blob storage has no watch. The handoff (`budget_rules.grant`) seats the next member in the releaser's own
+write; the releaser then POSTs `{url}/v1/budget/wake` to the member's advertised API (`url` in its entry of
+the places record) so it reads the record now instead of on its fallback poll. A hint carries no authority:
+the member acts only on what it reads in the store, so a forged, late or lost hint costs at most a read.
+Sending runs on its own worker lanes with a short timeout (never the loop, never the budget's store lane); a
+failure is a debug log and `maintd_budget_wake_hints_total{outcome="failed"}`. Receiving only raises a flag
+the loop takes in on its next tick, where reads it causes are at most one per WAKE_GAP.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+
+from agent import logs
+from agent.addresses import is_loopback_url, parse_listen
+from agent.coordination.store.budget_rules import Entry
+from agent.lanes import Lanes
+
+if TYPE_CHECKING:
+    import requests
+
+WAKE_PATH = "/v1/budget/wake"
+HINT_TIMEOUT = 2.0
+"""Seconds one hint may take, connect and answer; then it counts as failed (the fallback poll remains)."""
+WAKE_GAP = 1.0
+"""At most one store read per this many seconds comes from wake hints, however many arrive."""
+IMDS_ADDRESS = "169.254.169.254"
+
+
+class WakeAnswer(TypedDict):
+    """`POST /v1/budget/wake`'s answer: whether the hint named this VM (then it reads the record soon)."""
+
+    woken: bool
+
+
+def advertised(advertise: str, listen: str, local_ip: Callable[[], str | None]) -> str:
+    """The base URL this member writes into its entry for wake hints ("" none). `advertise`: auto, none or a URL;
+    auto: the server's port on the address it listens on, or on this VM's private IP when it listens on every
+    address; none when it listens on loopback only (no other VM could reach it)."""
+    if advertise == "none":
+        return ""
+    if advertise != "auto":
+        return advertise.rstrip("/")
+    host, port = parse_listen(listen)
+    if host not in ("0.0.0.0", "::", ""):
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        return "" if is_loopback_url(url) else url
+    ip = local_ip()
+    return f"http://{ip}:{port}" if ip else ""
+
+
+def primary_ip() -> str | None:
+    """This VM's private IP: the source address of its route towards IMDS (a UDP connect sends no packet)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((IMDS_ADDRESS, 80))
+            ip = s.getsockname()[0]
+    except OSError:
+        return None
+    return ip if isinstance(ip, str) and not ip.startswith(("0.", "127.")) else None
+
+
+class Hinter(Protocol):
+    """What the budget needs of `WakeSender` (an in-process stand-in in tests and the bench)."""
+
+    def send(self, group: str, targets: Sequence[Entry]) -> None: ...
+    def wait_idle(self, timeout: float) -> bool: ...
+    def stop(self) -> None: ...
+
+
+class WakeSender:
+    """Sends wake hints on its own lanes (one per target); thread-safe."""
+
+    def __init__(self, token_reader: Callable[[], str | None], metrics: Any, timeout: float = HINT_TIMEOUT) -> None:
+        self.token_reader, self.metrics, self.timeout = token_reader, metrics, timeout
+        self.log = logs.get("budget")
+        self._lanes = Lanes(2, "budget-wake", metrics.lane_errors.labels("budget-wake").inc)
+        self._lock = threading.Lock()
+        self._session: requests.Session | None = None
+
+    def send(self, group: str, targets: Sequence[Entry]) -> None:
+        """Hint each of `targets` that has a URL (the loop's or a worker's thread: returns at once)."""
+        for t in targets:
+            if t.url:
+                self._lanes.submit(t.url, functools.partial(self._post, group, t.vm, t.url))
+
+    def _post(self, group: str, vm: str, url: str) -> None:
+        from agent import boundedhttp
+
+        with self._lock:
+            if self._session is None:
+                self._session = boundedhttp.session(4, trust_env=False)
+            session = self._session
+        token = self.token_reader()
+        try:
+            r = boundedhttp.exchange(session, "POST", url + WAKE_PATH, timeout=self.timeout, max_bytes=4096,
+                                     truncate=True, json={"group": group, "vm": vm},
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+            error = None if 200 <= r.status < 300 else f"answered {r.status}"
+        except Exception as exc:  # a hint is best effort: nothing it met may stop the lane
+            error = f"{type(exc).__name__}: {str(exc)[:120]}"
+        self.metrics.budget_wake.labels("failed" if error else "sent").inc()
+        if error:
+            self.log.debug("budget.wake_failed", vm=vm, url=url, error=error,
+                           effect="the member reads the record on its fallback poll")
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self._lanes.wait_idle(timeout)
+
+    def stop(self) -> None:
+        self._lanes.shutdown()
+        with self._lock:
+            if self._session is not None:
+                self._session.close()

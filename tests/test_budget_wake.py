@@ -1,0 +1,106 @@
+"""The budget's wake hint over real sockets: a release's hint reaches the member handed a place through
+POST /v1/budget/wake, guarded like the peers' reads (coordination.token_file); bad input is a 400, never a
+crash; a hint nobody takes is only counted; and where a member says it takes hints (`advertise`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from agent.clock import FakeClock
+from agent.coordination.store.budget import Budget
+from agent.coordination.store.budget_rules import CHOSEN, Entry
+from agent.coordination.store.budget_wake import WakeSender, advertised
+from agent.http.routes import ApiError, ApiServer
+from agent.metrics import Metrics
+from tests.budget_fakes import CasStore, member, want
+from tests.test_budget import settle
+from tests.test_server import FakeBackend, session, url
+
+
+class WakeBackend(FakeBackend):
+    """The test server's backend with a real budget behind /v1/budget/wake (as `LocalApi.budget_wake`)."""
+
+    budget: Budget
+
+    def budget_wake(self, body: Any) -> dict[str, Any]:
+        try:
+            return self.budget.wake(body)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+
+
+@pytest.fixture
+def waiting():  # type: ignore[no-untyped-def]
+    """`b` waits for the place `a` holds (a 10-minute fallback poll) and takes hints at a real server on
+    127.0.0.1; `a` sends its hints with the real sender."""
+    backend = WakeBackend()
+    backend.peer_token = "peer-token"
+    srv = ApiServer("0.0.0.0:0", backend, Metrics(), token_reader=lambda: "operator", max_body_bytes=2048)
+    srv.serve_in_background()
+    port = srv.socket.getsockname()[1]
+    clock = FakeClock()
+    store = CasStore(clock)
+    nb = clock.now() + timedelta(hours=1)
+    metrics = Metrics()
+    a, _ = member(store, clock, "a", hints=WakeSender(lambda: "peer-token", metrics), fallback_poll=600)
+    b, _ = member(store, clock, "b", url=url(port, ""), fallback_poll=600)
+    backend.budget = b
+    wants = {"a": [want("ea", nb)], "b": [want("eb", nb)]}
+    settle([a], wants, {})
+    assert not settle([b], wants, {})["b"].allowed
+    yield metrics, a, b, wants, port
+    srv.close()
+    a.stop()
+    b.stop()
+
+
+def test_a_release_hands_the_place_over_and_its_hint_makes_the_member_leave_at_once(waiting) -> None:  # type: ignore[no-untyped-def]
+    """Over real sockets: `a` back in rotation; `b`, handed the place in a's write and hinted through POST
+    /v1/budget/wake, takes it with no time passing (its own poll is 10 minutes away)."""
+    metrics, a, b, wants, _ = waiting
+    wants.pop("a")
+    settle([a], wants, {})
+    assert [(h["vm"], h["why"]) for h in a.publish()["holders"]] == [("b", CHOSEN)]
+    assert 'maintd_budget_wake_hints_total{outcome="sent"} 1.0' in metrics.render().decode()
+    assert settle([b], wants, {})["b"].allowed == {"eb"}
+
+
+def test_the_wake_endpoint_needs_the_peer_token_and_bad_input_is_a_400(waiting) -> None:  # type: ignore[no-untyped-def]
+    *_, port = waiting
+    remote = session("127.0.0.2")
+    wake = url(port, "/v1/budget/wake")
+    assert remote.post(wake, json={"vm": "b"}).status_code == 401
+    good = {"Authorization": "Bearer peer-token"}
+    r = remote.post(wake, json={"group": "web", "vm": "b"}, headers=good)
+    assert (r.status_code, r.json()) == (202, {"woken": True})
+    for body in (b"[1]", b'"x"', b'{"vm": 5}', b"{", b"\xff" * 40):
+        r = remote.post(wake, data=body, headers={**good, "Content-Type": "application/json"})
+        assert r.status_code == 400, body
+    assert remote.post(wake, json={"vm": "b"}, headers=good).status_code == 202  # still serving
+    assert remote.get(wake, headers=good).status_code == 405
+
+
+def test_a_hint_nobody_takes_is_counted_and_never_stops_the_sender() -> None:
+    metrics = Metrics()
+    sender = WakeSender(lambda: None, metrics, timeout=0.5)
+    now = FakeClock().now()
+    sender.send("web", [Entry("gone", "1", "0", "e", CHOSEN, now, now, "http://127.0.0.1:9"),
+                        Entry("nourl", "1", "0", "e", CHOSEN, now, now)])
+    assert sender.wait_idle(5)
+    assert 'maintd_budget_wake_hints_total{outcome="failed"} 1.0' in metrics.render().decode()
+    sender.stop()
+
+
+@pytest.mark.parametrize("advertise, listen, ip, expected", [
+    ("auto", "0.0.0.0:8088", "10.0.0.5", "http://10.0.0.5:8088"),
+    ("auto", "10.0.0.7:9000", None, "http://10.0.0.7:9000"),
+    ("auto", "127.0.0.1:8088", "10.0.0.5", ""),
+    ("auto", "0.0.0.0:8088", None, ""),
+    ("none", "0.0.0.0:8088", "10.0.0.5", ""),
+    ("http://vm-3.internal:8088/", "127.0.0.1:8088", None, "http://vm-3.internal:8088"),
+])
+def test_where_a_member_takes_hints(advertise: str, listen: str, ip: str | None, expected: str) -> None:
+    assert advertised(advertise, listen, lambda: ip) == expected
