@@ -311,6 +311,7 @@ def test_an_identity_change_to_auto_is_learned_off_the_loop_and_reaches_every_pa
     assert agent.api.status()["vm_name"] == "vm-auto" and agent.parts.services.settings.vm_name == "vm-auto"
     assert agent.coordinator.identity == Identity("vm-auto", "vm-auto", "")
     agent.reload_with("identity: {name: vm3}\n")
+    polls_during(agent, clock, 1)  # the identity reaches the coordinator in the next pass's Tick
     assert agent.coordinator.identity is None, "a named VM addresses peers as a fresh start with that name does"
     assert agent.api.status()["vm_name"] == "vm3" and agent.parts.services.settings.vm_name == "vm3"
 
