@@ -1,11 +1,13 @@
-"""Readiness reaches the approval through the loop's inbox: a handler's thread only hands its result
-over, the loop decides on it at once (the approval does not wait for the next poll), and nothing of
-the loop's is read on another thread. A fake clock: the loop never sleeps, the hook is a real process."""
+"""One loop pass reads top-down: readiness reaches the approval through the loop's inbox (a handler's
+thread only hands its result over, the loop decides on it at once, not at the next poll, and nothing
+of the loop's is read on another thread), and the profile in force is chosen on every pass, not only
+after a successful poll. A fake clock: the loop never sleeps; the hook is a real process."""
 
 from __future__ import annotations
 
 import sys
 import threading
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 from agent.config.config import loads
 from agent.loop.daemon import Daemon
 from agent.systemd import Notifier
-from tests.test_daemon import SE, doc, imds, reboot  # noqa: F401 (IMDS scripted for the daemon's life; approvals succeed)
+from tests.test_daemon import SE, doc, imds, reboot, run_for  # noqa: F401 (IMDS scripted for the daemon's life; approvals succeed)
 
 HOOK = "import os, time\nwhile not os.path.exists(os.environ['GO']): time.sleep(0.005)\n"
 
@@ -81,3 +83,25 @@ def test_a_finished_handler_reads_nothing_of_the_loop_on_its_thread(started, tmp
     assert elsewhere == []
     d.tick()
     assert d.coordinator.wait_idle(5) and requests_of(imds, "POST") == 1
+
+
+def test_the_profile_in_force_follows_the_clock_while_imds_does_not_answer(tmp_path, clock, imds):
+    """IMDS answers 500 for the whole hour; at 10:20 the slot opens: `maintd status` and maintd_profile_active
+    say so at once, not only after the next successful poll."""
+    imds.get(SE, status=500)
+    start = clock.now()
+    d = Daemon(loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: '{imds.url}'}}\n"
+                     "profiles:\n  - {name: slot, approval: auto, fixed_date: "
+                     f"{{start: '{(start + timedelta(minutes=20)).isoformat()}', "
+                     f"end: '{(start + timedelta(hours=1)).isoformat()}'}}}}\n"
+                     "  - {name: default, approval: never}\n"), clock, boot_id="boot-1", notifier=Notifier({}))
+    d.start()
+    try:
+        run_for(d, clock, 19 * 60)
+        assert d.view.profile.name == "default"
+        run_for(d, clock, 2 * 60)
+        assert d.cadence.last_success is None, "IMDS never answered"
+        assert d.view.profile.name == "slot"
+        assert 'maintd_profile_active{profile="slot"} 1.0' in d.metrics.render().decode()
+    finally:
+        d.shutdown()
