@@ -42,7 +42,6 @@ from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 from agent.model.approval import APPROVAL_KEY, MANUAL, MANUAL_APPROVAL_KEY, SENDING, SENT, has_status
 from agent.model.events import SCHEDULED
 from agent.model.gate_specs import NO_GATES, Gates
-from agent.model.identity import Identity
 from agent.model.tracker import Tracked
 from agent.state.state_store import Store
 from agent.windows.approval_policy import Decision, decide
@@ -123,11 +122,6 @@ class Coordinator:
                                  right=self.still_right)
 
     # --- peers ------------------------------------------------------------------------
-
-    @property
-    def identity(self) -> Identity | None:
-        """This VM's compute identity for scale-set addressing, as the last `Tick` gave it."""
-        return self.directory.identity
 
     def address(self, name: str) -> Address:
         """Where a peer is asked (see `directory`)."""
