@@ -9,8 +9,10 @@ The POST (`approver`) is recorded before (`sending`) and after (`sent` or `faile
 store: a restart never re-sends a `sent` approval, and a `sending` one (crash between POST and
 record) is sent again only if the event is still Scheduled after RETRY_FAILED_AFTER seconds — time
 for IMDS to show the first one took effect; a repeat would be harmless (IMDS answers 200) but is
-avoided. The loop calls `tick` only right after a successful poll, so no approval is ever sent on
-stale data.
+avoided. The loop calls `tick` right after a successful poll, or when a VM just became ready or
+another VM's word came in shortly after one, so no approval is ever sent on stale data. What it decides on
+is the loop's `Tick` for that pass (the clock reading, the events, this VM's name and identity, the
+profile, each event's pending handlers): it asks neither the clock nor the runner itself.
 
 One owner: the per-event state (`EventCoordination`) is the loop's. The approver hands its outcomes
 back through a queue the next tick drains; the backend keeps its own state and publishes its own
@@ -40,7 +42,6 @@ from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 from agent.model.approval import APPROVAL_KEY, MANUAL, MANUAL_APPROVAL_KEY, SENDING, SENT, has_status
 from agent.model.events import SCHEDULED
 from agent.model.gate_specs import NO_GATES, Gates
-from agent.model.identity import Identity
 from agent.model.tracker import Tracked
 from agent.state.state_store import Store
 from agent.windows.approval_policy import Decision, decide
@@ -100,7 +101,6 @@ class Coordinator:
         self.settings, self.health, self.budget = settings, health, budget
         self.approve_fn = approve
         self.store = store
-        self.clock = clock
         self.metrics = metrics
         self.poll_interval = poll_interval
         self.on_change = on_change
@@ -123,15 +123,6 @@ class Coordinator:
 
     # --- peers ------------------------------------------------------------------------
 
-    @property
-    def identity(self) -> Identity | None:
-        """This VM's compute identity (set by the daemon once IMDS told it), for scale-set addressing."""
-        return self.directory.identity
-
-    @identity.setter
-    def identity(self, value: Identity | None) -> None:
-        self.directory.identity = value
-
     def address(self, name: str) -> Address:
         """Where a peer is asked (see `directory`)."""
         return self.directory.address(name)
@@ -147,11 +138,14 @@ class Coordinator:
     # --- decisions ----------------------------------------------------------------------
 
     def tick(self, tick: Tick) -> None:
-        """Ask the backend and decide for every Scheduled event naming this VM; send approvals due."""
-        tracked, vm_name, profile, dry_run = tick.tracked, tick.vm_name, tick.profile, tick.dry_run
-        now = self.clock.monotonic()
+        """Ask the backend and decide for every Scheduled event naming this VM; send approvals due (nothing
+        while this VM's name is not known)."""
+        tracked, vm_name, profile, dry_run, now = tick.tracked, tick.vm_name, tick.profile, tick.dry_run, tick.monotonic
+        if vm_name is None:
+            return
+        self.directory.identity = tick.identity
         self.scheduled = frozenset(eid for eid, t in tracked.items() if t.event.status == SCHEDULED)
-        self.absorb()
+        self.absorb(now)
         self.backend.begin()
         leading: dict[str, int] = {}
         for event_id in [e for e in self._events if e not in tracked]:
@@ -200,14 +194,15 @@ class Coordinator:
         self.backend.end(set(self._events))
         self._publish()
 
-    def absorb(self) -> None:
-        """Take the approver's outcomes into the loop's state and publish it (each tick starts with this)."""
+    def absorb(self, now: float) -> None:
+        """Take the approver's outcomes into the loop's state and publish it (each tick starts with this; `now`:
+        the pass's monotonic reading)."""
         outcomes = self.approver.outcomes()
         for outcome in outcomes:
             if (done := self._events.get(outcome.event_id)) is not None:
                 done.sending, done.held = False, outcome.held
                 if outcome.held is not None:  # asked again at a bounded pace, not on the wake this outcome makes
-                    done.gate_due = self.clock.monotonic() + gate_recheck_delay(self.settings.approval_retry_for)
+                    done.gate_due = now + gate_recheck_delay(self.settings.approval_retry_for)
                 done.failed_at = outcome.failed_at if outcome.failed_at is not None else done.failed_at
         if outcomes:
             self._publish()

@@ -26,7 +26,7 @@ from agent import logs
 from agent.errors import kept_in_memory
 from agent.handlers.base import Context, Handler, Result, Services
 from agent.lanes import Lanes
-from agent.model.events import SCHEDULED, STARTED, Event, parse_event
+from agent.model.events import Event, parse_event
 from agent.model.outcomes import (
     CANCELED,
     FAILED,
@@ -34,12 +34,11 @@ from agent.model.outcomes import (
     OK,
     PHASE_COMPLETED,
     PHASE_SCHEDULED,
-    PHASE_STARTED,
     RUNNING,
     SKIPPED,
 )
 from agent.model.timefmt import iso_z
-from agent.model.tracker import Tracked, Transition, phase_for
+from agent.model.tracker import Tracked, Transition, phase_for, phase_in
 from agent.prepare.run_records import RunKey, attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
 
 DEADLINE_MARGIN = 5.0
@@ -93,8 +92,7 @@ class Runner:
         """After a restart: settle interrupted runs, then queue the phase each present event is in, and
         the `completed` phase of a gone event whose completed run was interrupted (the undrain, say)."""
         for eid, t in tracked.items():
-            phase = PHASE_SCHEDULED if t.event.status == SCHEDULED else \
-                PHASE_STARTED if t.event.status == STARTED else None
+            phase = phase_in(t.event)
             self._settle(eid, phase)
             if phase:
                 self._enqueue(phase, t.event, t.names_self, None)
