@@ -35,6 +35,7 @@ from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peer_addressing import Address
 from agent.coordination.peers.peer_backend import PeerBackend
 from agent.coordination.peers.peer_exchange import PeerExchange
+from agent.health.health_json import HealthView
 from agent.health.health_store import HealthStore
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 from agent.model.approval import APPROVAL_KEY, MANUAL, MANUAL_APPROVAL_KEY, SENDING, SENT, has_status
@@ -92,7 +93,7 @@ class Coordinator:
     def __init__(self, settings: CoordinationConfig, *, approve: Callable[[list[str]], None], store: Store,
                  clock: Clock, metrics: Metrics, token_reader: Callable[[], str | None] = lambda: None,
                  poll_interval: float = 1.0, on_change: Callable[[], None] = lambda: None,
-                 gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
+                 gates: Gates = NO_GATES, local_health: Callable[[], HealthView | None] = lambda: None,
                  warning_as_error: bool = False, health: HealthStore | None = None,
                  backend: Backend | None = None, budget: ApprovalBudget | None = None) -> None:
         """`backend`: the blob store's (`coordination.backend: azure_blob`); the peers' when none is given;

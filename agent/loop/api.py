@@ -21,6 +21,7 @@ from agent.coordination.store.fleet_history import FleetHistory, HistoryRead
 from agent.coordination.store.history_protocol import NO_GROUP
 from agent.coordination.store.store_protocol import StoreError
 from agent.handlers.base import NOTE_PREFIX
+from agent.health.health_json import HealthView
 from agent.health.health_store import HealthStore, parse_report
 from agent.health.rotation import MANUAL, Drain, Rotation
 from agent.http.auth import peer_authorized
@@ -264,7 +265,7 @@ class LocalApi:
     def events(self) -> list[dict[str, Any]]:
         return [v for v in (self.event(eid) for eid in list(self.view().tracked)) if v is not None]
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> HealthView:
         return self.health_store.to_json(self.view().config.health.consider_warning_as_error)
 
     def drain(self, reason: str, by: str) -> DrainAnswer:

@@ -29,6 +29,7 @@ from agent.coordination.store.store_protocol import (
     post_deadline,
     unstorable,
 )
+from agent.health.health_json import HealthView
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import STORE_OPS, Metrics
 from agent.model.approval import IMMEDIATE
@@ -46,8 +47,9 @@ def marker_state(pending: Sequence[str]) -> str:
     return PREPARING if pending else READY
 
 
-def own_health(local_health: dict[str, Any], event_id: str, warning_as_error: bool) -> str:
-    """This VM's health as the fleet gate counts it (its own reports about the event left out)."""
+def own_health(local_health: HealthView | None, event_id: str, warning_as_error: bool) -> str:
+    """This VM's health as the fleet gate counts it (its own reports about the event left out; None, not known:
+    unhealthy)."""
     return OK if peer_state(local_health, event_id, warning_as_error) == OK else UNHEALTHY
 
 
@@ -57,7 +59,7 @@ class StoreBackend:
     def __init__(self, config: AzureBlobConfig, *, token: Fetch, clock: Clock, metrics: Metrics,
                  health: HealthStore, secret: Callable[[str, str | None], str | None],
                  on_change: Callable[[], None], takeover_after: Callable[[], float],
-                 local_health: Callable[[], dict[str, Any]] = lambda: {},
+                 local_health: Callable[[], HealthView | None] = lambda: None,
                  warning_as_error: Callable[[], bool] = lambda: False) -> None:
         self.local_health = local_health
         self.warning_as_error = warning_as_error
