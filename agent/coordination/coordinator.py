@@ -29,7 +29,7 @@ from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.approver import Approver, Order
-from agent.coordination.backend import Backend
+from agent.coordination.backend import Backend, BackendStatus, FleetEvent
 from agent.coordination.coordination_rules import Held, gate_recheck_delay
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peer_addressing import Address
@@ -257,12 +257,12 @@ class Coordinator:
             **self.backend.view(event_id),
         }
 
-    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> dict[str, Any]:
+    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> BackendStatus:
         """For `maintd status`: the store and its last answer, or the peers' addresses and answers per event."""
         return self.backend.status(tracked, vm_name)
 
     def fleet(self, tracked: Mapping[str, Tracked], vm_name: str | None,
-              is_ready: Callable[[Tracked], bool]) -> list[dict[str, Any]]:
+              is_ready: Callable[[Tracked], bool]) -> list[FleetEvent]:
         """Each pending event naming this VM: its VMs' states, who approved (from the store, or the peers)."""
         return self.backend.fleet(tracked, vm_name, is_ready, lambda eid: self.store.result(eid, APPROVAL_KEY))
 

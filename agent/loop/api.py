@@ -16,6 +16,7 @@ from typing import Any, NotRequired, TypedDict
 from agent import __version__, logs
 from agent.clock import Clock
 from agent.config.config import Config
+from agent.coordination.backend import BackendStatus, FleetEvent
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.store.fleet_history import FleetHistory, HistoryRead
 from agent.coordination.store.history_protocol import NO_GROUP
@@ -59,6 +60,47 @@ class LoopView:
         c = self.config.imds
         allowance = max(c.poll_interval, c.max_backoff) + c.first_timeout + 5.0
         return max(0.0, now - self.last_tick - allowance)
+
+
+class ImdsStatus(TypedDict):
+    """`maintd status`'s `imds`: the endpoint polled and how the polls go."""
+
+    endpoint: str
+    last_success_seconds_ago: float | None
+    consecutive_failures: int
+    polls: int
+    document_incarnation: int | None
+
+
+class StateStatus(TypedDict):
+    """`maintd status`'s `state`: the state directory and whether the disk takes its writes."""
+
+    dir: str
+    unsaved_changes: bool
+    write_error: str | None
+
+
+class StatusAnswer(BackendStatus):
+    """The answer to GET /v1/status (`maintd status`); the coordination backend's part comes last."""
+
+    version: str
+    vm_name: str | None
+    dry_run: bool
+    in_rotation: bool
+    rotation_reason: str
+    drains: dict[str, Drain]
+    health: str
+    imds: ImdsStatus
+    events: int
+    events_naming_this_vm: int
+    not_ready: dict[str, list[str]]
+    """Per Scheduled event naming this VM, what keeps it from being ready."""
+    state: StateStatus
+    profile: str
+    profile_approval: str
+    profile_next_change: str | None
+    restart_needed: list[str]
+    notes: dict[str, str]
 
 
 class DrainAnswer(TypedDict):
@@ -105,8 +147,8 @@ class FleetView(TypedDict):
 
     vm_name: str | None
     backend: str
-    events: list[dict[str, Any]]
-    """Each pending event naming this VM, as the backend shows it (its shape is the backend's)."""
+    events: list[FleetEvent]
+    """Each pending event naming this VM, as the backend shows it (its `source` says which)."""
     budget: NotRequired[dict[str, Any]]
     """The disruption budget's view (store backend with a budget)."""
 
@@ -158,7 +200,7 @@ class LocalApi:
     def metrics_text(self) -> bytes:
         return self.metrics.render()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusAnswer:
         lv = self.view()
         v = self.rotation.verdict()
         since = self.clock.monotonic() - lv.last_success if lv.last_success is not None else None

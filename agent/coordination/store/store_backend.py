@@ -16,7 +16,7 @@ from typing import Any
 
 from agent import logs
 from agent.clock import Clock
-from agent.coordination.backend import EventView, FleetStates, Inputs
+from agent.coordination.backend import BackendStatus, EventView, FleetEvent, FleetStates, Inputs
 from agent.coordination.coordination_rules import OK, UNHEALTHY, UNREACHABLE, peer_state
 from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.coordination.store.store_claim import StoreClaims
@@ -180,7 +180,7 @@ class StoreBackend:
         """The peers' fields of /v1/events/{id}, empty: no peer is asked on this backend."""
         return {"acting_leader": None, "readiness_pushed_to": None, "peers_ready": 0, "peers_known": 0, "peers": {}}
 
-    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> dict[str, Any]:
+    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> BackendStatus:
         """For `maintd status`: the store, its last answer and how long ago."""
         snap = self.exchange.snapshot
         age = None if snap.last_answer_at is None else round(self.clock.monotonic() - snap.last_answer_at, 1)
@@ -188,7 +188,7 @@ class StoreBackend:
                                  "store_last_answer_seconds_ago": age}}
 
     def fleet(self, tracked: Mapping[str, Tracked], vm_name: str | None, is_ready: Callable[[Tracked], bool],
-              approval: Callable[[str], dict[str, Any] | None]) -> list[dict[str, Any]]:
+              approval: Callable[[str], dict[str, Any] | None]) -> list[FleetEvent]:
         """For `maintd fleet`: each event naming this VM still in the document, its VMs and their state as the
         store last said, and who approved (or claimed) and when."""
         return [{"event_id": v.event_id, "source": "store",
