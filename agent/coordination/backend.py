@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 from agent.coordination.peers.peer_directory import PeerSources
+from agent.model.approval import ApprovalView
 from agent.model.events import Event
 from agent.model.tracker import Tracked
 
@@ -59,6 +60,17 @@ class EventView(TypedDict):
     peers_ready: int
     peers_known: int
     peers: dict[str, PeerView]
+
+
+class CoordinationView(ApprovalView):
+    """The coordination fields of /v1/events/{id} and `maintd events` (`Coordinator.view`): the approval's, then
+    the backend's (`EventView`), both only once the coordinator has decided for the event."""
+
+    acting_leader: NotRequired[str | None]
+    readiness_pushed_to: NotRequired[str | None]
+    peers_ready: NotRequired[int]
+    peers_known: NotRequired[int]
+    peers: NotRequired[dict[str, PeerView]]
 
 
 class PeersCoordination(PeerSources):

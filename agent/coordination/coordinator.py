@@ -29,7 +29,7 @@ from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.approver import Approver, Order
-from agent.coordination.backend import Backend, BackendStatus, FleetEvent
+from agent.coordination.backend import Backend, BackendStatus, CoordinationView, FleetEvent
 from agent.coordination.coordination_rules import Held, gate_recheck_delay
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peer_addressing import Address
@@ -242,7 +242,7 @@ class Coordinator:
 
     # --- views --------------------------------------------------------------------------
 
-    def view(self, event_id: str) -> dict[str, Any]:
+    def view(self, event_id: str) -> CoordinationView:
         """Coordination fields for /v1/events/{id} and `maintd events` (any thread: the published snapshot)."""
         shown = self.published.get(event_id)
         approval = self.store.result(event_id, APPROVAL_KEY)

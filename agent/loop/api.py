@@ -16,7 +16,7 @@ from typing import Any, NotRequired, TypedDict
 from agent import __version__, logs
 from agent.clock import Clock
 from agent.config.config import Config
-from agent.coordination.backend import BackendStatus, FleetEvent
+from agent.coordination.backend import BackendStatus, CoordinationView, FleetEvent
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.store.fleet_history import FleetHistory, HistoryRead
 from agent.coordination.store.history_protocol import NO_GROUP
@@ -29,11 +29,13 @@ from agent.http.auth import peer_authorized
 from agent.http.routes import ApiError
 from agent.metrics import Metrics
 from agent.model.approval import MANUAL_APPROVAL_KEY
-from agent.model.events import SCHEDULED
+from agent.model.events import SCHEDULED, EventJson
 from agent.model.timefmt import iso_z, iso_z_or_none, since_instant
-from agent.model.tracker import Tracked
+from agent.model.tracker import Tracked, VanishOutcome
 from agent.prepare.handler_runner import Runner
 from agent.prepare.preparation import Preparation
+from agent.prepare.prepare_plan import PlanView
+from agent.state.state_file import HistoryEntry
 from agent.state.state_store import Store
 from agent.windows.approval_policy import DEFAULT_PROFILE, Profile
 
@@ -101,6 +103,24 @@ class StatusAnswer(BackendStatus):
     profile_next_change: str | None
     restart_needed: list[str]
     notes: dict[str, str]
+
+
+class EventDetail(EventJson, CoordinationView):
+    """The answer to GET /v1/events/{id} (`maintd events`): the event in IMDS field names, this VM's part in it,
+    its results and history, the coordination's fields and the plan."""
+
+    vm_name: str | None
+    present: bool
+    names_self: bool
+    rank: int | None
+    first_seen: str | None
+    ready: bool
+    not_ready: list[str]
+    results: dict[str, dict[str, Any]]
+    """Key -> a handler's run, the approval record, a handler's note: read back, each its writer's shape."""
+    history: list[HistoryEntry]
+    outcome: VanishOutcome | None
+    plan: PlanView | None
 
 
 class DrainAnswer(TypedDict):
@@ -271,7 +291,7 @@ class LocalApi:
         """Whether this VM has finished preparing for the event (every scheduled handler settled)."""
         return tracked is not None and tracked.event.status == SCHEDULED and self.runner.is_ready(tracked)
 
-    def event(self, event_id: str) -> dict[str, Any] | None:
+    def event(self, event_id: str) -> EventDetail | None:
         lv = self.view()
         tracked = lv.tracked.get(event_id)
         record = self.store.event_record(event_id)
@@ -304,7 +324,7 @@ class LocalApi:
             "plan": self.preparation.view(event_id, coordination),
         }
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[EventDetail]:
         return [v for v in (self.event(eid) for eid in list(self.view().tracked)) if v is not None]
 
     def health(self) -> HealthView:
