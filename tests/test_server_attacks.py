@@ -249,7 +249,7 @@ def test_slowloris_from_40_addresses_is_cut_at_the_deadline_while_the_probe_answ
         while time.monotonic() < end:
             for s in slow[::7]:
                 s.sendall(b"a")
-            assert probe_seconds(port) < 1.0  # an LB probe times out after 1 s; the typical figure is bench probe_flood's
+            assert probe_seconds(port) < 1.0  # an LB probe's timeout (typical: bench)
         answers = [closed_by_server(s, 3.0) for s in slow]
         assert all(a is not None and a.startswith(b"HTTP/1.1 408") for a in answers)
         assert dropped(srv, "request_timeout") == 320

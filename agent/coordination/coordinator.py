@@ -31,12 +31,13 @@ from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.approver import Approver, Order
-from agent.coordination.backend import Backend
+from agent.coordination.backend import Backend, BackendStatus, CoordinationView, FleetEvent
 from agent.coordination.coordination_rules import Held, gate_recheck_delay
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peer_addressing import Address
 from agent.coordination.peers.peer_backend import PeerBackend
 from agent.coordination.peers.peer_exchange import PeerExchange
+from agent.health.health_json import HealthView
 from agent.health.health_store import HealthStore
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 from agent.model.approval import APPROVAL_KEY, MANUAL, MANUAL_APPROVAL_KEY, SENDING, SENT, has_status
@@ -93,7 +94,7 @@ class Coordinator:
     def __init__(self, settings: CoordinationConfig, *, approve: Callable[[list[str]], None], store: Store,
                  clock: Clock, metrics: Metrics, token_reader: Callable[[], str | None] = lambda: None,
                  poll_interval: float = 1.0, on_change: Callable[[], None] = lambda: None,
-                 gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
+                 gates: Gates = NO_GATES, local_health: Callable[[], HealthView | None] = lambda: None,
                  warning_as_error: bool = False, health: HealthStore | None = None,
                  backend: Backend | None = None, budget: ApprovalBudget | None = None) -> None:
         """`backend`: the blob store's (`coordination.backend: azure_blob`); the peers' when none is given;
@@ -236,7 +237,7 @@ class Coordinator:
 
     # --- views --------------------------------------------------------------------------
 
-    def view(self, event_id: str) -> dict[str, Any]:
+    def view(self, event_id: str) -> CoordinationView:
         """Coordination fields for /v1/events/{id} and `maintd events` (any thread: the published snapshot)."""
         shown = self.published.get(event_id)
         approval = self.store.result(event_id, APPROVAL_KEY)
@@ -251,12 +252,12 @@ class Coordinator:
             **self.backend.view(event_id),
         }
 
-    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> dict[str, Any]:
+    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> BackendStatus:
         """For `maintd status`: the store and its last answer, or the peers' addresses and answers per event."""
         return self.backend.status(tracked, vm_name)
 
     def fleet(self, tracked: Mapping[str, Tracked], vm_name: str | None,
-              is_ready: Callable[[Tracked], bool]) -> list[dict[str, Any]]:
+              is_ready: Callable[[Tracked], bool]) -> list[FleetEvent]:
         """Each pending event naming this VM: its VMs' states, who approved (from the store, or the peers)."""
         return self.backend.fleet(tracked, vm_name, is_ready, lambda eid: self.store.result(eid, APPROVAL_KEY))
 

@@ -29,6 +29,7 @@ from agent.errors import ConfigError, ImdsError, kept_in_memory
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate
 from agent.handlers.spec import Settings
+from agent.health.health_json import HealthView
 from agent.health.health_store import HealthState, HealthStore
 from agent.health.rotation import Rotation
 from agent.health.sampling import RuleEngine
@@ -221,7 +222,7 @@ class Parts:
         """The bearer token for mutating endpoints from non-loopback clients."""
         return self.secrets.read("server.token_file", self.config.server.token_file)
 
-    def health_json(self) -> dict[str, Any]:
+    def health_json(self) -> HealthView:
         """The health store as /v1/health shows it (also what the fleet gate reads of this VM)."""
         return self.health.to_json(self.config.health.consider_warning_as_error)
 

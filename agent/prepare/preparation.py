@@ -22,17 +22,17 @@ import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
 
 from agent import logs
 from agent.clock import Clock
 from agent.metrics import Metrics
+from agent.model.approval import ApprovalView
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED, Event
 from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.timefmt import iso_z, parse_iso
 from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
-from agent.prepare.prepare_plan import Plan, PrepareConfig, make_plan, with_coordination
+from agent.prepare.prepare_plan import Plan, PlanView, PrepareConfig, make_plan, with_coordination
 from agent.prepare.run_records import RunKey
 from agent.state.state_store import Store
 from agent.windows.approval_policy import NOW, Profile
@@ -166,7 +166,7 @@ class Preparation:
         return PREPARATION_KEY in results or any((run := RunKey.parse(k)) is not None and run.phase == PHASE_SCHEDULED
                                                  for k in results)
 
-    def view(self, event_id: str, coordination: dict[str, Any]) -> dict[str, Any] | None:
+    def view(self, event_id: str, coordination: ApprovalView) -> PlanView | None:
         """The `plan` object of /v1/events/{id}: the plan, whether work is held, what holds the approval."""
         with self._lock:
             plan = self._plans.get(event_id)
