@@ -117,7 +117,9 @@ def test_a_50_mb_listing_is_not_read_past_the_bound(junk_store: JunkStore) -> No
     assert caught.value.outcome == "too_large"
     assert outcomes == [("list", "too_large")]
     assert junk_store.lists == 1, "retried by the SDK: maintd retries with its own backoff"
-    assert junk_store.sent < 8 * 2**20, f"{junk_store.sent / 2**20:.0f} MiB sent"
+    # the bound (4 MiB read) plus what the loopback's socket buffers take in before the hang-up (tcp_wmem's
+    # and tcp_rmem's maxima, 4 + 6 MiB on Debian 12): far from the 50 MB a read to the end would take
+    assert junk_store.sent < 20 * 2**20, f"{junk_store.sent / 2**20:.0f} MiB sent"
     store.close()
 
 
