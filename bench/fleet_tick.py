@@ -51,7 +51,8 @@ def tick_cost(n: int, ticks: int = 300, repeats: int = 5) -> dict[str, Any]:
             for _ in range(repeats):
                 start = time.perf_counter()
                 for _ in range(ticks):
-                    coord.tick(Tick.of(tracked, names[0], AUTO, False, lambda t: []))
+                    coord.tick(Tick.of(tracked, names[0], AUTO, False, lambda t: [],
+                                       now=clock.now(), monotonic=clock.monotonic()))
                 runs.append((time.perf_counter() - start) / ticks * 1000)
         finally:
             coord.stop()

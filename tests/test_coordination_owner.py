@@ -64,7 +64,8 @@ def test_views_and_hints_never_fail_while_50_events_come_and_go(tmp_path):
         try:
             for i in range(200):
                 window.append(events(clock, 5 * i, 50))
-                coord.tick(Tick.of(window[-1], "vm1", AUTO, False, lambda t: []))
+                coord.tick(Tick.of(window[-1], "vm1", AUTO, False, lambda t: [],
+                                   now=clock.now(), monotonic=clock.monotonic()))
         finally:
             done.set()
             for r in readers:

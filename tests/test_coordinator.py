@@ -72,9 +72,11 @@ def answer(peers, name, ready=True, status=200, eid="E1"):
 
 def step(coord, t, vm, pending=lambda t: [], profile=AUTO):
     """One tick, its requests and approval run to the end, and their outcomes taken as the next tick would."""
-    coord.tick(Tick.of(t, vm, profile, False, pending))
+    clock = coord.approver.clock  # the clock the test injected; the loop reads it once per pass for the Tick
+    coord.tick(Tick.of(t, vm, profile, False, pending,
+                       now=clock.now(), monotonic=clock.monotonic()))
     assert coord.wait_idle(5)
-    coord.absorb()
+    coord.absorb(clock.monotonic())
 
 
 def test_leader_approves_once_when_everyone_is_ready(tmp_path, clock, peers):

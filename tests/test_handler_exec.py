@@ -232,7 +232,7 @@ def test_a_timeout_kills_the_whole_process_tree_within_the_budget(tmp_path):
     elapsed = time.monotonic() - t0
     assert result.outcome == TIMED_OUT and result.exit_code == -9
     assert "timed out after 1s" in result.detail and result.output == "started\n"
-    assert elapsed < 1.0 + 1.5, f"the run took {elapsed:.1f}s; the runner abandons it at timeout + 5s"
+    assert elapsed < 1.0 + 3.0, f"the run took {elapsed:.1f}s; the runner abandons it at timeout + 5s"
     leader, grandchild = map(int, pids.read_text().split())
     gone_by = time.monotonic() + 2  # SIGKILL is delivered, not instant: give the kernel a moment to reap
     while (alive(leader) or alive(grandchild)) and time.monotonic() < gone_by:

@@ -306,12 +306,13 @@ def test_an_identity_change_to_auto_is_learned_off_the_loop_and_reaches_every_pa
     """From a named VM to `auto`: the loop asks IMDS on a thread of its own, then the name reaches the loop,
     the API, the handlers' settings and the coordinator's addressing (computer name, scale set)."""
     agent.reload_with("identity: {name: auto}\n")
-    assert agent.vm_name is None and agent.coordinator.identity is None
+    assert agent.vm_name is None and agent.coordinator.directory.identity is None
     wait_for(lambda: polls_during(agent, clock, 1) is not None and agent.vm_name == "vm-auto")
     assert agent.api.status()["vm_name"] == "vm-auto" and agent.parts.services.settings.vm_name == "vm-auto"
-    assert agent.coordinator.identity == Identity("vm-auto", "vm-auto", "")
+    assert agent.coordinator.directory.identity == Identity("vm-auto", "vm-auto", "")
     agent.reload_with("identity: {name: vm3}\n")
-    assert agent.coordinator.identity is None, "a named VM addresses peers as a fresh start with that name does"
+    polls_during(agent, clock, 1)  # the identity reaches the coordinator in the next pass's Tick
+    assert agent.coordinator.directory.identity is None, "a named VM addresses peers as a fresh start would"
     assert agent.api.status()["vm_name"] == "vm3" and agent.parts.services.settings.vm_name == "vm3"
 
 

@@ -61,7 +61,8 @@ def test_an_event_started_in_the_poll_during_the_backoff_is_not_posted_again(tmp
     coord = Coordinator(CoordinationConfig(), approve=failing_once(clock, 0.1, posts), store=Store(tmp_path, clock),
                         clock=clock, metrics=Metrics())
     clock.during_pause = lambda: coord.tick(Tick.of(tracked(clock, ["vm1"], status="Started"), "vm1", _auto(), False,
-                                            lambda t: []))
+                                            lambda t: [],
+                                                    now=clock.now(), monotonic=clock.monotonic()))
     step(coord, tracked(clock, ["vm1"]), "vm1")
     assert len(posts) == 1
     assert "no longer Scheduled" in next(e for e in logs if e["event"] == "approval.withheld")["reason"]

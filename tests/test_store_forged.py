@@ -66,7 +66,8 @@ def test_a_forged_marker_is_an_error_that_holds_the_fleet_gate(tmp_path, clock: 
     assert state[("coordination", "store_marker")] == HealthState.ERROR
     record = blobs.blobs[marker_blob(EVENT, ME)][0]
     assert (record["state"], record["health"]) == (PREPARING, "unhealthy")
-    coord.tick(Tick.of({}, ME, profile, False, lambda t: []))
+    coord.tick(Tick.of({}, ME, profile, False, lambda t: [],
+                       now=clock.now(), monotonic=clock.monotonic()))
     state = {(e.report.source_id, e.report.property): e.report.state for e in health.snapshot()}
     assert state[("coordination", "store_marker")] == HealthState.OK
 

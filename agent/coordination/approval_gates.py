@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from agent import logs
 from agent.coordination.backend import FleetStates
@@ -39,6 +38,7 @@ from agent.coordination.coordination_rules import (
     query_samples,
 )
 from agent.coordination.peers.peer_client import PeerClient
+from agent.health.health_json import HealthView
 from agent.metrics import Metrics
 from agent.model.gate_specs import Gates, PrometheusGate
 
@@ -47,7 +47,7 @@ class GateChecker:
     """Evaluates the gates of the profile in force for one event, right before the approval would go out."""
 
     def __init__(self, client: PeerClient, peer_url: Callable[[str], str | None],
-                 local_health: Callable[[], dict[str, Any]], max_concurrency: int, metrics: Metrics,
+                 local_health: Callable[[], HealthView | None], max_concurrency: int, metrics: Metrics,
                  fleet_states: FleetStates | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.throttle = logs.Throttle(clock=clock)

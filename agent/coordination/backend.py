@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
+from agent.coordination.peers.peer_directory import PeerSources
+from agent.model.approval import ApprovalView
 from agent.model.events import Event
 from agent.model.tracker import Tracked
 
@@ -60,6 +62,87 @@ class EventView(TypedDict):
     peers: dict[str, PeerView]
 
 
+class CoordinationView(ApprovalView):
+    """The coordination fields of /v1/events/{id} and `maintd events` (`Coordinator.view`): the approval's, then
+    the backend's (`EventView`), both only once the coordinator has decided for the event."""
+
+    acting_leader: NotRequired[str | None]
+    readiness_pushed_to: NotRequired[str | None]
+    peers_ready: NotRequired[int]
+    peers_known: NotRequired[int]
+    peers: NotRequired[dict[str, PeerView]]
+
+
+class PeersCoordination(PeerSources):
+    """`maintd status`'s `coordination` on the peers backend: its name and where the peers' addresses come from."""
+
+    backend: str
+
+
+class StoreCoordination(TypedDict):
+    """`maintd status`'s `coordination` on the store backend: the store, its last answer and how long ago."""
+
+    backend: str
+    store: str
+    store_last_answer: str
+    store_last_answer_seconds_ago: float | None
+
+
+class BackendStatus(TypedDict):
+    """A backend's part of `maintd status`; the peers backend adds each pending event's peers (name: its line)."""
+
+    coordination: PeersCoordination | StoreCoordination
+    peers: NotRequired[dict[str, dict[str, str]]]
+
+
+class FleetVm(TypedDict):
+    """One VM an event names, as `maintd fleet` shows it."""
+
+    name: str
+    state: str
+
+
+class PeerFleetApproval(TypedDict):
+    """This VM's approval record as the peers backend's fleet view shows it (read back: any field may be missing)."""
+
+    by: str | None
+    state: str | None
+    at: str | None
+
+
+class PeerFleetEvent(TypedDict):
+    """One event of `maintd fleet` on the peers backend: each VM as this VM heard it, and its own approval."""
+
+    event_id: str
+    source: str
+    vms: list[FleetVm]
+    approval: PeerFleetApproval | None
+
+
+class StoreFleetApproval(TypedDict):
+    """Who approved (or claimed) an event, as the store last said."""
+
+    by: str
+    state: str
+    attempt: int
+    at: str | None
+
+
+class StoreFleetEvent(TypedDict):
+    """One event of `maintd fleet` on the store backend: each VM's marker, the approval, what the store got wrong."""
+
+    event_id: str
+    source: str
+    vms: list[FleetVm]
+    approval: StoreFleetApproval | None
+    store_error: str | None
+    problems: list[str]
+
+
+FleetEvent = PeerFleetEvent | StoreFleetEvent
+"""One pending event naming this VM, as its backend shows it in `maintd fleet` (`source` says which)."""
+
+
 class Backend(Protocol):
     """Readiness, the right to post, the fleet view and what `status` shows, for one backend."""
 
@@ -91,11 +174,11 @@ class Backend(Protocol):
     def view(self, event_id: str) -> EventView:
         """The backend's fields of /v1/events/{id} (any thread)."""
 
-    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> dict[str, Any]:
+    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> BackendStatus:
         """The backend's part of `maintd status` (any thread)."""
 
     def fleet(self, tracked: Mapping[str, Tracked], vm_name: str | None, is_ready: Callable[[Tracked], bool],
-              approval: Callable[[str], dict[str, Any] | None]) -> list[dict[str, Any]]:
+              approval: Callable[[str], dict[str, Any] | None]) -> list[FleetEvent]:
         """Each pending event naming this VM for `maintd fleet`: its VMs' states, who approved (any thread)."""
 
     def wait_idle(self, timeout: float) -> bool:

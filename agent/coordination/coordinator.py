@@ -9,8 +9,10 @@ The POST (`approver`) is recorded before (`sending`) and after (`sent` or `faile
 store: a restart never re-sends a `sent` approval, and a `sending` one (crash between POST and
 record) is sent again only if the event is still Scheduled after RETRY_FAILED_AFTER seconds — time
 for IMDS to show the first one took effect; a repeat would be harmless (IMDS answers 200) but is
-avoided. The loop calls `tick` only right after a successful poll, so no approval is ever sent on
-stale data.
+avoided. The loop calls `tick` right after a successful poll, or when a VM just became ready or
+another VM's word came in shortly after one, so no approval is ever sent on stale data. What it decides on
+is the loop's `Tick` for that pass (the clock reading, the events, this VM's name and identity, the
+profile, each event's pending handlers): it asks neither the clock nor the runner itself.
 
 One owner: the per-event state (`EventCoordination`) is the loop's. The approver hands its outcomes
 back through a queue the next tick drains; the backend keeps its own state and publishes its own
@@ -29,18 +31,18 @@ from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.approver import Approver, Order
-from agent.coordination.backend import Backend
+from agent.coordination.backend import Backend, BackendStatus, CoordinationView, FleetEvent
 from agent.coordination.coordination_rules import Held, gate_recheck_delay
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peer_addressing import Address
 from agent.coordination.peers.peer_backend import PeerBackend
 from agent.coordination.peers.peer_exchange import PeerExchange
+from agent.health.health_json import HealthView
 from agent.health.health_store import HealthStore
 from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 from agent.model.approval import APPROVAL_KEY, MANUAL, MANUAL_APPROVAL_KEY, SENDING, SENT, has_status
 from agent.model.events import SCHEDULED
 from agent.model.gate_specs import NO_GATES, Gates
-from agent.model.identity import Identity
 from agent.model.tracker import Tracked
 from agent.state.state_store import Store
 from agent.windows.approval_policy import Decision, decide
@@ -92,7 +94,7 @@ class Coordinator:
     def __init__(self, settings: CoordinationConfig, *, approve: Callable[[list[str]], None], store: Store,
                  clock: Clock, metrics: Metrics, token_reader: Callable[[], str | None] = lambda: None,
                  poll_interval: float = 1.0, on_change: Callable[[], None] = lambda: None,
-                 gates: Gates = NO_GATES, local_health: Callable[[], dict[str, Any]] = lambda: {},
+                 gates: Gates = NO_GATES, local_health: Callable[[], HealthView | None] = lambda: None,
                  warning_as_error: bool = False, health: HealthStore | None = None,
                  backend: Backend | None = None, budget: ApprovalBudget | None = None) -> None:
         """`backend`: the blob store's (`coordination.backend: azure_blob`); the peers' when none is given;
@@ -100,7 +102,6 @@ class Coordinator:
         self.settings, self.health, self.budget = settings, health, budget
         self.approve_fn = approve
         self.store = store
-        self.clock = clock
         self.metrics = metrics
         self.poll_interval = poll_interval
         self.on_change = on_change
@@ -123,15 +124,6 @@ class Coordinator:
 
     # --- peers ------------------------------------------------------------------------
 
-    @property
-    def identity(self) -> Identity | None:
-        """This VM's compute identity (set by the daemon once IMDS told it), for scale-set addressing."""
-        return self.directory.identity
-
-    @identity.setter
-    def identity(self, value: Identity | None) -> None:
-        self.directory.identity = value
-
     def address(self, name: str) -> Address:
         """Where a peer is asked (see `directory`)."""
         return self.directory.address(name)
@@ -147,11 +139,14 @@ class Coordinator:
     # --- decisions ----------------------------------------------------------------------
 
     def tick(self, tick: Tick) -> None:
-        """Ask the backend and decide for every Scheduled event naming this VM; send approvals due."""
-        tracked, vm_name, profile, dry_run = tick.tracked, tick.vm_name, tick.profile, tick.dry_run
-        now = self.clock.monotonic()
+        """Ask the backend and decide for every Scheduled event naming this VM; send approvals due (nothing
+        while this VM's name is not known)."""
+        tracked, vm_name, profile, dry_run, now = tick.tracked, tick.vm_name, tick.profile, tick.dry_run, tick.monotonic
+        if vm_name is None:
+            return
+        self.directory.identity = tick.identity
         self.scheduled = frozenset(eid for eid, t in tracked.items() if t.event.status == SCHEDULED)
-        self.absorb()
+        self.absorb(now)
         self.backend.begin()
         leading: dict[str, int] = {}
         for event_id in [e for e in self._events if e not in tracked]:
@@ -200,14 +195,15 @@ class Coordinator:
         self.backend.end(set(self._events))
         self._publish()
 
-    def absorb(self) -> None:
-        """Take the approver's outcomes into the loop's state and publish it (each tick starts with this)."""
+    def absorb(self, now: float) -> None:
+        """Take the approver's outcomes into the loop's state and publish it (each tick starts with this; `now`:
+        the pass's monotonic reading)."""
         outcomes = self.approver.outcomes()
         for outcome in outcomes:
             if (done := self._events.get(outcome.event_id)) is not None:
                 done.sending, done.held = False, outcome.held
                 if outcome.held is not None:  # asked again at a bounded pace, not on the wake this outcome makes
-                    done.gate_due = self.clock.monotonic() + gate_recheck_delay(self.settings.approval_retry_for)
+                    done.gate_due = now + gate_recheck_delay(self.settings.approval_retry_for)
                 done.failed_at = outcome.failed_at if outcome.failed_at is not None else done.failed_at
         if outcomes:
             self._publish()
@@ -241,7 +237,7 @@ class Coordinator:
 
     # --- views --------------------------------------------------------------------------
 
-    def view(self, event_id: str) -> dict[str, Any]:
+    def view(self, event_id: str) -> CoordinationView:
         """Coordination fields for /v1/events/{id} and `maintd events` (any thread: the published snapshot)."""
         shown = self.published.get(event_id)
         approval = self.store.result(event_id, APPROVAL_KEY)
@@ -256,12 +252,12 @@ class Coordinator:
             **self.backend.view(event_id),
         }
 
-    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> dict[str, Any]:
+    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> BackendStatus:
         """For `maintd status`: the store and its last answer, or the peers' addresses and answers per event."""
         return self.backend.status(tracked, vm_name)
 
     def fleet(self, tracked: Mapping[str, Tracked], vm_name: str | None,
-              is_ready: Callable[[Tracked], bool]) -> list[dict[str, Any]]:
+              is_ready: Callable[[Tracked], bool]) -> list[FleetEvent]:
         """Each pending event naming this VM: its VMs' states, who approved (from the store, or the peers)."""
         return self.backend.fleet(tracked, vm_name, is_ready, lambda eid: self.store.result(eid, APPROVAL_KEY))
 

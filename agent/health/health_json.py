@@ -1,6 +1,6 @@
-"""Service Fabric's health JSON as maintd speaks it: a HealthEvent and an EventHealthEvaluation of /v1/health
-(filled by `health_store`), and the HealthInformation body of a ReportHealth (sent by the `health` handler).
-Types only."""
+"""Service Fabric's health JSON as maintd speaks it: /v1/health's body, its HealthEvents and
+EventHealthEvaluations (filled by `health_store`), and the HealthInformation body of a ReportHealth (sent
+by the `health` handler). Types only."""
 
 from __future__ import annotations
 
@@ -33,6 +33,14 @@ class EventHealthEvaluation(TypedDict):
     AggregatedHealthState: str
     ConsiderWarningAsError: bool
     UnhealthyEvent: HealthEventJson
+
+
+class HealthView(TypedDict):
+    """The /v1/health body (`HealthStore.to_json`): also what the fleet gate and the store's markers read of this VM."""
+
+    AggregatedHealthState: str
+    UnhealthyEvaluations: list[EventHealthEvaluation]
+    HealthEvents: list[HealthEventJson]
 
 
 class HealthInformation(TypedDict):

@@ -20,7 +20,7 @@ from typing import Any
 
 from agent.clock import Clock
 from agent.errors import ReservedSource, StaleReport, TooManyReports
-from agent.health.health_json import EventHealthEvaluation, HealthEventJson
+from agent.health.health_json import EventHealthEvaluation, HealthEventJson, HealthView
 from agent.model.config_schema import parse_duration_text
 from agent.model.timefmt import iso_z_or_none
 
@@ -368,7 +368,7 @@ class HealthStore:
             return []
         return [_evaluation(state, ev, consider_warning_as_error) for state, ev in evaluated if state == worst]
 
-    def to_json(self, consider_warning_as_error: bool = False) -> dict[str, Any]:
+    def to_json(self, consider_warning_as_error: bool = False) -> HealthView:
         """The /v1/health body: AggregatedHealthState, UnhealthyEvaluations and every HealthEvent."""
         events = self.snapshot()
         evaluated = self._evaluated(consider_warning_as_error, None, events)

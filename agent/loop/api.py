@@ -16,19 +16,23 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 from agent import __version__, logs
 from agent.clock import Clock
 from agent.config.config import Config
+from agent.coordination.backend import BackendStatus, CoordinationView, FleetEvent
 from agent.coordination.coordinator import Coordinator
 from agent.handlers.base import NOTE_PREFIX
+from agent.health.health_json import HealthView
 from agent.health.health_store import HealthStore, parse_report
 from agent.health.rotation import MANUAL, Drain, Rotation
 from agent.http.auth import peer_authorized
 from agent.http.routes import ApiError
 from agent.metrics import Metrics
 from agent.model.approval import MANUAL_APPROVAL_KEY
-from agent.model.events import SCHEDULED
+from agent.model.events import SCHEDULED, EventJson
 from agent.model.timefmt import iso_z, iso_z_or_none, since_instant
-from agent.model.tracker import Tracked
+from agent.model.tracker import Tracked, VanishOutcome
 from agent.prepare.handler_runner import Runner
 from agent.prepare.preparation import Preparation
+from agent.prepare.prepare_plan import PlanView
+from agent.state.state_file import HistoryEntry
 from agent.state.state_store import Store
 from agent.windows.approval_policy import DEFAULT_PROFILE, Profile
 
@@ -64,6 +68,65 @@ class LoopView:
         c = self.config.imds
         allowance = max(c.poll_interval, c.max_backoff) + c.first_timeout + 5.0
         return max(0.0, now - self.last_tick - allowance)
+
+
+class ImdsStatus(TypedDict):
+    """`maintd status`'s `imds`: the endpoint polled and how the polls go."""
+
+    endpoint: str
+    last_success_seconds_ago: float | None
+    consecutive_failures: int
+    polls: int
+    document_incarnation: int | None
+
+
+class StateStatus(TypedDict):
+    """`maintd status`'s `state`: the state directory and whether the disk takes its writes."""
+
+    dir: str
+    unsaved_changes: bool
+    write_error: str | None
+
+
+class StatusAnswer(BackendStatus):
+    """The answer to GET /v1/status (`maintd status`); the coordination backend's part comes last."""
+
+    version: str
+    vm_name: str | None
+    dry_run: bool
+    in_rotation: bool
+    rotation_reason: str
+    drains: dict[str, Drain]
+    health: str
+    imds: ImdsStatus
+    events: int
+    events_naming_this_vm: int
+    not_ready: dict[str, list[str]]
+    """Per Scheduled event naming this VM, what keeps it from being ready."""
+    state: StateStatus
+    profile: str
+    profile_approval: str
+    profile_next_change: str | None
+    restart_needed: list[str]
+    notes: dict[str, str]
+
+
+class EventDetail(EventJson, CoordinationView):
+    """The answer to GET /v1/events/{id} (`maintd events`): the event in IMDS field names, this VM's part in it,
+    its results and history, the coordination's fields and the plan."""
+
+    vm_name: str | None
+    present: bool
+    names_self: bool
+    rank: int | None
+    first_seen: str | None
+    ready: bool
+    not_ready: list[str]
+    results: dict[str, dict[str, Any]]
+    """Key -> a handler's run, the approval record, a handler's note: read back, each its writer's shape."""
+    history: list[HistoryEntry]
+    outcome: VanishOutcome | None
+    plan: PlanView | None
 
 
 class DrainAnswer(TypedDict):
@@ -110,8 +173,8 @@ class FleetView(TypedDict):
 
     vm_name: str | None
     backend: str
-    events: list[dict[str, Any]]
-    """Each pending event naming this VM, as the backend shows it (its shape is the backend's)."""
+    events: list[FleetEvent]
+    """Each pending event naming this VM, as the backend shows it (its `source` says which)."""
     budget: NotRequired[dict[str, Any]]
     """The disruption budget's view (store backend with a budget)."""
 
@@ -159,7 +222,7 @@ class LocalApi:
     def metrics_text(self) -> bytes:
         return self.metrics.render()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusAnswer:
         lv = self.view()
         v = self.rotation.verdict()
         since = self.clock.monotonic() - lv.last_success if lv.last_success is not None else None
@@ -232,7 +295,7 @@ class LocalApi:
         """Whether this VM has finished preparing for the event (every scheduled handler settled)."""
         return tracked is not None and tracked.event.status == SCHEDULED and self.runner.is_ready(tracked)
 
-    def event(self, event_id: str) -> dict[str, Any] | None:
+    def event(self, event_id: str) -> EventDetail | None:
         lv = self.view()
         tracked = lv.tracked.get(event_id)
         record = self.store.event_record(event_id)
@@ -265,10 +328,10 @@ class LocalApi:
             "plan": self.preparation.view(event_id, coordination),
         }
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[EventDetail]:
         return [v for v in (self.event(eid) for eid in list(self.view().tracked)) if v is not None]
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> HealthView:
         return self.health_store.to_json(self.view().config.health.consider_warning_as_error)
 
     def drain(self, reason: str, by: str) -> DrainAnswer:

@@ -2,7 +2,10 @@
 
 The loop polls once per `imds.poll_interval` (deadline += interval, so 3600 polls take 3600 s
 ± one interval) and never waits on a handler, a peer or the disk: handlers and peer requests run on
-worker threads and report back through the state store. The IMDS request runs on the loop's own
+worker threads, record in the state store and hand their word to the loop's `Inbox` (a queue and a
+wake; nothing of the loop's is read on their threads). Each pass takes the inbox, polls if due, and
+hands one frozen `Tick` (the pass's clock reading, the events, this VM, the profile in force, the
+pending handlers) down to the coordinator and the preparation. The IMDS request runs on the loop's own
 thread with one deadline for the whole exchange (a stop interrupts it at once); only IMDS's slow
 first answer, longer than a watchdog interval, waits on a thread of its own while the loop keeps
 pinging the systemd watchdog. Signal handlers only record (`Control`: flags that take no lock, and
@@ -17,21 +20,22 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from agent import logs
 from agent.clock import Clock, SignalFlag
 from agent.config.config import Config
 from agent.errors import ImdsError
-from agent.handlers.base import Result
 from agent.health.health_store import HealthState
 from agent.health.tcp_probe import TcpProbe
 from agent.http.routes import ApiServer
 from agent.imds.imds_client import PollResult
 from agent.loop.api import LoopView
 from agent.loop.cadence import Cadence
+from agent.loop.inbox import Inbox, Taken
 from agent.loop.report import Reporter
-from agent.loop.wiring import STOP_DRAIN, Callbacks, Parts, serve
+from agent.loop.wiring import STOP_DRAIN, Parts, serve
 from agent.metrics import Metrics
 from agent.model.events import Document
 from agent.model.outcomes import PHASE_SCHEDULED
@@ -89,8 +93,9 @@ class Daemon:
 
     def __init__(self, config: Config, clock: Clock, *, metrics: Metrics | None = None,
                  boot_id: str | None = None, notifier: Notifier | None = None, config_path: str | None = None) -> None:
-        self.parts = Parts(config, clock, Callbacks(self._handler_result, self.wake_coordination),
-                           metrics=metrics, boot_id=boot_id, notifier=notifier)
+        self.control = Control(clock, lambda: self.parts.imds.interrupt())
+        self.inbox = Inbox(self.control.sleeper)
+        self.parts = Parts(config, clock, self.inbox, metrics=metrics, boot_id=boot_id, notifier=notifier)
         p = self.parts
         self.config_path = config_path
         self.clock, self.metrics, self.notifier = clock, p.metrics, p.notifier
@@ -107,11 +112,9 @@ class Daemon:
         self.cadence = Cadence(next_poll=clock.monotonic(), started_at=clock.monotonic())
         self.last_tick = clock.monotonic()
         self._pruned_at = float("-inf")
-        self.control = Control(clock, lambda: self.parts.imds.interrupt())
-        self._coordinate_soon = threading.Event()
         self._resume_pending = False  # `start` sets it: work resumes at the first successful poll
         self.profile: Profile | None = None
-        self._update_profile()
+        self._update_profile(clock.now())
         self.view = self._publish()
         self.report.follow_loop(lambda: self.view.last_tick, lambda: self.view.last_success)
 
@@ -180,30 +183,30 @@ class Daemon:
         wait = self.cadence.next_poll - self.clock.monotonic()
         if self.notifier.watchdog_interval is not None:
             wait = min(wait, self.notifier.watchdog_interval)
-        if wait > 0 and not (self.control.stop.is_set() or self.control.reload.is_set()
-                             or self._coordinate_soon.is_set()):
+        if wait > 0 and not (self.control.stop.is_set() or self.control.reload.is_set() or self.inbox.waiting()):
             self.control.sleeper.sleep(wait)
 
     def tick(self) -> list[Transition]:
-        """One pass: reload if asked, poll if due, hand transitions on, flush pending state."""
-        now = self.clock.monotonic()
-        self.last_tick = now
+        """One pass: reload if asked, take the inbox, poll if due, build the pass's `Tick` and hand it down
+        (coordinator, preparation), flush pending state."""
+        began = self.clock.monotonic()
+        self.last_tick = began
         if self.control.reload.is_set():
             self.control.reload.clear()
             self.reload()
-        transitions: list[Transition] = []
-        if now >= self.cadence.next_poll:
-            self._coordinate_soon.clear()
-            transitions = self._poll_and_schedule(now)
-        elif self._coordinate_soon.is_set():
-            self._coordinate_soon.clear()
-            last = self.cadence.last_success
-            if last is not None and now - last <= 2 * self.config.imds.poll_interval:
-                self._coordinate()
-        assert self.profile is not None
-        self.preparation.tick(self.tracked, self.profile.name, self.parts.leave_gate(self.tracked))
+        taken = self._take_inbox()
+        due = began >= self.cadence.next_poll
+        polled = self._poll(began) if due else None
+        now = self.clock.now()
+        profile = self._update_profile(now)
+        transitions = [] if polled is None else self._poll_succeeded(polled, now)
+        tick = Tick.of(self.tracked, self.vm_name, profile, self.config.dry_run, self.runner.pending, now=now,
+                       monotonic=self.clock.monotonic(), identity=self.parts.identity)
+        if polled is not None or (not due and self._coordination_wanted(taken, tick)):
+            self.coordinator.tick(tick)  # right after a successful poll, or a VM just became ready: never stale
+        self.preparation.tick(tick, self.parts.leave_gate(tick))
         self.parts.record_ended(self.vm_name)
-        self._prune_state(now)
+        self._prune_state(began)
         self.report.state_write_status(self.store)
         c = self.cadence
         self.report.imds_health(self.config.imds, c.failures, c.last_success, c.started_at)
@@ -211,18 +214,35 @@ class Daemon:
         self.notifier.watchdog(self.clock.monotonic())
         return transitions
 
-    def _poll_and_schedule(self, now: float) -> list[Transition]:
+    def _take_inbox(self) -> Taken:
+        """What other threads handed the loop since its last pass; each finished run reported (health)."""
+        taken = self.inbox.take()
+        for f in taken.finished:
+            self.report.handler_result(f.event_id, f.handler, f.phase, f.result)
+        return taken
+
+    def _coordination_wanted(self, taken: Taken, tick: Tick) -> bool:
+        """Between polls: decide now when a scheduled run just made this VM ready for an event, or another VM's
+        word came in, while the last poll is fresh (never on stale data)."""
+        last = self.cadence.last_success
+        if last is None or tick.monotonic - last > 2 * self.config.imds.poll_interval:
+            return False
+        return taken.changed or any(f.phase == PHASE_SCHEDULED and tick.ready(f.event_id) for f in taken.finished)
+
+    def _poll(self, now: float) -> PollResult | None:
+        """The poll, once this VM's name is known: IMDS's answer, or None (no name yet, or failed: backing off)."""
         interval, backoff = self.config.imds.poll_interval, self.config.imds.max_backoff
         if self.vm_name is None and not self._identity_arrived(now):
-            return []
+            return None
         try:
             result = self._fetch()
         except ImdsError as exc:
             self.cadence.failed(self.clock.monotonic(), interval, backoff, exc.retry_after)
             self.report.poll_failed(exc, self.cadence.failures)
-            return []
+            return None
         self.cadence.succeeded(self.clock.monotonic(), interval)
-        return self._poll_succeeded(result)
+        self.report.poll_succeeded()
+        return result
 
     def _identity_arrived(self, now: float) -> bool:
         """Take the identity a lookup found off the loop; while none has, the poll waits (a failed lookup backs
@@ -249,15 +269,14 @@ class Daemon:
         self.last_tick = self.clock.monotonic()
         self._publish()
 
-    def _poll_succeeded(self, result: PollResult) -> list[Transition]:
-        self.report.poll_succeeded()
+    def _poll_succeeded(self, result: PollResult, now: datetime) -> list[Transition]:
         known = self.tracked
-        transitions = [] if result.unchanged or result.document is None else self.process_document(result.document)
+        transitions = [] if result.unchanged or result.document is None else self.process_document(result.document,
+                                                                                                  now)
         if self._resume_pending:  # once after a start: the events known before it, as IMDS shows them now (0102)
             self._resume_pending = False
-            self.runner.resume(self.preparation.resume({e: t for e, t in self.tracked.items() if e in known}))
+            self.runner.resume(self.preparation.resume({e: t for e, t in self.tracked.items() if e in known}, now))
             self.parts.keeper.wake()  # what handlers keep (silences) is taken up again after a restart
-        self._coordinate()
         return transitions
 
     def dry_poll(self) -> tuple[Document, list[Transition]]:
@@ -270,34 +289,29 @@ class Daemon:
                               now=self.clock.now())
         return document, transitions
 
-    def process_document(self, document: Document) -> list[Transition]:
-        """Diff a fresh document against what is tracked, persist, and hand transitions on."""
+    def process_document(self, document: Document, now: datetime) -> list[Transition]:
+        """Diff a fresh document against what is tracked, persist, and hand transitions on (`now`: the pass's)."""
         assert self.vm_name is not None
         self.report.document(document, self.document)
         self.document = document
-        tracked, transitions = diff(self.tracked, document, vm_name=self.vm_name, boot_id=self.boot_id,
-                                    now=self.clock.now())
+        tracked, transitions = diff(self.tracked, document, vm_name=self.vm_name, boot_id=self.boot_id, now=now)
         self.tracked = tracked
         self.store.apply(tracked, transitions)  # in memory now, written in the background
         for tr in transitions:
             self.report.transition(tr)
         self.report.events(tracked)
-        self.preparation.submit(transitions)
+        self.preparation.submit(transitions, now)
         return transitions
 
-    def _update_profile(self) -> Profile:
-        profile, selection = in_force(self.config.profiles, self.clock.now())
-        self.report.profile(profile, self.profile, self.config.profiles)
+    def _update_profile(self, now: datetime) -> Profile:
+        """The profile in force at `now`, chosen once per pass; a change is reported and reaches the handlers."""
+        profile, selection = in_force(self.config.profiles, now)
+        previous = self.profile
+        self.report.profile(profile, previous, self.config.profiles)
         self.profile, self.profile_next_change = profile, selection.next_change
-        self.parts.publish_settings(profile)
+        if profile != previous:
+            self.parts.publish_settings(profile)
         return profile
-
-    def _coordinate(self) -> None:
-        """Approval decisions, right after a successful poll (never on stale data)."""
-        if self.vm_name is None:
-            return
-        profile = self._update_profile()
-        self.coordinator.tick(Tick.of(self.tracked, self.vm_name, profile, self.config.dry_run, self.runner.pending))
 
     def _prune_state(self, now: float) -> None:
         """Drop finished events older than `state.retention`, checked every min(60 s, retention / 4)."""
@@ -307,18 +321,6 @@ class Daemon:
         gone = self.store.prune(self.clock.now())  # in memory now, written in the background
         if gone:
             self.log.info("state.pruned", events=len(gone), retention_seconds=self.config.state.retention)
-
-    def _handler_result(self, event_id: str, handler: str, phase: str, result: Result) -> None:
-        """On a handler thread: report it; when this VM just became ready, decide (and tell the leader) now."""
-        self.report.handler_result(event_id, handler, phase, result)
-        tracked = self.tracked.get(event_id)
-        if phase == PHASE_SCHEDULED and tracked is not None and self.vm_name and self.runner.is_ready(tracked):
-            self.wake_coordination()  # the coordinator's tick pushes readiness to the acting leader
-
-    def wake_coordination(self) -> None:
-        """Decide about approvals now rather than after the next poll (a VM just became ready)."""
-        self._coordinate_soon.set()
-        self.control.sleeper.wake()
 
     def serve(self, sock: Any = None) -> ApiServer:
         """Start the HTTP server (on a socket-activated `sock` when systemd passed one)."""
@@ -337,7 +339,8 @@ class Daemon:
             return False
         if self.config.identity != identity:
             self._identity_changed()
-        self._update_profile()
+        self._update_profile(self.clock.now())
+        self.parts.publish_settings(self.profile)  # a reload may change the drain timings the settings carry
         self._publish()
         return True
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import fields, replace
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +25,7 @@ from agent.errors import ConfigError, ImdsError, kept_in_memory
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate
 from agent.handlers.spec import Settings
+from agent.health.health_json import HealthView
 from agent.health.health_store import HealthState, HealthStore
 from agent.health.rotation import Rotation
 from agent.health.sampling import RuleEngine
@@ -33,12 +34,12 @@ from agent.http.routes import ApiServer
 from agent.imds.imds_client import ImdsClient, is_transient
 from agent.loop.api import LocalApi, LoopView
 from agent.loop.event_end import fleet_history
+from agent.loop.inbox import Inbox
 from agent.metrics import Metrics
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
 from agent.model.outcomes import PHASE_SCHEDULED
-from agent.model.tracker import Tracked
 from agent.prepare.handler_runner import Runner
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
@@ -47,6 +48,7 @@ from agent.secretfile import SecretFiles
 from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
 from agent.windows.approval_policy import NOW, Profile
+from agent.windows.tick import Tick
 
 if TYPE_CHECKING:  # the store backend's parts load only when the config chooses it (decision 0220)
     from agent.coordination.store.budget import Budget
@@ -93,14 +95,6 @@ def read_boot_id(path: str = BOOT_ID_PATH) -> str:
         return ""
 
 
-@dataclass(frozen=True)
-class Callbacks:
-    """How the parts reach back into the loop without importing it."""
-
-    handler_result: Callable[[str, str, str, Result], None]
-    coordination_changed: Callable[[], None]
-
-
 def make_imds_client(config: Config, clock: Clock, metrics: Metrics) -> ImdsClient:
     """The IMDS client for `config.imds`."""
     c = config.imds
@@ -109,13 +103,13 @@ def make_imds_client(config: Config, clock: Clock, metrics: Metrics) -> ImdsClie
 
 
 class Parts:
-    """Every part the config asks for, wired to each other and to the loop's callbacks.
+    """Every part the config asks for, wired to each other and to the loop's inbox (the one way up).
 
     `config` is the config in force; `reconfigure` replaces it (and `imds`, the runner's handlers)
     on reload. Readers on other threads see either the old or the new object, never a mix.
     """
 
-    def __init__(self, config: Config, clock: Clock, callbacks: Callbacks, *, metrics: Metrics | None = None,
+    def __init__(self, config: Config, clock: Clock, inbox: Inbox, *, metrics: Metrics | None = None,
                  boot_id: str | None = None,
                  notifier: Notifier | None = None) -> None:
         self.config = config
@@ -133,14 +127,15 @@ class Parts:
                                     lambda: int(self.health.aggregate(self.config.health.consider_warning_as_error)))
         self.imds = make_imds_client(config, clock, self.metrics)
         self.vm_name: str | None = None if config.identity.name == "auto" else config.identity.name
+        self.identity: Identity | None = None  # from IMDS compute, the loop's: the Tick hands it to the coordinator
+        self.inbox = inbox
         self.services = Services(clock=clock, store=self.store, metrics=self.metrics, rotation=self.rotation,
                                  health=self.health)
         self.runner = Runner(instantiate(config.handlers, self.services), self.services, dry_run=config.dry_run,
-                             on_result=self._handler_result)
+                             on_result=self._handler_finished)
         self.keeper = Keeper(lambda: self.runner.handlers, clock)
-        self._on_result = callbacks.handler_result
-        backend = self._store_backend(callbacks)
-        self.budget = make_budget(self, backend, callbacks)
+        backend = self._store_backend()
+        self.budget = make_budget(self, backend)
         if self.budget is not None and self.vm_name is not None:  # named in the config: no IMDS topology
             self.budget.identify(self.vm_name, "", "", "")
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
@@ -148,7 +143,7 @@ class Parts:
         self.coordinator = Coordinator(
             config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store, clock=clock,
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,
-            on_change=callbacks.coordination_changed, gates=config.gates, local_health=self.health_json,
+            on_change=inbox.coordination_changed, gates=config.gates, local_health=self.health_json,
             warning_as_error=config.health.consider_warning_as_error, health=self.health,
             backend=backend, budget=self.budget)
         self.history, self.event_ends = fleet_history(
@@ -159,7 +154,7 @@ class Parts:
         self._lookup: concurrent.futures.Future[Identity | None] | None = None
         self.restart_needed: tuple[str, ...] = ()
 
-    def _store_backend(self, callbacks: Callbacks) -> StoreBackend | None:
+    def _store_backend(self) -> StoreBackend | None:
         """The blob store backend, when the config chooses it (the peers otherwise; never both in one run)."""
         c = self.config.coordination
         if c.backend != "azure_blob" or c.azure_blob is None:
@@ -169,7 +164,7 @@ class Parts:
         return StoreBackend(c.azure_blob,
                             token=lambda resource, client_id: self.imds.identity_token(resource, client_id),
                             clock=self.clock, metrics=self.metrics, health=self.health, secret=self.secrets.read,
-                            on_change=callbacks.coordination_changed,
+                            on_change=self.inbox.coordination_changed,
                             takeover_after=lambda: self.config.coordination.takeover_after,
                             local_health=self.health_json,
                             warning_as_error=lambda: self.config.health.consider_warning_as_error)
@@ -178,16 +173,16 @@ class Parts:
         lead = self.config.prepare.lead_time
         return 0.0 if lead == NOW else float(lead)
 
-    def leave_gate(self, tracked: Mapping[str, Tracked]) -> LeaveGate:
+    def leave_gate(self, tick: Tick) -> LeaveGate:
         """The disruption budget's word to preparation (the loop's thread): which due events may leave rotation.
         This VM is out while drained, or while an event naming it is prepared or Started."""
         if self.budget is None:
             return NO_BUDGET
         from agent.coordination.store.budget import Want
-        wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting()]
+        wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting(tick.now)]
         out = bool(self.rotation.drains()) or any(
             t.names_self and (t.event.status != SCHEDULED or self.preparation.started(eid))
-            for eid, t in tracked.items())
+            for eid, t in tick.tracked.items())
         gate = self.budget.tick(wants, out)
         self.budget.publish()
         return gate
@@ -205,14 +200,14 @@ class Parts:
     def history_group(self) -> str:
         """The fleet history's group: the budget's (`coordination.budget.group`, else its scale set), else this
         VM's scale set (learnt from IMDS), else `_`."""
-        from agent.coordination.store.history_protocol import group_name
-        identity = self.coordinator.identity
+        identity = self.identity
         budget_group = self.budget.group if self.budget is not None else None
+        from agent.coordination.store.history_protocol import group_name
         return group_name(budget_group, identity.scale_set if identity is not None else None)
 
-    def _handler_result(self, event_id: str, handler: str, phase: str, result: Result) -> None:
-        """A handler run finished: the loop's report, and the keeper looks at what the handler keeps."""
-        self._on_result(event_id, handler, phase, result)
+    def _handler_finished(self, event_id: str, handler: str, phase: str, result: Result) -> None:
+        """On the handler's thread: the result to the loop's inbox (no loop state read), the keeper's wake."""
+        self.inbox.handler_finished(event_id, handler, phase, result)
         self.keeper.wake()
 
     def peer_token(self) -> str | None:
@@ -223,14 +218,14 @@ class Parts:
         """The bearer token for mutating endpoints from non-loopback clients."""
         return self.secrets.read("server.token_file", self.config.server.token_file)
 
-    def health_json(self) -> dict[str, Any]:
+    def health_json(self) -> HealthView:
         """The health store as /v1/health shows it (also what the fleet gate reads of this VM)."""
         return self.health.to_json(self.config.health.consider_warning_as_error)
 
     def publish_settings(self, profile: Profile | None) -> None:
         """Hand the handlers one immutable snapshot of what they read (name, drain timings, profile)."""
         probe = self.config.probe
-        identity = self.coordinator.identity
+        identity = self.identity
         self.services.settings = Settings.for_profile(self.vm_name, probe.lb_timeout, probe.drain_grace, profile,
                                                       identity.computer_name if identity is not None else "")
 
@@ -255,7 +250,7 @@ class Parts:
             self.imds = make_imds_client(new, self.clock, self.metrics)
         if new.identity != old.identity:  # as a fresh start with the new config: a name, or a lookup
             self.vm_name = None if new.identity.name == "auto" else new.identity.name
-            self.coordinator.identity = None
+            self.identity = None
             self._lookup = None  # a lookup under way answers for the old config: its result is dropped
         if new.handlers != old.handlers:
             self.runner.handlers = instantiate(new.handlers, self.services)
@@ -293,8 +288,7 @@ class Parts:
 
     def use_identity(self, identity: Identity) -> None:
         """This VM is `identity`: its name for the loop, computer name and scale set for addressing peers."""
-        self.vm_name = identity.name
-        self.coordinator.identity = identity
+        self.vm_name, self.identity = identity.name, identity
         if self.budget is not None:
             self.budget.identify(identity.name, identity.zone, identity.fault_domain, identity.scale_set)
 
@@ -368,7 +362,7 @@ class Parts:
             self.store.flush()
 
 
-def make_budget(parts: Parts, backend: StoreBackend | None, callbacks: Callbacks) -> Budget | None:
+def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
     """The disruption budget, when the config asks for one (the store backend only: refused otherwise)."""
     c = parts.config.coordination
     if backend is None or c.budget is None:
@@ -378,7 +372,7 @@ def make_budget(parts: Parts, backend: StoreBackend | None, callbacks: Callbacks
 
     states = {"ok": HealthState.OK, "warning": HealthState.WARNING}
     return Budget(c.budget, store=backend.exchange.store, describe=backend.config.describe, clock=parts.clock,
-                  on_change=callbacks.coordination_changed, metrics=parts.metrics,
+                  on_change=parts.inbox.coordination_changed, metrics=parts.metrics,
                   health=lambda prop, state, text: parts.health.set("coordination", prop, states[state], text),
                   needs=parts.preparation_needs, lead_time=parts.lead_seconds,
                   wake_sender=WakeSender(parts.peer_token, parts.metrics),

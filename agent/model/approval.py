@@ -1,11 +1,12 @@
 """The approval's words, defined once: the approval modes a profile gives, the state store's approval
 record (its key and statuses, written by the approver and read by the coordinator, the API and the
-webhook) and the operator's manual approval record. Imports nothing of `agent`."""
+webhook), the operator's manual approval record and the approval's fields of /v1/events/{id}. Imports nothing
+of `agent`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 ApprovalMode = Literal["auto", "immediate", "manual", "never"]
 AUTO: Final = "auto"
@@ -39,6 +40,25 @@ class ApprovalRecord(TypedDict, total=False):
     reason: str
     attempts: int
     error: str
+
+
+class HeldJson(TypedDict):
+    """The gate holding an approval and why (`approval_held` of /v1/events/{id})."""
+
+    gate: str
+    reason: str
+
+
+class ApprovalView(TypedDict):
+    """The approval's fields of /v1/events/{id} (`Coordinator.view`): this VM's approval record (read back: any
+    shape); once the coordinator has decided for the event, the mode, the profile's rule, the decision and the
+    gate holding it. What a plan's JSON reads of the coordination (`prepare_plan.with_coordination`)."""
+
+    approval: dict[str, Any] | None
+    approval_mode: NotRequired[str]
+    approval_rule: NotRequired[int | None]
+    approval_decision: NotRequired[str | None]
+    approval_held: NotRequired[HeldJson | None]
 
 
 def has_status(record: Mapping[str, Any] | None, status: ApprovalStatus) -> bool:

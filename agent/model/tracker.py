@@ -53,14 +53,19 @@ class Transition:
     outcome: VanishOutcome | None = None
 
 
+def phase_in(event: Event) -> Phase | None:
+    """The handler phase a present event is in: `scheduled` while Scheduled, `started` once Started (what a
+    restart resumes)."""
+    return PHASE_SCHEDULED if event.status == SCHEDULED else PHASE_STARTED if event.status == STARTED else None
+
+
 def phase_for(tr: Transition) -> Phase | None:
-    """The handler phase a transition starts (None when there is none)."""
+    """The handler phase a transition starts (None when there is none): `completed` when the event vanished,
+    the phase it is in when it appeared or turned Started."""
     if tr.kind == VANISHED:
         return PHASE_COMPLETED
-    if tr.event.status == SCHEDULED and tr.kind == APPEARED:
-        return PHASE_SCHEDULED
-    if tr.event.status == STARTED:
-        return PHASE_STARTED
+    if tr.kind == APPEARED or tr.event.status == STARTED:
+        return phase_in(tr.event)
     return None
 
 

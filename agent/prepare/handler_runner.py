@@ -26,7 +26,7 @@ from agent import logs
 from agent.errors import kept_in_memory
 from agent.handlers.base import Context, Handler, Result, Services
 from agent.lanes import Lanes
-from agent.model.events import SCHEDULED, STARTED, Event, parse_event
+from agent.model.events import Event, parse_event
 from agent.model.outcomes import (
     CANCELED,
     FAILED,
@@ -34,13 +34,20 @@ from agent.model.outcomes import (
     OK,
     PHASE_COMPLETED,
     PHASE_SCHEDULED,
-    PHASE_STARTED,
     RUNNING,
     SKIPPED,
 )
 from agent.model.timefmt import iso_z
-from agent.model.tracker import Tracked, Transition, phase_for
-from agent.prepare.run_records import RunKey, attempt_of, blocks, interrupted_verdict, run_result, why_not_ready
+from agent.model.tracker import Tracked, Transition, phase_for, phase_in
+from agent.prepare.run_records import (
+    RunKey,
+    RunRecord,
+    attempt_of,
+    blocks,
+    interrupted_verdict,
+    run_result,
+    why_not_ready,
+)
 
 DEADLINE_MARGIN = 5.0
 """Seconds kept free before NotBefore: a handler budget never reaches into them."""
@@ -93,8 +100,7 @@ class Runner:
         """After a restart: settle interrupted runs, then queue the phase each present event is in, and
         the `completed` phase of a gone event whose completed run was interrupted (the undrain, say)."""
         for eid, t in tracked.items():
-            phase = PHASE_SCHEDULED if t.event.status == SCHEDULED else \
-                PHASE_STARTED if t.event.status == STARTED else None
+            phase = phase_in(t.event)
             self._settle(eid, phase)
             if phase:
                 self._enqueue(phase, t.event, t.names_self, None)
@@ -205,7 +211,7 @@ class Runner:
             self.metrics.deadline_short.inc()
             self.log.warning("deadline.short", **fields, action="budget cut", timeout=round(allowed, 1),
                              configured=round(base, 1))
-        self._record(event.event_id, key, {"outcome": RUNNING, "started_at": iso_z(now), "attempt": attempt})
+        self._record(event.event_id, key, RunRecord(outcome=RUNNING, started_at=iso_z(now), attempt=attempt))
         self.log.info("handler.started", **fields, timeout=round(allowed, 1), attempt=attempt)
         ctx = Context(event=event, phase=phase, vm_name=settings.vm_name, names_self=names_self, timeout=allowed,
                       deadline=event.not_before, dry_run=self.dry_run, clock=self.clock, cancel=cut,
@@ -245,7 +251,7 @@ class Runner:
     def _finish(self, handler: Handler, phase: str, event: Event, key: str, result: Result, duration: float,
                 started: datetime) -> None:
         spec = handler.spec
-        record = {"outcome": result.outcome, "detail": result.detail, "duration_seconds": round(duration, 3),
+        record: RunRecord = {"outcome": result.outcome, "detail": result.detail, "duration_seconds": round(duration, 3),
                   "started_at": iso_z(started), "finished_at": iso_z(self.clock.now()),
                   "on_failure": spec.on_failure}
         previous = self.store.result(event.event_id, key)
@@ -265,7 +271,7 @@ class Runner:
         if self.on_result:
             self.on_result(event.event_id, spec.name, phase, result)
 
-    def _record(self, event_id: str, key: str, value: dict[str, Any], journal: str | None = None) -> None:
+    def _record(self, event_id: str, key: str, value: RunRecord | dict[str, Any], journal: str | None = None) -> None:
         with kept_in_memory():
             self.store.record(event_id, key, value, journal=journal)
 

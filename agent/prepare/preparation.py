@@ -3,9 +3,12 @@ says, then hands it on.
 
 The daemon gives every transition to `submit`: a Scheduled event naming this VM that appears
 before its preparation time is held; everything else (started and completed phases, events for
-other VMs, events due at once) goes straight to the runner. `tick`, once per loop pass, re-plans
-the pending events when the config was reloaded, the profile in force changed or an event's
-NotBefore moved, and releases what is due. An event whose preparation started is never held again:
+other VMs, events due at once) goes straight to the runner. `tick`, once per loop pass with the
+pass's `Tick` (its clock reading, tracked events and profile in force: the ones the coordinator
+decides on), re-plans the pending events when the config was reloaded, the profile in force changed
+or an event's NotBefore moved, and releases what is due. The loop's calls take the time from the
+pass (`submit`, `resume` and `wanting` are handed its `now`); only an operator's `release`, on the
+API's thread, reads the clock. An event whose preparation started is never held again:
 re-planning only updates its approval side. The start is recorded in the state store (result key
 `preparation`), so a restart holds what was held and resumes what had started; a held event that
 starts or vanishes drops its held work. Plans and each change of them go to the audit journal.
@@ -19,20 +22,21 @@ import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
 
 from agent import logs
 from agent.clock import Clock
 from agent.metrics import Metrics
+from agent.model.approval import ApprovalView
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED, Event
 from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.timefmt import iso_z, parse_iso
 from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
-from agent.prepare.prepare_plan import Plan, PrepareConfig, make_plan, with_coordination
+from agent.prepare.prepare_plan import Plan, PlanView, PrepareConfig, make_plan, with_coordination
 from agent.prepare.run_records import RunKey
 from agent.state.state_store import Store
 from agent.windows.approval_policy import NOW, Profile
+from agent.windows.tick import Tick
 
 PREPARATION_KEY = "preparation"
 
@@ -74,14 +78,14 @@ class Preparation:
         if (profiles, prepare) != (self.profiles, self.prepare):
             self.profiles, self.prepare, self._reconfigured = profiles, prepare, True
 
-    def submit(self, transitions: list[Transition]) -> None:
-        """Hold or pass on each transition (the daemon's transition listener)."""
+    def submit(self, transitions: list[Transition], now: datetime) -> None:
+        """Hold or pass on each transition (the daemon's transition listener; `now`: the pass's clock reading)."""
         for tr in transitions:
             eid = tr.event.event_id
             if tr.kind == APPEARED and _pending(tr.event.status, tr.names_self):
-                plan = self._replan(tr.event, APPEARED)
-                if plan.due(self.clock.now()) and self._gate.lets(eid):
-                    self._start(tr, plan, "due", held=False)
+                plan = self._replan(tr.event, APPEARED, now)
+                if plan.due(now) and self._gate.lets(eid):
+                    self._start(tr, plan, "due", now, held=False)
                 else:
                     with self._lock:
                         self._held[eid] = tr
@@ -91,35 +95,34 @@ class Preparation:
             self.forward(tr)
         self._export()
 
-    def resume(self, tracked: Mapping[str, Tracked]) -> dict[str, Tracked]:
+    def resume(self, tracked: Mapping[str, Tracked], now: datetime) -> dict[str, Tracked]:
         """After a restart: the events whose work resumes now (the runner's `resume`); the others are held."""
-        now = self.clock.now()
         out: dict[str, Tracked] = {}
         for eid, t in tracked.items():
             if _pending(t.event.status, t.names_self) and not self.started(eid):
-                plan = self._replan(t.event, "restart")
+                plan = self._replan(t.event, "restart", now)
                 if not plan.due(now) or not self._gate.lets(eid):
                     with self._lock:
                         self._held[eid] = Transition(APPEARED, t.event, True, t.first_seen)
                     continue
-                self._record_start(eid, plan, "due")
+                self._record_start(eid, plan, "due", now)
             elif _pending(t.event.status, t.names_self):
                 self._plans[eid] = self._as_started(eid, make_plan(t.event, self.profiles, self.prepare, now))
             out[eid] = t
         self._export()
         return out
 
-    def wanting(self) -> list[Event]:
+    def wanting(self, now: datetime) -> list[Event]:
         """The held events whose plan says preparation is due: what the disruption budget is asked a place for."""
-        now = self.clock.now()
         with self._lock:
             return [tr.event for eid, tr in self._held.items()
                     if (plan := self._plans.get(eid)) is not None and plan.due(now)]
 
-    def tick(self, tracked: Mapping[str, Tracked], profile: str | None, gate: LeaveGate = NO_BUDGET) -> None:
+    def tick(self, tick: Tick, gate: LeaveGate = NO_BUDGET) -> None:
         """Re-plan what changed, release what is due (and, under a disruption budget, let leave rotation by
         `gate`, the budget's word handed from the loop's thread), export the next preparation times."""
         self._gate = gate
+        tracked, now, profile = tick.tracked, tick.now, tick.profile.name
         cause = "reload" if self._reconfigured else "profile" if profile != self._profile and self._profile else None
         self._reconfigured, self._profile = False, profile
         with self._lock:
@@ -133,16 +136,15 @@ class Preparation:
                     if eid in self._held:  # not released by an operator meanwhile
                         self._held[eid] = dataclasses.replace(tr, event=t.event)
                 if cause is None:
-                    self._replan(t.event, "event_changed")
+                    self._replan(t.event, "event_changed", now)
         if cause is not None:
             for eid, t in tracked.items():
                 if eid in self._plans and _pending(t.event.status, t.names_self):
-                    self._replan(t.event, cause)
-        now = self.clock.now()
+                    self._replan(t.event, cause, now)
         for eid, tr in held.items():
             plan = self._plans.get(eid)
             if eid in tracked and plan is not None and plan.due(now) and gate.lets(eid):
-                self._start(dataclasses.replace(tr, event=tracked[eid].event), plan, "due", held=True)
+                self._start(dataclasses.replace(tr, event=tracked[eid].event), plan, "due", now, held=True)
         self._export()
 
     def release(self, event_id: str, reason: str) -> bool:
@@ -151,9 +153,10 @@ class Preparation:
             tr, plan = self._held.get(event_id), self._plans.get(event_id)
         if tr is None or plan is None:
             return False
-        plan = dataclasses.replace(plan, prepare_at=self.clock.now(), prepare_reason=reason,
+        now = self.clock.now()
+        plan = dataclasses.replace(plan, prepare_at=now, prepare_reason=reason,
                                    prepare_detail=f"{reason}: preparation started at once")
-        started = self._start(tr, plan, reason, held=True)
+        started = self._start(tr, plan, reason, now, held=True)
         self._export()
         return started
 
@@ -163,7 +166,7 @@ class Preparation:
         return PREPARATION_KEY in results or any((run := RunKey.parse(k)) is not None and run.phase == PHASE_SCHEDULED
                                                  for k in results)
 
-    def view(self, event_id: str, coordination: dict[str, Any]) -> dict[str, Any] | None:
+    def view(self, event_id: str, coordination: ApprovalView) -> PlanView | None:
         """The `plan` object of /v1/events/{id}: the plan, whether work is held, what holds the approval."""
         with self._lock:
             plan = self._plans.get(event_id)
@@ -174,10 +177,9 @@ class Preparation:
 
     # --- inside ---------------------------------------------------------------------------
 
-    def _replan(self, event: Event, cause: str) -> Plan:
+    def _replan(self, event: Event, cause: str, now: datetime) -> Plan:
         """A fresh plan; an event already preparing keeps its preparation side. Logged and journaled when it changed."""
         eid = event.event_id
-        now = self.clock.now()
         try:
             plan = make_plan(event, self.profiles, self.prepare, now)
         except Exception as exc:  # never lose an event to a planning bug: prepare at once, as without a plan
@@ -212,19 +214,18 @@ class Preparation:
                                    prepare_detail=str(rec.get("detail", "")),
                                    lead_time=rec.get("lead_time", plan.lead_time))
 
-    def _start(self, tr: Transition, plan: Plan, reason: str, *, held: bool) -> bool:
+    def _start(self, tr: Transition, plan: Plan, reason: str, now: datetime, *, held: bool) -> bool:
         """Hand the work to the runner; a held one only by the thread that takes it out (loop or API)."""
         eid = tr.event.event_id
         with self._lock:
             if held and self._held.pop(eid, None) is None:
                 return False
             self._plans[eid] = plan
-        self._record_start(eid, plan, reason)
+        self._record_start(eid, plan, reason, now)
         self.forward(tr)
         return True
 
-    def _record_start(self, event_id: str, plan: Plan, reason: str) -> None:
-        now = self.clock.now()
+    def _record_start(self, event_id: str, plan: Plan, reason: str, now: datetime) -> None:
         record = {"status": "started", "at": iso_z(now), "planned_at": iso_z(plan.prepare_at),
                   "reason": plan.prepare_reason, "detail": plan.prepare_detail, "lead_time": plan.lead_time,
                   "by": reason}

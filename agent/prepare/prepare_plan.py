@@ -20,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypedDict
+from typing import TypedDict
 
-from agent.model.approval import ALLOWING, MANUAL
+from agent.model.approval import ALLOWING, MANUAL, ApprovalView
 from agent.model.config_schema import fmt_duration, opt
 from agent.model.events import Event
 from agent.model.timefmt import iso_z_or_none
@@ -80,6 +80,13 @@ class PlanJson(TypedDict):
     not_before: str | None
     lead_time: str
     window: WindowJson | None
+
+
+class PlanView(PlanJson):
+    """The `plan` object of /v1/events/{id} (`Preparation.view`): the plan as the coordination holds it now, and
+    whether preparation is held or started."""
+
+    preparation: str
 
 
 @dataclass(frozen=True)
@@ -223,7 +230,7 @@ def make_plan(event: Event, profiles: tuple[Profile, ...], prepare: PrepareConfi
                 lead_time=lead, window=window)
 
 
-def with_coordination(plan: PlanJson, coordination: dict[str, Any]) -> PlanJson:
+def with_coordination(plan: PlanJson, coordination: ApprovalView) -> PlanJson:
     """A plan's JSON with what holds the approval right now (a gate, peers) from the coordinator's view."""
     held = coordination.get("approval_held")
     decision = str(coordination.get("approval_decision") or "")

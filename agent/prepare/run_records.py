@@ -1,4 +1,4 @@
-"""Pure rules over a handler's run and its stored record (`{"outcome", "attempt", "detail", ...}`):
+"""Pure rules over a handler's run and its stored record (`RunRecord`: `{"outcome", "attempt", "detail", ...}`):
 what a run that returned, hung or was cut comes to, the attempt a record counts, whether an
 interrupted run runs again (and why not), whether a scheduled-phase result still keeps the VM from
 being ready, and the not-ready reason in words that say what to do. No I/O: the runner runs the
@@ -8,7 +8,7 @@ handlers and reads and writes the records; these decide.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from agent.handlers.spec import HandlerSpec, Result
 from agent.model.outcomes import CANCELED, FAILED, INTERRUPTED, OK, PHASES, RUNNING, SKIPPED, TIMED_OUT
@@ -33,6 +33,22 @@ class RunKey:
             return None
         handler, sep, phase = key[len(_RUN_PREFIX):].rpartition(":")
         return RunKey(handler, phase) if sep and handler and phase in PHASES else None
+
+
+class RunRecord(TypedDict):
+    """A handler's run as the runner records it at `RunKey`: `running`, its start and attempt; then how it ended.
+    The readers below accept any shape: a record read back may come from an older maintd or a damaged file."""
+
+    outcome: str
+    started_at: str
+    attempt: NotRequired[int]
+    detail: NotRequired[str]
+    duration_seconds: NotRequired[float]
+    finished_at: NotRequired[str]
+    on_failure: NotRequired[str]
+    exit_code: NotRequired[int]
+    output: NotRequired[str]
+    """The tail of what the handler printed."""
 
 
 DETAIL_SHOWN = 200

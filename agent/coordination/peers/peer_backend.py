@@ -15,7 +15,7 @@ from typing import Any
 
 from agent import logs
 from agent.clock import Clock
-from agent.coordination.backend import EventView, FleetStates, Inputs
+from agent.coordination.backend import BackendStatus, EventView, FleetEvent, FleetStates, Inputs
 from agent.coordination.coordination_rules import (
     lower_reachable,
     readiness_missing,
@@ -139,13 +139,13 @@ class PeerBackend:
                       for n, p in list(known.items())[:SHOWN_PEERS]},
         }
 
-    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> dict[str, Any]:
+    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> BackendStatus:
         known = {eid: self.peers.copy_of(exchange)[2] for eid, exchange in self.published.items()}
         listed = self.peers.directory.status(tracked, vm_name, known)
         return {**listed, "coordination": {"backend": "peers", **listed["coordination"]}}
 
     def fleet(self, tracked: Mapping[str, Tracked], vm_name: str | None, is_ready: Callable[[Tracked], bool],
-              approval: Callable[[str], dict[str, Any] | None]) -> list[dict[str, Any]]:
+              approval: Callable[[str], dict[str, Any] | None]) -> list[FleetEvent]:
         published = self.published
         return [peer_fleet(eid, t.event.resources, vm_name or "", is_ready(t), self.peers.copy_of(published[eid])[2],
                            approval(eid))

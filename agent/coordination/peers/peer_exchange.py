@@ -21,6 +21,7 @@ from typing import Any
 
 from agent import logs
 from agent.clock import Clock
+from agent.coordination.backend import PeerFleetApproval, PeerFleetEvent
 from agent.coordination.coordination_rules import (
     PeerState,
     acting_leader,
@@ -67,7 +68,7 @@ class Exchange:
 
 
 def peer_fleet(event_id: str, resources: Iterable[str], me: str, me_ready: bool, peers: dict[str, PeerState],
-               approval: dict[str, Any] | None) -> dict[str, Any]:
+               approval: dict[str, Any] | None) -> PeerFleetEvent:
     """The fleet view of one event on the peer backend: ready, preparing (answered, not ready) or not seen
     (never answered this VM) for each VM named, and this VM's own approval record."""
     def state(name: str) -> str:
@@ -77,8 +78,8 @@ def peer_fleet(event_id: str, resources: Iterable[str], me: str, me_ready: bool,
         return "not seen" if peer is None or (peer.last_ok is None and not peer.ready) else \
             "ready" if peer.ready else "preparing"
 
-    shown = None if approval is None else {"by": approval.get("by"), "state": approval.get("status"),
-                                           "at": approval.get("at")}
+    shown: PeerFleetApproval | None = None if approval is None else {
+        "by": approval.get("by"), "state": approval.get("status"), "at": approval.get("at")}
     return {"event_id": event_id, "source": "peers", "vms": [{"name": n, "state": state(n)} for n in resources],
             "approval": shown}
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from agent import logs
 from agent.clock import Clock
-from agent.coordination.backend import EventView, FleetStates, Inputs
+from agent.coordination.backend import BackendStatus, EventView, FleetEvent, FleetStates, Inputs
 from agent.coordination.coordination_rules import OK, UNHEALTHY, UNREACHABLE, peer_state
 from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.coordination.store.store_claim import StoreClaims
@@ -29,6 +29,7 @@ from agent.coordination.store.store_protocol import (
     post_deadline,
     unstorable,
 )
+from agent.health.health_json import HealthView
 from agent.health.health_store import HealthState, HealthStore
 from agent.metrics import STORE_OPS, Metrics
 from agent.model.approval import IMMEDIATE
@@ -46,8 +47,9 @@ def marker_state(pending: Sequence[str]) -> str:
     return PREPARING if pending else READY
 
 
-def own_health(local_health: dict[str, Any], event_id: str, warning_as_error: bool) -> str:
-    """This VM's health as the fleet gate counts it (its own reports about the event left out)."""
+def own_health(local_health: HealthView | None, event_id: str, warning_as_error: bool) -> str:
+    """This VM's health as the fleet gate counts it (its own reports about the event left out; None, not known:
+    unhealthy)."""
     return OK if peer_state(local_health, event_id, warning_as_error) == OK else UNHEALTHY
 
 
@@ -57,7 +59,7 @@ class StoreBackend:
     def __init__(self, config: AzureBlobConfig, *, token: Fetch, clock: Clock, metrics: Metrics,
                  health: HealthStore, secret: Callable[[str, str | None], str | None],
                  on_change: Callable[[], None], takeover_after: Callable[[], float],
-                 local_health: Callable[[], dict[str, Any]] = lambda: {},
+                 local_health: Callable[[], HealthView | None] = lambda: None,
                  warning_as_error: Callable[[], bool] = lambda: False) -> None:
         self.local_health = local_health
         self.warning_as_error = warning_as_error
@@ -178,7 +180,7 @@ class StoreBackend:
         """The peers' fields of /v1/events/{id}, empty: no peer is asked on this backend."""
         return {"acting_leader": None, "readiness_pushed_to": None, "peers_ready": 0, "peers_known": 0, "peers": {}}
 
-    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> dict[str, Any]:
+    def status(self, tracked: Mapping[str, Tracked], vm_name: str | None) -> BackendStatus:
         """For `maintd status`: the store, its last answer and how long ago."""
         snap = self.exchange.snapshot
         age = None if snap.last_answer_at is None else round(self.clock.monotonic() - snap.last_answer_at, 1)
@@ -186,7 +188,7 @@ class StoreBackend:
                                  "store_last_answer_seconds_ago": age}}
 
     def fleet(self, tracked: Mapping[str, Tracked], vm_name: str | None, is_ready: Callable[[Tracked], bool],
-              approval: Callable[[str], dict[str, Any] | None]) -> list[dict[str, Any]]:
+              approval: Callable[[str], dict[str, Any] | None]) -> list[FleetEvent]:
         """For `maintd fleet`: each event naming this VM still in the document, its VMs and their state as the
         store last said, and who approved (or claimed) and when."""
         return [{"event_id": v.event_id, "source": "store",
