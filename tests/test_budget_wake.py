@@ -4,12 +4,15 @@ crash; a hint nobody takes is only counted; and where a member says it takes hin
 
 from __future__ import annotations
 
+import http.server
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from agent.clock import FakeClock
+from agent.coordination.store import budget_wake
 from agent.coordination.store.budget import Budget
 from agent.coordination.store.budget_rules import CHOSEN, Entry
 from agent.coordination.store.budget_wake import WakeSender, advertised
@@ -89,9 +92,52 @@ def test_a_hint_nobody_takes_is_counted_and_never_stops_the_sender() -> None:
     now = FakeClock().now()
     sender.send("web", [Entry("gone", "1", "0", "e", CHOSEN, now, now, "http://127.0.0.1:9"),
                         Entry("nourl", "1", "0", "e", CHOSEN, now, now)])
-    assert sender.wait_idle(5)
+    assert sender.wait_idle(15)  # three tries: nobody listens, a transient failure
     assert 'maintd_budget_wake_hints_total{outcome="failed"} 1.0' in metrics.render().decode()
     sender.stop()
+
+
+class Flaky(http.server.BaseHTTPRequestHandler):
+    """A member's server that answers the first hints with `answers`, then 202."""
+
+    answers: list[int] = []
+    asked = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        status = Flaky.answers[Flaky.asked] if Flaky.asked < len(Flaky.answers) else 202
+        Flaky.asked += 1
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("answers, asked, outcome", [
+    ([503, 503], 3, "sent"),  # a member restarting: the third try reaches it
+    ([503, 503, 503], 3, "failed"),  # still down: the member finds its place on its fallback poll
+    ([401], 1, "failed"),  # a refusal is not asked again
+])
+def test_a_hint_that_meets_a_transient_failure_is_sent_again(monkeypatch: pytest.MonkeyPatch, answers: list[int],
+                                                              asked: int, outcome: str) -> None:
+    monkeypatch.setattr(budget_wake, "RETRY_AFTER", (0.05, 0.05))
+    Flaky.answers, Flaky.asked = answers, 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    metrics = Metrics()
+    sender = WakeSender(lambda: None, metrics)
+    now = FakeClock().now()
+    try:
+        sender.send("web", [Entry("b", "1", "0", "e", CHOSEN, now, now, f"http://127.0.0.1:{server.server_port}")])
+        assert sender.wait_idle(15)
+        assert Flaky.asked == asked
+        assert f'maintd_budget_wake_hints_total{{outcome="{outcome}"}} 1.0' in metrics.render().decode()
+    finally:
+        sender.stop()
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.parametrize("advertise, listen, ip, expected", [

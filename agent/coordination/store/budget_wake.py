@@ -20,14 +20,19 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 from agent import logs
 from agent.addresses import is_loopback_url, parse_listen
 from agent.coordination.store.budget_rules import Entry
+from agent.httpdates import transient_status
 from agent.lanes import Lanes
 
 if TYPE_CHECKING:
     import requests
 
 WAKE_PATH = "/v1/budget/wake"
-HINT_TIMEOUT = 2.0
-"""Seconds one hint may take, connect and answer; then it counts as failed (the fallback poll remains)."""
+HINT_TIMEOUT = 0.5
+"""Seconds one try may take, connect and answer (a member's API answers within milliseconds inside a VNet); a try
+that takes longer is sent again (a second hint costs nothing: hints are coalesced)."""
+RETRY_AFTER = (0.25, 1.0, 4.0)
+"""A hint that met a transient failure (no connection, a timeout, 408/429/5xx) is sent again after these waits
+(three more tries, about 7 s in all); a refusal (another 4xx) is not."""
 WAKE_GAP = 1.0
 """At most one store read per this many seconds comes from wake hints, however many arrive."""
 IMDS_ADDRESS = "169.254.169.254"
@@ -83,6 +88,7 @@ class WakeSender:
         self._lanes = Lanes(2, "budget-wake", metrics.lane_errors.labels("budget-wake").inc)
         self._lock = threading.Lock()
         self._session: requests.Session | None = None
+        self._stopping = threading.Event()
 
     def send(self, group: str, targets: Sequence[Entry]) -> None:
         """Hint each of `targets` that has a URL (the loop's or a worker's thread: returns at once)."""
@@ -91,6 +97,22 @@ class WakeSender:
                 self._lanes.submit(t.url, functools.partial(self._post, group, t.vm, t.url))
 
     def _post(self, group: str, vm: str, url: str) -> None:
+        """One hint, sent again after each of RETRY_AFTER while its failures are transient (a stop ends the waits)."""
+        error, tries = None, 0
+        for wait in (0.0, *RETRY_AFTER):
+            if wait and self._stopping.wait(wait):
+                break
+            error, transient = self._attempt(group, vm, url)
+            tries += 1
+            if error is None or not transient:
+                break
+        self.metrics.budget_wake.labels("failed" if error else "sent").inc()
+        if error:
+            self.log.debug("budget.wake_failed", vm=vm, url=url, error=error, tries=tries,
+                           effect="the member reads the record on its fallback poll")
+
+    def _attempt(self, group: str, vm: str, url: str) -> tuple[str | None, bool]:
+        """(None, _) when the member took the hint, else (what went wrong, whether asking again may help)."""
         from agent import boundedhttp
 
         with self._lock:
@@ -102,18 +124,17 @@ class WakeSender:
             r = boundedhttp.exchange(session, "POST", url + WAKE_PATH, timeout=self.timeout, max_bytes=4096,
                                      truncate=True, json={"group": group, "vm": vm},
                                      headers={"Authorization": f"Bearer {token}"} if token else {})
-            error = None if 200 <= r.status < 300 else f"answered {r.status}"
         except Exception as exc:  # a hint is best effort: nothing it met may stop the lane
-            error = f"{type(exc).__name__}: {str(exc)[:120]}"
-        self.metrics.budget_wake.labels("failed" if error else "sent").inc()
-        if error:
-            self.log.debug("budget.wake_failed", vm=vm, url=url, error=error,
-                           effect="the member reads the record on its fallback poll")
+            return f"{type(exc).__name__}: {str(exc)[:120]}", True
+        if 200 <= r.status < 300:
+            return None, False
+        return f"answered {r.status}", transient_status(r.status)
 
     def wait_idle(self, timeout: float) -> bool:
         return self._lanes.wait_idle(timeout)
 
     def stop(self) -> None:
+        self._stopping.set()
         self._lanes.shutdown()
         with self._lock:
             if self._session is not None:
