@@ -39,15 +39,17 @@ def http() -> requests.Session:
     return s
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll `predicate` until it returns something truthy; fail the test naming `what` on timeout."""
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str],
+               interval: float = 0.05) -> Any:
+    """Poll `predicate` until it returns something truthy; fail the test naming `what` (or what `what()` says
+    then) on timeout."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what() if callable(what) else what}")
         time.sleep(interval)
 
 
@@ -91,10 +93,10 @@ class Process:
         with self._lock:
             return [e for e in self.lines if name is None or e.get("event") == name]
 
-    def wait_log(self, name: str, timeout: float = 15.0, **fields: Any) -> dict[str, Any]:
+    def wait_log(self, name: str, timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
         def found() -> dict[str, Any] | None:
             return next((e for e in self.events(name) if all(e.get(k) == v for k, v in fields.items())), None)
-        return wait_until(found, timeout, f"log {name} {fields or ''} from {self.argv[3:5]}; last lines: "
+        return wait_until(found, timeout, lambda: f"log {name} {fields or ''} from {self.argv[3:5]}; last lines: "
                           + "".join(self.raw[-5:]))
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
@@ -121,7 +123,7 @@ class Emulator(Process):
             argv += ["--vm", vm]
         super().__init__(argv + list(extra))
         try:
-            line = self.stdout.get(timeout=15)
+            line = self.stdout.get(timeout=30)
         except queue.Empty:
             self.kill()
             raise AssertionError("the emulator printed no ready line: " + "".join(self.raw[-10:])) from None
@@ -197,7 +199,7 @@ class Agent(Process):
 
     def start(self) -> None:
         super().__init__([sys.executable, "-m", "agent", "run", "--config", str(self.config_path)], self.env)
-        wait_until(self._up, 15, f"maintd {self.base} to answer /healthz; stderr: " + "".join(self.raw[-10:]))
+        wait_until(self._up, 30, lambda: f"maintd {self.base} to answer /healthz; stderr: " + "".join(self.raw[-10:]))
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:
