@@ -27,10 +27,19 @@ CLEAN_ENV = {k: v for k, v in os.environ.items()
              if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")}
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, never one this process handed out before: the kernel may give a just-closed
+    port again, and two VMs of one fleet given the same port made one VM answer for the other (a CI flake)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def http() -> requests.Session:
@@ -210,9 +219,11 @@ class Agent(Process):
                 raise PortTaken(why)
             raise AssertionError(why)
         try:
-            return self.http.get(self.base + "/healthz", timeout=1).status_code == 200
+            answered = self.http.get(self.base + "/healthz", timeout=1).status_code == 200
         except requests.RequestException:
             return False
+        # this maintd's own answer, not another process's on the same port (this one then exits: bind_failed)
+        return answered and any(e.get("event") == "server.listening" for e in self.events())
 
     def get(self, path: str) -> requests.Response:
         return self.http.get(self.base + path, timeout=5)
