@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.harness import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL = ROOT / ".azurite" / "node_modules" / ".bin" / "azurite-blob"
 ACCOUNT = "devstoreaccount1"
@@ -43,12 +45,6 @@ def binary() -> str:
     if os.environ.get("MAINTD_CI") == "1":
         pytest.fail(f"CI must run the Azure Storage tests: {reason}")
     pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
@@ -132,7 +128,7 @@ class Azurite:
 
 def start(tmp_path: Path, *, oauth: bool = False) -> Azurite:
     """A new Azurite on a free port; with `oauth`, HTTPS with a fresh self-signed certificate and bearer tokens."""
-    port = _free_port()
+    port = free_port()
     args = [binary(), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
             "--skipApiVersionCheck", "--loose", "--silent", "--disableProductStyleUrl"]
     cert = None

@@ -198,7 +198,7 @@ def _read_request(reader: Any, number: int) -> Call | None:
     return Call(method, url.path, dict(parse_qsl(url.query)), headers, body, number)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float = 15.0) -> Any:
     """Poll `predicate` until it is truthy (real time; for the server's threads to catch up)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -90,7 +90,7 @@ def raw(base: str, method: str, target: str, headers: dict[str, str] | None = No
         conn.close()
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 5.0) -> Any:
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
     """Poll for a condition another thread brings about (not for time to pass)."""
     deadline = time.monotonic() + timeout
     while not (value := predicate()):

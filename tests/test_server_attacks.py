@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import socket
+import statistics
 import time
 
 import pytest
@@ -245,11 +246,14 @@ def test_slowloris_from_40_addresses_is_cut_at_the_deadline_while_the_probe_answ
     try:
         for s in slow:
             s.sendall(b"GET /v1/status HTTP/1.1\r\nX-Slow: ")
-        end = time.monotonic() + 0.6
+        end, latencies = time.monotonic() + 0.6, []
         while time.monotonic() < end:
             for s in slow[::7]:
                 s.sendall(b"a")
-            assert probe_seconds(port) < 1.0  # an LB probe's timeout (typical: bench)
+            latencies.append(probe_seconds(port))
+        # fast (the median), and none waited for the slow heads' 2 s deadline; one probe over that is a loaded
+        # host's stall, not a starved probe
+        assert statistics.median(latencies) < 0.25 and max(latencies) < 1.0, latencies
         answers = [closed_by_server(s, 3.0) for s in slow]
         assert all(a is not None and a.startswith(b"HTTP/1.1 408") for a in answers)
         assert dropped(srv, "request_timeout") == 320

@@ -27,10 +27,19 @@ CLEAN_ENV = {k: v for k, v in os.environ.items()
              if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")}
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, never one this process handed out before: the kernel may give a just-closed
+    port again, and two VMs of one fleet given the same port made one VM answer for the other (a CI flake)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def http() -> requests.Session:
@@ -39,15 +48,17 @@ def http() -> requests.Session:
     return s
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll `predicate` until it returns something truthy; fail the test naming `what` on timeout."""
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str],
+               interval: float = 0.05) -> Any:
+    """Poll `predicate` until it returns something truthy; fail the test naming `what` (or what `what()` says
+    then) on timeout."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what() if callable(what) else what}")
         time.sleep(interval)
 
 
@@ -91,10 +102,10 @@ class Process:
         with self._lock:
             return [e for e in self.lines if name is None or e.get("event") == name]
 
-    def wait_log(self, name: str, timeout: float = 15.0, **fields: Any) -> dict[str, Any]:
+    def wait_log(self, name: str, timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
         def found() -> dict[str, Any] | None:
             return next((e for e in self.events(name) if all(e.get(k) == v for k, v in fields.items())), None)
-        return wait_until(found, timeout, f"log {name} {fields or ''} from {self.argv[3:5]}; last lines: "
+        return wait_until(found, timeout, lambda: f"log {name} {fields or ''} from {self.argv[3:5]}; last lines: "
                           + "".join(self.raw[-5:]))
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
@@ -121,7 +132,7 @@ class Emulator(Process):
             argv += ["--vm", vm]
         super().__init__(argv + list(extra))
         try:
-            line = self.stdout.get(timeout=15)
+            line = self.stdout.get(timeout=30)
         except queue.Empty:
             self.kill()
             raise AssertionError("the emulator printed no ready line: " + "".join(self.raw[-10:])) from None
@@ -197,7 +208,7 @@ class Agent(Process):
 
     def start(self) -> None:
         super().__init__([sys.executable, "-m", "agent", "run", "--config", str(self.config_path)], self.env)
-        wait_until(self._up, 15, f"maintd {self.base} to answer /healthz; stderr: " + "".join(self.raw[-10:]))
+        wait_until(self._up, 30, lambda: f"maintd {self.base} to answer /healthz; stderr: " + "".join(self.raw[-10:]))
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:
@@ -208,9 +219,11 @@ class Agent(Process):
                 raise PortTaken(why)
             raise AssertionError(why)
         try:
-            return self.http.get(self.base + "/healthz", timeout=1).status_code == 200
+            answered = self.http.get(self.base + "/healthz", timeout=1).status_code == 200
         except requests.RequestException:
             return False
+        # this maintd's own answer, not another process's on the same port (this one then exits: bind_failed)
+        return answered and any(e.get("event") == "server.listening" for e in self.events())
 
     def get(self, path: str) -> requests.Response:
         return self.http.get(self.base + path, timeout=5)
