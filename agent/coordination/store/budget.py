@@ -42,6 +42,7 @@ from agent.coordination.store.budget_rules import (
     apply_step,
     approval_blocked,
     capacity,
+    counts,
     forced_now,
     granted,
     live,
@@ -344,9 +345,7 @@ class Budget:
                 "waiting": [{"vm": w.vm, "since": iso_z(w.since), "event_id": w.event, "zone": w.zone}
                             for w in places.waiting],
                 "store_error": str(self.mine.error) if self.mine.error else None}
-        for state, n in {"out": sum(h.why == CHOSEN for h in places.holders),
-                         "forced": sum(h.why == FORCED for h in places.holders),
-                         "waiting": len(places.waiting)}.items():
+        for state, n in counts(places).items():
             self.metrics.budget_members.labels(state).set(n)
         self.snapshot = view
         return view

@@ -241,7 +241,7 @@ def grant(places: Places, cap: int, spread: str, now: datetime) -> Places:
     holders, waiting = list(places.holders), []
     for w in sorted(places.waiting, key=lambda e: (e.since, e.vm)):
         if _refusal(holders, w, cap, spread) is None:
-            holders.append(Entry(w.vm, w.zone, w.fault_domain, w.event, CHOSEN, now, now, w.url))
+            holders.append(replace(w, why=CHOSEN, since=now, renewed=now))
         else:
             waiting.append(w)
     return places if len(holders) == len(places.holders) else Places(tuple(holders), tuple(waiting), places.members)
