@@ -200,6 +200,7 @@ class Agent(Process):
                 cfg[key] = {**cfg[key], **value}
             else:
                 cfg[key] = value
+        self.base = f"http://{cfg['server']['listen']}"  # the address a test chose (server.listen), if it did
         self.config_path = workdir / "maintd.yaml"
         self.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         os.chmod(self.config_path, 0o600)
