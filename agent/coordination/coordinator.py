@@ -32,7 +32,7 @@ from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.approver import Approver, Order
 from agent.coordination.backend import Backend, BackendStatus, CoordinationView, FleetEvent
-from agent.coordination.coordination_rules import Held, gate_recheck_delay
+from agent.coordination.coordination_rules import Held, gate_recheck_delay, unwell
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peer_addressing import Address
 from agent.coordination.peers.peer_backend import PeerBackend
@@ -115,7 +115,12 @@ class Coordinator:
         self.gates = gates
         self.warning_as_error = warning_as_error
         self.gate_checker = GateChecker(self.client, lambda name: self.address(name).url, local_health,
-                                        settings.max_concurrency, metrics, self.backend.gate_states(), clock.monotonic)
+                                        settings.max_concurrency, metrics, self.backend.gate_states(), clock.monotonic,
+                                        lambda: gate_recheck_delay(self.settings.approval_retry_for))
+        self.local_health = local_health
+        self._own_health: frozenset[tuple[str, str, str]] | None = None
+        if health is not None:
+            health.subscribe(self._health_changed)
         self.scheduled: frozenset[str] = frozenset()
         """The events Scheduled in this VM's last successful poll (replaced whole by each tick; any thread)."""
         self.approver = Approver(approve=approve, store=store, clock=clock, metrics=metrics,
@@ -131,6 +136,24 @@ class Coordinator:
     def hint(self, event_id: str, name: str) -> bool:
         """A peer says it became ready: ask it again at once (its word is checked, not trusted; rate-limited)."""
         return self.backend.hint(event_id, name)
+
+    def health_hint(self, event_id: str, name: str) -> bool:
+        """A ready peer says its health changed (any thread): a held fleet gate reads it again (its word is checked,
+        not trusted: one read of its /v1/health) and decides at once; False when that was not news."""
+        if not self.gate_checker.changed(event_id, name):
+            return False
+        self.on_change()
+        return True
+
+    def _health_changed(self) -> None:
+        """A health report was stored or removed (any thread, outside the store's lock): when this VM's own unhealthy
+        reports changed, a held fleet gate reads it again and a follower tells its leader, on the pass this wakes."""
+        mark = unwell(self.local_health())
+        if mark == self._own_health:
+            return
+        self._own_health = mark
+        self.gate_checker.local_changed()
+        self.on_change()
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no peer request or approval is under way (tests, benchmarks); `timeout` per kind."""
@@ -193,7 +216,21 @@ class Coordinator:
             self.metrics.gate_blocked.labels(gate).set(
                 1 if any(s.held and s.held.gate == gate for s in self._events.values()) else 0)
         self.backend.end(set(self._events))
+        self.gate_checker.follow(self._events)
+        self._recheck_moved(now)
         self._publish()
+
+    def _recheck_moved(self, now: float) -> None:
+        """An event the fleet gate holds whose input changed since (a VM's word, this VM's health, the store's
+        listing just published) is decided again at once, on the pass this wakes: the queries keep their pace,
+        the decision does not wait for them."""
+        moved = [st for eid, st in self._events.items()
+                 if st.held is not None and st.held.gate == "fleet" and not st.sending and now < st.gate_due
+                 and self.gate_checker.moved(eid)]
+        for state in moved:
+            state.gate_due = now
+        if moved:
+            self.on_change()
 
     def absorb(self, now: float) -> None:
         """Take the approver's outcomes into the loop's state and publish it (each tick starts with this; `now`:
