@@ -202,7 +202,8 @@ class Coordinator:
                 state.failed_at = now  # sent by a previous run that died before the answer: give IMDS time
                 self.log.warning("approval.unconfirmed", event_id=event_id, wait_seconds=RETRY_FAILED_AFTER,
                                  reason="a previous run sent it and stopped before recording the answer")
-            if decision.approve and not state.sending and self._retry_allowed(state, now) and now >= state.gate_due:
+            if decision.approve and not state.sending and self._retry_allowed(state, now) \
+                    and self._gates_due(event_id, state, now):
                 state.sending = True
                 gates = profile.gates if profile.gates is not None else self.gates
                 self.approver.submit(Order(event_id, vm_name, decision.reason, gates, t.event.resources, step,
@@ -220,16 +221,19 @@ class Coordinator:
         self._recheck_moved(now)
         self._publish()
 
+    def _gates_due(self, event_id: str, state: EventCoordination, now: float) -> bool:
+        """Whether a held approval's gates may be asked now: the periodic recheck is due, or the fleet gate holds it
+        and its input changed since (a VM's word, this VM's health, the store's listing). The queries keep their
+        pace; the decision does not wait for them."""
+        return now >= state.gate_due or (state.held is not None and state.held.gate == "fleet"
+                                         and self.gate_checker.moved(event_id))
+
     def _recheck_moved(self, now: float) -> None:
-        """An event the fleet gate holds whose input changed since (a VM's word, this VM's health, the store's
-        listing just published) is decided again at once, on the pass this wakes: the queries keep their pace,
-        the decision does not wait for them."""
-        moved = [st for eid, st in self._events.items()
-                 if st.held is not None and st.held.gate == "fleet" and not st.sending and now < st.gate_due
-                 and self.gate_checker.moved(eid)]
-        for state in moved:
-            state.gate_due = now
-        if moved:
+        """Wake the next pass when the listing the backend just published moved a held fleet gate's input (the
+        decision above read the one before)."""
+        if any(st.held is not None and st.held.gate == "fleet" and not st.sending and st.decision is not None
+               and st.decision.approve and self._retry_allowed(st, now) and now < st.gate_due
+               and self.gate_checker.moved(eid) for eid, st in self._events.items()):
             self.on_change()
 
     def absorb(self, now: float) -> None:
