@@ -129,7 +129,7 @@ def _peers(vm: Vm) -> dict[str, PeerState]:
 def peer_inputs(i: int, vm: Vm) -> tuple[list[str], list[str]]:
     """(peers not ready, lower-ranked peers still present) as the real coordinator computes them."""
     peers = _peers(vm)
-    stand_in = SimpleNamespace(settings=lambda: settings, _silent=lambda *args: None, _events={},
+    stand_in = SimpleNamespace(settings=lambda: settings, _silent=lambda *args: None, _events={}, _health=None,
                                peers=SimpleNamespace(run=lambda *args: None, peers_now=lambda exchange: peers))
     event = SimpleNamespace(resources=VMS, status=vm.seen)
     given = PeerBackend.inputs(stand_in, EVENT_ID, event, VMS[i], [] if vm.prepared else ["hook"],  # type: ignore[arg-type]
