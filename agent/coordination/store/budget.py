@@ -264,7 +264,7 @@ class Budget:
                 m.error = o.error
                 continue
             m.failures, m.error, self.places = 0, None, o.places
-            for vm in o.freed:
+            for vm in (v for v in o.freed if v.casefold() != self._name().casefold()):  # its own: budget.lost
                 self.log.warning("budget.released", vm=vm, reason="did not renew its place for release_after "
                                                                   "(store time): never came back", by=self._name())
             self._took(o, now)
