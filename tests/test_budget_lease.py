@@ -247,3 +247,29 @@ def test_a_forced_member_never_blocks_its_own_approval_and_a_multi_vm_event_is_a
     assert lone.tick().lets("e2") and lone.budget.approval_blocked("e2", ["d"]) is None
     assert lone.budget.send_blocked("e2", ["d"]) is None
 
+
+
+def test_a_member_restarted_while_out_keeps_a_place_its_lease_still_covers_and_gives_back_one_it_lost() -> None:
+    """maintd restarted while out: its first read finds its own place and keeps it (renewed at once); after a
+    downtime longer than release_after, its entry is gone (another member dropped it): it returns to rotation."""
+    clock = FakeClock()
+    store = CasStore(clock)
+    nb = clock.now() + timedelta(hours=2)
+    a = Vm(store, clock, "vma", "ea", nb)
+    run([a], clock, 2)
+    again = Vm(store, clock, "vma", "ea", nb)  # the same VM after a restart: out, its preparation started
+    again.out = True
+    for _ in range(3):
+        gate = again.budget.tick([], True, [again.want])
+        again.budget.wait_idle(5)
+    assert not gate.revoked and again.holds(clock) and again.budget.send_blocked("ea", ["vma"]) is None
+    other = Vm(store, clock, "vmb", "eb", nb)
+    clock.advance(RELEASE_AFTER + 1)  # down longer than release_after: vmb drops it and takes the place
+    run([other], clock, 2)
+    assert other.out and record(store).holder("vma") is None
+    late = Vm(store, clock, "vma", "ea", nb)
+    late.out = True
+    for _ in range(3):
+        gate = late.budget.tick([], True, [late.want])
+        late.budget.wait_idle(5)
+    assert gate.revoked == {"ea"} and not late.holds(clock)
