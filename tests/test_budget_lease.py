@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 
 from agent.clock import FakeClock
+from agent.coordination.coordinator import Coordinator
 from agent.coordination.store.budget_lease import FORCE_WAIT_S
 from agent.coordination.store.budget_rules import FORCED, parse_places, places_blob, release, render_places
 from agent.coordination.store.store_protocol import StoreError
@@ -273,3 +275,18 @@ def test_a_member_restarted_while_out_keeps_a_place_its_lease_still_covers_and_g
         gate = late.budget.tick([], True, [late.want])
         late.budget.wait_idle(5)
     assert gate.revoked == {"ea"} and not late.holds(clock)
+
+
+def test_the_approvers_recheck_withholds_a_send_once_the_lease_ended_even_before_the_loop_looked() -> None:
+    """An approval ordered while vma held its place: immediately before the send (the approver's thread), the
+    coordinator's recheck asks the budget's lease against the clock, so a send after the lease ended is withheld
+    even when the loop has not run a pass since (a pause between the order and the send)."""
+    clock = FakeClock()
+    store = CasStore(clock)
+    a = Vm(store, clock, "vma", "ea", clock.now() + timedelta(hours=2))
+    run([a], clock, 2)
+    order = SimpleNamespace(event_id="ea", resources=("vma", "vmb"))
+    coordinator = SimpleNamespace(scheduled=frozenset({"ea"}), budget=a.budget)
+    assert Coordinator.still_right(coordinator, order) is None  # type: ignore[arg-type]
+    clock.advance(RELEASE_AFTER)
+    assert "no longer holds its place" in (Coordinator.still_right(coordinator, order) or "")  # type: ignore[arg-type]
