@@ -34,6 +34,7 @@ from agent.coordination.store.budget_lease import (
     Hold,
     Mine,
     approval_held,
+    forced_by,
     forced_reason,
     health_words,
     lease_end,
@@ -56,7 +57,6 @@ from agent.coordination.store.budget_rules import (
     apply_step,
     capacity,
     counts,
-    forced_now,
     granted,
     live,
     parse_places,
@@ -190,7 +190,7 @@ class Budget:
                 at = max(now, m.woken + WAKE_GAP)
                 if at < m.due:
                     m.due = m.woken = at
-        for w in m.note(wants, started, now, self._forced_at(wall)):
+        for w in m.note(wants, started, now, forced_by(self.needs(), self.lead_time(), wall)):
             self.log.warning("budget.forced", event_id=w.event_id, group=self.group,
                              reason=forced_reason(w.event_type, w.not_before))
         action, event = self._next(wants, out)
@@ -198,7 +198,7 @@ class Budget:
             m.busy = True
             job = functools.partial(self._run, self.group, action, self.me, event)
             self._lanes.submit("budget", job, functools.partial(self._crashed, action, event))
-        self._health(wants)
+        self.health(HEALTH, *health_words(m, self.group, wants, self.describe))
         return self._gate(wants, now)
 
     def _gate(self, wants: Sequence[Want], now: float) -> LeaveGate:
@@ -321,21 +321,14 @@ class Budget:
         it) and the member queues again, unless its last safe moment has come: then it stays out, forced (B3)."""
         m, event = self.mine, self.mine.event if event is None else event
         self.metrics.budget_lost.labels(kind).inc()
-        forced = m.lose(now, self._forced_at(self.clock.now()), reason, event)
+        forced = m.lose(now, forced_by(self.needs(), self.lead_time(), self.clock.now()), reason, event)
         self.log.warning("budget.lost", event_id=event, group=self.group, reason=reason, effect=(
             "stays out of rotation, forced: its last safe moment has come; written as forced" if forced else
             "returns to rotation (the completed phase runs), never approves on this place, queues again"))
         self.hold = m.hold()
 
-    def _forced_at(self, wall: datetime) -> Callable[[Want], bool]:
-        needs, lead = self.needs(), self.lead_time()
-        return lambda w: forced_now(w.event_type, w.not_before, needs, lead, wall)
-
     def _name(self) -> str:
         return self.me.vm if self.me else ""
-
-    def _health(self, wants: Sequence[Want]) -> None:
-        self.health(HEALTH, *health_words(self.mine, self.group, wants, self.describe))
 
     # --- the coordinator ------------------------------------------------------------------------------
 
