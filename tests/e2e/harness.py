@@ -23,6 +23,8 @@ from typing import Any
 import requests
 import yaml
 
+from tests.reaper import die_with_parent
+
 CLEAN_ENV = {k: v for k, v in os.environ.items()
              if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")}
 
@@ -72,7 +74,7 @@ class Process:
     def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.argv = argv
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=env or CLEAN_ENV)
+                                     env=env or CLEAN_ENV, preexec_fn=die_with_parent)
         self.lines: list[dict[str, Any]] = []
         self.raw: list[str] = []
         self._lock = threading.Lock()
