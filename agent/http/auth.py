@@ -150,8 +150,7 @@ def socket_caller_ok(uid: int, gid: int, group: str | None, own_uid: int) -> boo
 
 @dataclass(frozen=True)
 class Access:
-    """Who may do what (from `server.*`); `peer_authorized` says whether an Authorization header passes
-    `coordination.token_file` (anyone's when it is not set)."""
+    """What the table's rules read of `server.*` (the peers' token is the daemon's: `identify`'s `peer_authorized`)."""
 
     token_reader: Callable[[], str | None] = lambda: None
     require_token_on_loopback: bool = True
