@@ -7,7 +7,7 @@ about 5 MB) for HTTPS, and `prometheus_client`'s package imports its HTTP server
 exposition maintd does itself. `defer(name)` puts a stand-in for the module in `sys.modules`: an
 `import` binds it without running the module's code, and the first name asked of it runs that code
 once, in the stand-in itself, which is then the module (the same object everyone holds). What the
-import system reads (`__spec__`, `__path__`, ...) does not count as a use, so a package's submodules
+import system reads (`__spec__`, `__path__`, `__file__`, ...) does not count as a use, so a package's submodules
 can be imported beside it, and a name that is one of its submodules imports that submodule alone.
 
 The load runs under one lock (a second thread asking meanwhile waits for the whole module, as an
@@ -25,8 +25,10 @@ import types
 from typing import Any
 
 _LOCK = threading.RLock()
-_IMPORT_SYSTEM = frozenset({"__spec__", "__path__", "__name__", "__loader__", "__package__", "__class__"})
-"""What the import system reads of a module in `sys.modules`: never a use."""
+_IMPORT_SYSTEM = frozenset({"__spec__", "__path__", "__name__", "__loader__", "__package__", "__class__", "__file__",
+                            "__cached__"})
+"""What the import system reads of a module in `sys.modules` (and `inspect.getmodule`, which asks every module
+for its file): never a use."""
 _LOADING: dict[int, int] = {}
 """id of a stand-in being loaded -> the thread loading it (whose own reads during the load pass through)."""
 

@@ -73,6 +73,16 @@ def test_threads_using_it_at_once_all_see_the_whole_module(package):
     assert seen == [42] * 8 and runs() == ["init"]
 
 
+def test_asking_every_module_for_its_file_is_no_use(package):
+    """`inspect.getmodule` (tracebacks, warnings) asks every module in sys.modules for its file."""
+    import inspect
+    deferred.defer("heavy")
+    import heavy
+    code = test_asking_every_module_for_its_file_is_no_use.__code__  # no __module__: found by file, every module asked
+    assert inspect.getmodule(code) is sys.modules[__name__]
+    assert heavy.__file__.endswith("__init__.py") and runs() == []
+
+
 def test_a_module_already_imported_is_left_as_it_is():
     import json
     deferred.defer("json")
