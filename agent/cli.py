@@ -129,11 +129,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from agent.state.state_file import check_dir
 
     try:
-        cfg = config_mod.load(args.path)
+        cfg, warnings = config_mod.load_checked(args.path)
         check_dir(config_mod.with_state_env(cfg).state.dir)
     except (ConfigError, StateError) as exc:
         print(f"{exc}", file=sys.stderr)
         return 1
+    for warning in warnings:  # accepted all the same (exit 0): a choice to make knowingly
+        print(warning, file=sys.stderr)
     print(f"{args.path}: OK ({_summary(cfg)})")
     print(_addressing(cfg.coordination) if cfg.coordination.backend == "peers" else _store(cfg.coordination))
     return 0

@@ -10,11 +10,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from agent import __version__, deferred
 
-from agent import __version__
-from agent.model.events import KNOWN_TYPES
-from agent.model.outcomes import OUTCOMES
+# The package's __init__ imports its HTTP servers, clients and ssl (about 7 MB resident) for the exposition,
+# which `render` does itself: only the metric types and the registry are loaded (decision 0220).
+deferred.defer("prometheus_client")
+from prometheus_client.metrics import Counter, Gauge, Histogram  # noqa: E402
+from prometheus_client.registry import CollectorRegistry  # noqa: E402
+
+from agent.metrics_text import exposition  # noqa: E402
+from agent.model.events import KNOWN_TYPES  # noqa: E402
+from agent.model.outcomes import OUTCOMES  # noqa: E402
 
 EVENT_TYPES = (*KNOWN_TYPES, "Other")
 IMDS_ENDPOINTS = ("scheduledevents", "compute", "approve", "identity")
@@ -193,4 +199,4 @@ class Metrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        return exposition(self.registry.collect())
