@@ -89,7 +89,8 @@ class Metrics:
                                      ["outcome"], registry=r)
         self.store_requests = Counter("maintd_store_requests_total",
                                       "Requests to the coordination store (backend azure_blob) by operation and "
-                                      "outcome (ok; conflict and absent are expected answers; the rest failures)",
+                                      "outcome (ok; conflict, absent and not_modified are expected answers; the rest "
+                                      "failures)",
                                       ["op", "outcome"], registry=r)
         self.budget_members = Gauge("maintd_budget_members",
                                     "Members of this VM's disruption budget group as the store last said: out (a "
