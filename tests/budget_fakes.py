@@ -81,7 +81,8 @@ class Health:
 
 
 class Hints:
-    """Wake hints delivered in-process to the member at the URL (or lost): a `WakeSender`'s stand-in."""
+    """Wake hints delivered in-process to the member of that name (or lost): a `WakeSender`'s stand-in, addressed
+    as the real one is, by the member's name (never by the `url` its entry gives)."""
 
     def __init__(self) -> None:
         self.budgets: dict[str, Budget] = {}
@@ -91,8 +92,8 @@ class Hints:
     def send(self, group: str, targets: Sequence[Entry]) -> None:
         for t in targets:
             self.sent.append(t.vm)
-            if not self.lost and t.url in self.budgets:
-                self.budgets[t.url].wake({"group": group, "vm": t.vm})
+            if not self.lost and t.vm in self.budgets:
+                self.budgets[t.vm].wake({"group": group, "vm": t.vm})
 
     def wait_idle(self, timeout: float) -> bool:
         return True
@@ -103,15 +104,15 @@ class Hints:
 
 def member(store: CasStore, clock: FakeClock, name: str, zone: str = "1", needs: float = 60.0,
            hints: Hinter | None = None, url: str | None = None, **config: Any) -> tuple[Budget, Health]:
-    """A member of group web; with `hints`, its releases' hints go there and it takes hints at `url` (default
-    http://{name}:8088)."""
+    """A member of group web; with `hints`, its releases' hints go there and it takes hints (by its name); `url`
+    (default http://{name}:8088) is what it writes as its own address (shown only)."""
     health = Health()
     url = url if url is not None else f"http://{name}:8088" if hints is not None else ""
     budget = Budget(BudgetConfig(**{"group": "web", **config}), store=lambda: store, describe="fake store",
                     clock=clock, on_change=lambda: None, health=health, metrics=Metrics(), needs=lambda: needs,
                     lead_time=lambda: 0.0, wake_sender=hints, url=url)
     if isinstance(hints, Hints):
-        hints.budgets[url] = budget
+        hints.budgets[name] = budget
     budget.identify(name, zone, "0", "")
     return budget, health
 

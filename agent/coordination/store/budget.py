@@ -341,9 +341,10 @@ class Budget:
                 "places": capacity(self.config.max_unavailable, len(places.members) or 1),
                 "spread": self.config.spread, "members_known": len(places.members),
                 "holders": [{"vm": h.vm, "since": iso_z(h.since), "why": h.why, "event_id": h.event,
-                             "zone": h.zone, "fault_domain": h.fault_domain} for h in places.holders],
-                "waiting": [{"vm": w.vm, "since": iso_z(w.since), "event_id": w.event, "zone": w.zone}
-                            for w in places.waiting],
+                             "zone": h.zone, "fault_domain": h.fault_domain, "url": h.url or None}
+                            for h in places.holders],
+                "waiting": [{"vm": w.vm, "since": iso_z(w.since), "event_id": w.event, "zone": w.zone,
+                             "url": w.url or None} for w in places.waiting],
                 "store_error": str(self.mine.error) if self.mine.error else None}
         for state, n in counts(places).items():
             self.metrics.budget_members.labels(state).set(n)
