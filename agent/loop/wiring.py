@@ -187,10 +187,11 @@ class Parts:
             return NO_BUDGET
         from agent.coordination.store.budget import Want
         wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting(tick.now)]
-        out = bool(self.rotation.drains()) or any(
-            t.names_self and (t.event.status != SCHEDULED or self.preparation.started(eid))
-            for eid, t in tick.tracked.items())
-        gate = self.budget.tick(wants, out)
+        started = [Want(eid, t.event.event_type, t.event.not_before) for eid, t in tick.tracked.items()
+                   if t.names_self and t.event.status == SCHEDULED and self.preparation.started(eid)]
+        out = bool(self.rotation.drains() or started) or any(
+            t.names_self and t.event.status != SCHEDULED for t in tick.tracked.values())
+        gate = self.budget.tick(wants, out, started)
         self.budget.publish()
         return gate
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from agent import logs
@@ -91,6 +92,7 @@ class Budget:
         """This VM's place for the approver's recheck (`send_blocked`), replaced whole by the loop."""
         self._wants: tuple[Want, ...] = ()
         self._stamp_at = clock.monotonic() + config.member_ttl / 3
+        self._started: tuple[Want, ...] = ()
 
     def identify(self, vm: str, zone: str, fault_domain: str, scale_set: str) -> None:
         """This VM's name and topology, once IMDS told them; the group defaults to the scale set."""
@@ -111,13 +113,14 @@ class Budget:
         self._check_lease(now)
         return self._gate(self._wants, now)
 
-    def tick(self, wants: Sequence[Want], out: bool) -> LeaveGate:
+    def tick(self, wants: Sequence[Want], out: bool, started: Sequence[Want] = ()) -> LeaveGate:
         """Take in the store's answers, send the next step, and say which events may leave rotation now (and which
-        must return to it). `wants`: events whose preparation is due; `out`: this VM is out of rotation."""
+        must return to it). `wants`: events whose preparation is due; `out`: this VM is out of rotation;
+        `started`: the Scheduled events it is out for (their preparation started)."""
         now, wall = self.clock.monotonic(), self.clock.now()
         self._absorb(now)
         self._check_lease(now)
-        self._wants = tuple(wants)
+        self._wants, self._started = tuple(wants), tuple(started)
         m = self.mine
         if self._woken.is_set():
             self._woken.clear()
@@ -125,15 +128,9 @@ class Budget:
                 at = max(now, m.woken + WAKE_GAP)
                 if at < m.due:
                     m.due = m.woken = at
-        needs, lead = self.needs(), self.lead_time()
-        for w in wants:
-            m.known[w.event_id] = w
-            if w.event_id not in m.forced and forced_now(w.event_type, w.not_before, needs, lead, wall):
-                m.forced[w.event_id] = now  # B3: kept until release, whatever its preparation does
-                if m.why is None:
-                    self.log.warning("budget.forced", event_id=w.event_id, group=self.group,
-                                     reason=forced_reason(w.event_type, w.not_before))
-                    m.due = min(m.due, now)  # the FORCE step at once, ahead of any backoff
+        for w in m.note(wants, started, now, self._forced_at(wall)):
+            self.log.warning("budget.forced", event_id=w.event_id, group=self.group,
+                             reason=forced_reason(w.event_type, w.not_before))
         action, event = self._next(wants, out)
         if action and not m.busy and now >= m.due and self.me is not None and self.group is not None:
             m.busy = True
@@ -184,7 +181,7 @@ class Budget:
                 m.error = o.error
                 continue
             m.failures, m.error, self.places = 0, None, o.places
-            for vm in o.freed:
+            for vm in (v for v in o.freed if v.casefold() != self._name().casefold()):  # its own: budget.lost
                 self.log.warning("budget.released", vm=vm, reason="did not renew its place for release_after "
                                                                   "(store time): never came back", by=self._name())
             self._took(o, now)
@@ -194,9 +191,13 @@ class Budget:
         held = o.places.holder(self._name()) if o.places is not None else None
         lease = lease_end(o.sent_at, held.renewed, o.date, self.config.release_after) \
             if held is not None and o.date is not None else float("-inf")
-        if held is not None and m.why is None and o.result == "read":  # held before a restart: still out
-            m.why, m.event, m.since, m.renew_at, m.lease_end = held.why, held.event, now, now, lease
-            m.reasons.setdefault(held.event, held.why)
+        if m.why is None and o.result == "read" and not m.lost:  # after a start: out for what the record says
+            if held is not None:  # held before it: within what its entry's age leaves of the lease
+                m.why, m.event, m.since, m.renew_at, m.lease_end = held.why, held.event, now, now, lease
+                m.reasons.setdefault(held.event, held.why)
+            for w in (w for w in self._started if held is None or held.event != w.event_id):
+                self._lose("dropped", "after a start, the record does not list it for the event it is out for",
+                           now, w.event_id)
             return
         if m.why == FORCED and o.result != "released" and (held is None or held.why != FORCED):
             m.renew_at = now  # a forced holder no longer listed: written again at once (B3)
@@ -248,19 +249,20 @@ class Budget:
             self._lose("lease_ended", f"no renewal confirmed its place within its lease (release_after {ra:g} s "
                                       f"less {lease_margin(ra):g} s, on this VM's clock)", now)
 
-    def _lose(self, kind: str, reason: str, now: float) -> None:
-        """B2: the place is lost. The event returns to rotation (the gate revokes it) and the member queues again,
-        unless its last safe moment has come: then it stays out, forced (B3)."""
-        m = self.mine
-        event, want = m.event, m.known.get(m.event)
+    def _lose(self, kind: str, reason: str, now: float, event: str | None = None) -> None:
+        """B2: the place (for `event`, default its own) is lost. The event returns to rotation (the gate revokes
+        it) and the member queues again, unless its last safe moment has come: then it stays out, forced (B3)."""
+        m, event = self.mine, self.mine.event if event is None else event
         self.metrics.budget_lost.labels(kind).inc()
-        forced = event in m.forced or (want is not None and forced_now(
-            want.event_type, want.not_before, self.needs(), self.lead_time(), self.clock.now()))
+        forced = m.lose(now, self._forced_at(self.clock.now()), reason, event)
         self.log.warning("budget.lost", event_id=event, group=self.group, reason=reason, effect=(
             "stays out of rotation, forced: its last safe moment has come; written as forced" if forced else
             "returns to rotation (the completed phase runs), never approves on this place, queues again"))
-        m.lose(now, forced, reason)
         self.hold = m.hold()
+
+    def _forced_at(self, wall: datetime) -> Callable[[Want], bool]:
+        needs, lead = self.needs(), self.lead_time()
+        return lambda w: forced_now(w.event_type, w.not_before, needs, lead, wall)
 
     def _name(self) -> str:
         return self.me.vm if self.me else ""
