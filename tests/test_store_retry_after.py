@@ -38,7 +38,7 @@ def rig(tmp_path, clock: FakeClock, store: WholeStore, budget: bool):
     backend.exchange.open_store = lambda: store
     places = Budget(BudgetConfig(group="web"), store=backend.exchange.store, describe="fake", clock=clock,
                     on_change=lambda: None, health=lambda *_: None, metrics=Metrics(), needs=lambda: 30.0,
-                    lead_time=lambda: 0.0) if budget else None
+                    lead_time=lambda: 0.0, answers=backend.exchange.answers) if budget else None
     if places is not None:
         places.identify(ME, "1", "0", "")
     coord = Coordinator(cfg, approve=lambda ids: sent.append((clock.monotonic(), ids)), store=Store(tmp_path, clock),

@@ -39,7 +39,7 @@ from agent.coordination.store.budget_lease import (
     send_held,
 )
 from agent.coordination.store.budget_lease import Want as Want
-from agent.coordination.store.budget_poll import poll_after
+from agent.coordination.store.budget_poll import Every, time_left, waiter_poll
 from agent.coordination.store.budget_rules import (
     CHOSEN,
     FORCE,
@@ -59,7 +59,7 @@ from agent.coordination.store.budget_step import BudgetStore, Steps
 from agent.coordination.store.budget_step import Outcome as Outcome
 from agent.coordination.store.budget_step import step as step
 from agent.coordination.store.budget_wake import WAKE_GAP, Hinter, WakeAnswer
-from agent.coordination.store.store_protocol import retry_delay
+from agent.coordination.store.store_answers import Answers, RetryWait
 from agent.model.budget_gate import LeaveGate
 from agent.model.timefmt import iso_z
 
@@ -72,8 +72,9 @@ class Budget:
     def __init__(self, config: BudgetConfig, *, store: Callable[[], BudgetStore], describe: str, clock: Clock,
                  on_change: Callable[[], None], health: Callable[[str, str, str], None],
                  metrics: Any, needs: Callable[[], float], lead_time: Callable[[], float],
-                 wake_sender: Hinter | None = None, url: str = "") -> None:
-        """`url`: where this member takes wake hints (its entry says so; "" none); `wake_sender` sends them."""
+                 wake_sender: Hinter | None = None, url: str = "", answers: Answers | None = None) -> None:
+        """`url`: what this member writes as its address (shown only; "" none); `wake_sender` sends hints;
+        `answers`: the store's answers on every path (B6: the first ends a Retry-After's wait)."""
         self.config, self.open_store, self.describe, self.clock = config, store, describe, clock
         self.on_change, self.health, self.metrics = on_change, health, metrics
         self.needs, self.lead_time = needs, lead_time
@@ -91,7 +92,8 @@ class Budget:
         self.hold = Hold()
         """This VM's place for the approver's recheck (`send_blocked`), replaced whole by the loop."""
         self._wants: tuple[Want, ...] = ()
-        self._stamp_at = clock.monotonic() + config.member_ttl / 3
+        self._stamp = Every(config.member_ttl / 3, clock.monotonic())
+        self._retry = RetryWait(answers)
         self._started: tuple[Want, ...] = ()
 
     def identify(self, vm: str, zone: str, fault_domain: str, scale_set: str) -> None:
@@ -131,6 +133,8 @@ class Budget:
         for w in m.note(wants, started, now, self._forced_at(wall)):
             self.log.warning("budget.forced", event_id=w.event_id, group=self.group,
                              reason=forced_reason(w.event_type, w.not_before))
+        if self._retry.ended():
+            m.due = min(m.due, now)  # B6: the store answered another path: the Retry-After's wait is over
         action, event = self._next(wants, out)
         if action and not m.busy and now >= m.due and self.me is not None and self.group is not None:
             m.busy = True
@@ -161,7 +165,7 @@ class Budget:
             return READ, ""  # once after a start: be counted among the members, find a place held before it
         if wants:
             return TAKE, wants[0].event_id
-        return (READ, "") if self._stamp_due() else (None, "")
+        return (READ, "") if self._stamp.due(self.clock.monotonic()) else (None, "")  # B5: counted while idle
 
     def _absorb(self, now: float) -> None:
         m = self.mine
@@ -173,7 +177,8 @@ class Budget:
             m.busy = False
             if o.error is not None:
                 m.failures, m.failed_at = m.failures + 1, now
-                m.due = now + retry_delay(m.failures)
+                left = time_left((w.not_before for w in self._wants), self.clock.now())
+                m.due = now + self._retry.after_failure(o.error, m.failures, left)
                 if m.error is None or str(m.error) != str(o.error):
                     self.log.warning("budget.store_failed", store=self.describe, outcome=o.error.outcome,
                                      error=str(o.error), effect="no place: this VM waits, and prepares at the last "
@@ -218,7 +223,7 @@ class Budget:
                 self.log.info("budget.waiting", event_id=o.event, group=self.group, reason=o.reason,
                               effect="stays in rotation; prepares at its last safe moment if no place frees")
             m.waiting_for = o.event
-            m.due = now + self._poll_after(o.places)  # B4: the head of the line every second, the rest less often
+            m.due = now + waiter_poll(self.config, o.places, self._name())  # B4: the head every second
         elif o.result == "released":
             if m.why is not None:
                 self.log.info("budget.released", event_id=o.event, group=self.group, vm=self._name(),
@@ -228,19 +233,6 @@ class Budget:
             m.renew_at, m.lease_end = now + self.config.release_after / 4, max(m.lease_end, lease)
         elif o.result == "read" and m.why is not None:
             m.due = now + 2.0  # a holder looking at the others' places for its event's approval
-
-    def _poll_after(self, places: Places | None) -> float:
-        cap = capacity(self.config.max_unavailable, len(places.members) if places is not None else 1)
-        return poll_after(places, self._name(), cap, self.config.spread, self.config.fallback_poll,
-                          self.config.release_after)
-
-    def _stamp_due(self) -> bool:
-        """B5: an idle member writes its stamp every member_ttl / 3 (a READ that finds it a third old rewrites it)."""
-        now = self.clock.monotonic()
-        if now < self._stamp_at:
-            return False
-        self._stamp_at = now + self.config.member_ttl / 3
-        return True
 
     def _check_lease(self, now: float) -> None:
         m = self.mine

@@ -21,10 +21,12 @@ per-blob target of 500 requests/s at 1000 members (`RATE_TARGET`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
-from agent.coordination.store.budget_rules import Entry, Places
+from agent.coordination.coordination_settings import BudgetConfig
+from agent.coordination.store.budget_rules import Entry, Places, capacity
 
 HEAD_POLL_S = 1.0
 """Seconds between two reads of a member a write could seat next."""
@@ -75,6 +77,31 @@ def poll_after(places: Places | None, vm: str, cap: int, spread: str, fallback_p
     if rounds == 0 and next_up:
         return min(HEAD_POLL_S, longest)
     return min(ROUND_POLL_S * max(1, rounds), longest)
+
+
+def waiter_poll(config: BudgetConfig, places: Places | None, vm: str) -> float:
+    """`poll_after` for a member of this budget, its capacity taken over the record's live members."""
+    cap = capacity(config.max_unavailable, len(places.members) if places is not None else 1)
+    return poll_after(places, vm, cap, config.spread, config.fallback_poll, config.release_after)
+
+
+def time_left(not_befores: Iterable[datetime | None], now: datetime) -> float | None:
+    """Seconds to the earliest of these NotBefores (None: none known): how much of a Retry-After is affordable."""
+    at = min((nb for nb in not_befores if nb is not None), default=None)
+    return None if at is None else (at - now).total_seconds()
+
+
+class Every:
+    """Due once every `interval` seconds of a monotonic clock, the first time `interval` after `start`."""
+
+    def __init__(self, interval: float, start: float) -> None:
+        self.interval, self.at = interval, start + interval
+
+    def due(self, now: float) -> bool:
+        if now < self.at:
+            return False
+        self.at = now + self.interval
+        return True
 
 
 @dataclass(frozen=True)

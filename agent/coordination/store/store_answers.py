@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Protocol, TypeVar
 
-from agent.coordination.store.store_protocol import Item, Unchanged
+from agent.coordination.store.store_protocol import Item, StoreError, Unchanged, retry_delay
 
 T = TypeVar("T")
 
@@ -73,6 +73,27 @@ class Answers:
     def since(self, mark: int | None) -> bool:
         """Whether the store answered anything after `mark` (a `count` read when a path was told to wait)."""
         return mark is not None and self._count > mark
+
+
+class RetryWait:
+    """One path's wait after a failure (the budget's): the backoff, or a Retry-After as far as the event affords,
+    which ends at the first answer the store gives any path after it (`ended`)."""
+
+    def __init__(self, answers: Answers | None) -> None:
+        self.answers = answers
+        self.mark: int | None = None
+
+    def after_failure(self, error: StoreError, failures: int, time_left: float | None) -> float:
+        asked = affordable_wait(error.retry_after, time_left)
+        self.mark = self.answers.count if asked and self.answers is not None else None
+        return max(retry_delay(failures), asked)
+
+    def ended(self) -> bool:
+        """Whether the store answered another path since a Retry-After set the wait (then the wait is over)."""
+        if self.answers is None or not self.answers.since(self.mark):
+            return False
+        self.mark = None
+        return True
 
 
 class AnsweredStore:
