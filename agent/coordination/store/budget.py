@@ -133,7 +133,7 @@ class Budget:
         for w in m.note(wants, started, now, self._forced_at(wall)):
             self.log.warning("budget.forced", event_id=w.event_id, group=self.group,
                              reason=forced_reason(w.event_type, w.not_before))
-        if self._retry.ended():
+        if self._retry.ended(now):
             m.due = min(m.due, now)  # B6: the store answered another path: the Retry-After's wait is over
         action, event = self._next(wants, out)
         if action and not m.busy and now >= m.due and self.me is not None and self.group is not None:
@@ -178,7 +178,7 @@ class Budget:
             if o.error is not None:
                 m.failures, m.failed_at = m.failures + 1, now
                 left = time_left((w.not_before for w in self._wants), self.clock.now())
-                m.due = now + self._retry.after_failure(o.error, m.failures, left)
+                m.due = now + self._retry.after_failure(o.error, m.failures, left, now)
                 if m.error is None or str(m.error) != str(o.error):
                     self.log.warning("budget.store_failed", store=self.describe, outcome=o.error.outcome,
                                      error=str(o.error), effect="no place: this VM waits, and prepares at the last "

@@ -30,7 +30,7 @@ from agent.coordination.store.budget_rules import Entry, Places, capacity
 
 HEAD_POLL_S = 1.0
 """Seconds between two reads of a member a write could seat next."""
-HEAD_MAX = 16
+HEAD_MAX = 20
 """The most members of one bucket that read every HEAD_POLL_S (the cost of B4 at a large cap)."""
 ROUND_POLL_S = 15.0
 """Seconds between two reads per round of `head` members ahead of the reader, beyond the head."""
@@ -117,13 +117,14 @@ class Load:
 def blob_rate(load: Load, cap: int, fallback_poll: float, release_after: float, member_ttl: float) -> float:
     """Requests per second on the places record (reads, 304s included, and writes): the waiters' polls (head and
     rounds), their entries' renewals (a write every release_after / 4), the holders' renewals (a read and a
-    write as often), and the idle members' stamps (a read and a write every member_ttl / 3). Two buckets may go
-    next at once (the holders' and the first waiter's); the waiters spread evenly over `buckets`."""
+    write as often), and the idle members' stamps (a read and a write every member_ttl / 3). One bucket's waiters
+    poll at the head's rate (the holders' while it has waiters, else the first waiter's: `standing`); the
+    waiters spread evenly over `buckets`."""
     head = head_size(cap)
     per_bucket = load.waiting / max(1, load.buckets)
     polls = 0.0
     for b in range(max(1, load.buckets)):
-        next_up = b < 2 or load.buckets == 1
+        next_up = b == 0
         for rank in range(round(per_bucket)):
             rounds = rank // head
             wait = HEAD_POLL_S if rounds == 0 and next_up else ROUND_POLL_S * max(1, rounds)
