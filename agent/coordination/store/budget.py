@@ -22,7 +22,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import Any
 
 from agent import logs
@@ -32,6 +31,7 @@ from agent.coordination.store.budget_lease import (
     Hold,
     Mine,
     approval_held,
+    forced_by,
     forced_reason,
     health_words,
     lease_end,
@@ -53,7 +53,6 @@ from agent.coordination.store.budget_rules import (
     Places,
     capacity,
     counts,
-    forced_now,
 )
 from agent.coordination.store.budget_step import BudgetStore, Steps
 from agent.coordination.store.budget_step import Outcome as Outcome
@@ -130,7 +129,7 @@ class Budget:
                 at = max(now, m.woken + WAKE_GAP)
                 if at < m.due:
                     m.due = m.woken = at
-        for w in m.note(wants, started, now, self._forced_at(wall)):
+        for w in m.note(wants, started, now, forced_by(self.needs(), self.lead_time(), wall)):
             self.log.warning("budget.forced", event_id=w.event_id, group=self.group,
                              reason=forced_reason(w.event_type, w.not_before))
         if self._retry.ended(now):
@@ -139,7 +138,7 @@ class Budget:
         if action and not m.busy and now >= m.due and self.me is not None and self.group is not None:
             m.busy = True
             self.steps.submit(self.group, action, self.me, event)
-        self._health(wants)
+        self.health(HEALTH, *health_words(m, self.group, wants, self.describe))
         return self._gate(wants, now)
 
     def _gate(self, wants: Sequence[Want], now: float) -> LeaveGate:
@@ -246,21 +245,14 @@ class Budget:
         it) and the member queues again, unless its last safe moment has come: then it stays out, forced (B3)."""
         m, event = self.mine, self.mine.event if event is None else event
         self.metrics.budget_lost.labels(kind).inc()
-        forced = m.lose(now, self._forced_at(self.clock.now()), reason, event)
+        forced = m.lose(now, forced_by(self.needs(), self.lead_time(), self.clock.now()), reason, event)
         self.log.warning("budget.lost", event_id=event, group=self.group, reason=reason, effect=(
             "stays out of rotation, forced: its last safe moment has come; written as forced" if forced else
             "returns to rotation (the completed phase runs), never approves on this place, queues again"))
         self.hold = m.hold()
 
-    def _forced_at(self, wall: datetime) -> Callable[[Want], bool]:
-        needs, lead = self.needs(), self.lead_time()
-        return lambda w: forced_now(w.event_type, w.not_before, needs, lead, wall)
-
     def _name(self) -> str:
         return self.me.vm if self.me else ""
-
-    def _health(self, wants: Sequence[Want]) -> None:
-        self.health(HEALTH, *health_words(self.mine, self.group, wants, self.describe))
 
     # --- the coordinator ------------------------------------------------------------------------------
 
