@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from agent import docgen
+from agent.cli import docgen
 from agent.http.auth import TABLE, Kind, Source, Token, Verdict, peer_authorized, token_ok
 from agent.http.routes import ApiServer
 from agent.metrics import Metrics

@@ -199,7 +199,7 @@ def test_a_multi_vm_event_approves_early_only_when_every_member_holds_a_place_or
 
 
 def test_maintd_fleet_shows_the_group_who_holds_a_place_since_when_why_and_who_waits() -> None:
-    from agent.cliviews import fleet_text
+    from agent.cli.cliviews import fleet_text
     body = {"vm_name": "a", "backend": "azure_blob", "events": [], "budget": {
         "group": "web", "places": 1, "max_unavailable": 1, "spread": "zone", "members_known": 3, "store_error": None,
         "holders": [{"vm": "a", "since": "2026-11-27T01:00:00Z", "why": "forced", "event_id": "e1"}],

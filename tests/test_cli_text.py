@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from agent import cli
-from agent.clitext import duration, fit, relative, section, table, text, tidy, when
+from agent.cli import commands as cli
+from agent.cli.clitext import duration, fit, relative, section, table, text, tidy, when
 from agent.http.routes import ApiServer
 from agent.metrics import Metrics
 from tests.e2e.harness import free_port

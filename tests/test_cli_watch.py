@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agent import cliwatch
+from agent.cli import cliwatch
 from agent.model.timefmt import parse_iso
 from tests.test_cli_text import assert_text
 

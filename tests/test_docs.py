@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent import docgen
+from agent.cli import docgen
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -13,7 +13,7 @@ def test_readme_reference_sections_are_up_to_date():
     text = README.read_text()
     for name, body in docgen.generated().items():
         assert docgen.replace_in(text, name, body) == text, (
-            f"README.md's {name} is stale: run python -m agent.docgen --write README.md")
+            f"README.md's {name} is stale: run python -m agent.cli.docgen --write README.md")
 
 
 def test_every_config_key_and_metric_appears_in_the_readme():

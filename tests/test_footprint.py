@@ -20,7 +20,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "config" / "maintd.yaml"
 
 BUILD = """
 import dataclasses, json, sys, tempfile
-from agent import cli
+from agent.cli import commands as cli
 from agent.clock import SystemClock
 from agent.config.config import load, loads
 from agent.loop.daemon import Daemon
@@ -44,15 +44,15 @@ NOT_FOR_THE_SHIPPED_CONFIG = (
     "difflib",  # "did you mean" hints of a refused config only
     "agent.handlers.webhook",
     "agent.handlers.health",
-    "agent.cliclient",  # the commands that talk to a running daemon
-    "agent.clitext",  # their text and views: `maintd run` never prints them
-    "agent.cliviews",
-    "agent.cliwatch",
+    "agent.cli.cliclient",  # the commands that talk to a running daemon
+    "agent.cli.clitext",  # their text and views: `maintd run` never prints them
+    "agent.cli.cliviews",
+    "agent.cli.cliwatch",
     "agent.coordination.store",  # the azure_blob backend only (the shipped one is the peers): its claim, budget
     # and fleet history, and their protocols (decision 0220)
     "agent.emulator",
-    "agent.demo",
-    "agent.docgen",
+    "agent.cli.demo",
+    "agent.cli.docgen",
     "azure",  # the azure_blob coordination backend only
 )
 """Modules a daemon built from the shipped config does not load (a prefix covers its submodules)."""

@@ -21,9 +21,9 @@ PURE = ("agent.model", "agent.windows", "agent.coordination.coordination_rules",
         "agent.coordination.peers.peer_addressing", "agent.coordination.coordination_settings",
         "agent.prepare.prepare_plan", "agent.prepare.run_records",
         "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.jsonsafe",
-        "agent.coordination.store.store_protocol", "agent.coordination.store.history_protocol", "agent.clitext",
+        "agent.coordination.store.store_protocol", "agent.coordination.store.history_protocol", "agent.cli.clitext",
         "agent.coordination.store.budget_rules", "agent.coordination.store.budget_lease",
-        "agent.cliviews", "agent.handlers.silences")
+        "agent.cli.cliviews", "agent.handlers.silences")
 """Modules (or whole wings) that decide and compute only: time is a parameter, nothing is read or sent."""
 IO = ("requests", "urllib3", "http.client", "http.server", "socket", "selectors", "subprocess", "os", "pathlib",
       "shutil", "tempfile", "io", "threading", "concurrent", "signal", "azure")
@@ -147,8 +147,7 @@ wing (`agent.coordination`, the wing's own modules), else `the base` (or the fac
 
 
 def is_base(node: str) -> bool:
-    return node not in WINGS and node not in ("agent.cli", "agent.cliclient", "agent.clitext", "agent.cliviews",
-                                              "agent.cliwatch", "agent.demo", "agent.docgen", "agent.__main__")
+    return node not in WINGS and node != "agent.__main__"
 
 
 @cache

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from agent.cliviews import events_text
+from agent.cli.cliviews import events_text
 from agent.config.config import loads
 from agent.loop.daemon import Daemon
 from agent.systemd import Notifier

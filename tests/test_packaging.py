@@ -63,7 +63,7 @@ def test_unit_matches_the_daemon():
                  "StateDirectory=maintd", "ConfigurationDirectory=maintd", "Restart=on-failure",
                  "RuntimeDirectory=maintd"):  # /run/maintd: the default server.unix_socket
         assert line in unit
-    from agent.cli import EX_CONFIG
+    from agent.cli.commands import EX_CONFIG
     assert EX_CONFIG == 78
     stop = int(re.search(r"TimeoutStopSec=(\d+)s", unit).group(1))
     assert stop > 31 + 10 + 10, "room for the default drain on stop and the handlers' grace"

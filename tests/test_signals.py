@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # its clock and `threading` (so also while it holds a threading lock), outside the handlers themselves.
 SIGNAL_AT_EVERY_LINE = """
 import os, signal, sys, threading, time
-from agent import cli
+from agent.cli import commands as cli
 
 FILES = (threading.__file__, os.path.join("agent", "daemon.py"), os.path.join("agent", "clock.py"))
 HANDLERS = {"request_stop", "request_reload", "<lambda>"}

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from agent.clitext import NONE, duration, fit, instant, relative, text, when, yes_no
+from agent.cli.clitext import NONE, duration, fit, instant, relative, text, when, yes_no
 
 ENTER = "\x1b[?1049h\x1b[?25l"
 """The alternate screen, cursor hidden."""

@@ -188,15 +188,15 @@ def _summary(cfg: config_mod.Config) -> str:
 def cmd_client(args: argparse.Namespace) -> int:
     """status, events, fleet, drain, undrain, approve, health: imported only for these, `maintd run` never
     loads them."""
-    from agent.cliclient import COMMANDS
+    from agent.cli.cliclient import COMMANDS
 
     return COMMANDS[args.command](args)
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
     """`maintd watch`: the live view, redrawn every second until Ctrl-C."""
-    from agent.cliclient import watch_answers
-    from agent.cliwatch import run
+    from agent.cli.cliclient import watch_answers
+    from agent.cli.cliwatch import run
 
     return run(lambda: watch_answers(args))
 
@@ -208,7 +208,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from agent.demo import main as demo_main
+    from agent.cli.demo import main as demo_main
 
     return demo_main(args.rest)
 

@@ -1,7 +1,7 @@
 """The CLI's client side: the commands that talk to a running daemon (over its unix socket, else TCP to
 `server.listen`), and `events --history` from the audit journal.
 
-Kept apart from `agent.cli`, which imports it only to run one of `COMMANDS`: `maintd run` never
+Kept apart from `agent.cli.commands`, which imports it only to run one of `COMMANDS`: `maintd run` never
 loads it. The token never reaches a listener the CLI has not authenticated: over TCP it goes to
 `server.listen` (any address of this host: 127.0.0.0/8, an interface's, a wildcard's loopback) only when
 the kernel says root or maintd's user holds the listening end, or to the address the user named with `--url`.
@@ -21,7 +21,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from agent import cliviews
+from agent.cli import cliviews
 from agent.config import config as config_mod
 from agent.errors import ConfigError
 from agent.model.timefmt import iso_z

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from agent.clitext import NONE, Row, duration, instant, pairs, section, table, text, when, yes_no
+from agent.cli.clitext import NONE, Row, duration, instant, pairs, section, table, text, when, yes_no
 
 WIDTH = 20
 """Where the values of `maintd status`'s sections start, so that every section lines up."""

@@ -38,7 +38,7 @@ def free_port() -> int:
 
 def demo_config(endpoint: str, listen: str, run_dir: str) -> dict[str, Any]:
     """The shipped demo.yaml with this run's emulator, port, and its state and unix socket in `run_dir`."""
-    data = yaml.safe_load(resources.files("agent").joinpath("demo.yaml").read_text())
+    data = yaml.safe_load(resources.files("agent.cli").joinpath("demo.yaml").read_text())
     data["imds"]["endpoint"] = endpoint
     data["server"]["listen"] = listen
     data["server"]["unix_socket"] = str(Path(run_dir) / "maintd.sock")
