@@ -13,10 +13,10 @@ from datetime import timedelta
 import responses
 
 from agent.clock import SystemClock
+from agent.loop.tick import Tick
 from agent.model.events import Event
 from agent.model.tracker import Tracked
-from agent.windows.approval_policy import Profile
-from agent.windows.tick import Tick
+from agent.policy.approval_policy import Profile
 from tests.test_coordinator import make_coordinator
 
 AUTO = Profile(name="default", approval="auto")

@@ -39,7 +39,7 @@ print(json.dumps(sorted(m for m in sys.modules if deferred.loaded(m))))
 
 NOT_FOR_THE_SHIPPED_CONFIG = (
     "dateutil",  # recurrences only
-    "agent.windows.recurrence",
+    "agent.policy.recurrence",
     "zoneinfo",  # schedules with a time zone only
     "difflib",  # "did you mean" hints of a refused config only
     "agent.handlers.webhook",
@@ -140,7 +140,7 @@ def test_a_recurrence_loads_what_it_needs():
                                 "    approval: auto\n"
                                 "    recurrence: {frequency: day, time_zone: Europe/Stockholm,"
                                 " schedule: {hours: [1], minutes: [0]}}\n")
-    assert {"dateutil.rrule", "agent.windows.recurrence", "zoneinfo"} <= loaded
+    assert {"dateutil.rrule", "agent.policy.recurrence", "zoneinfo"} <= loaded
 
 
 def test_the_store_backend_loads_the_azure_sdk_only_when_an_event_needs_the_store():

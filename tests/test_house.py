@@ -17,13 +17,13 @@ from pathlib import Path
 AGENT = Path(__file__).resolve().parent.parent / "agent"
 BENCH = AGENT.parent / "bench"
 WINGS = sorted(p.parent.name for p in AGENT.glob("*/__init__.py"))
-PURE = ("agent.model", "agent.windows", "agent.coordination.coordination_rules",
+PURE = ("agent.model", "agent.policy", "agent.coordination.coordination_rules",
         "agent.coordination.peers.peer_addressing", "agent.coordination.coordination_settings",
         "agent.prepare.prepare_plan", "agent.prepare.run_records",
         "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.jsonsafe",
         "agent.coordination.store.store_protocol", "agent.coordination.store.history_protocol", "agent.cli.clitext",
         "agent.coordination.store.budget_rules", "agent.coordination.store.budget_lease",
-        "agent.cli.cliviews", "agent.handlers.silences")
+        "agent.cli.cliviews", "agent.handlers.silences", "agent.loop.tick")
 """Modules (or whole wings) that decide and compute only: time is a parameter, nothing is read or sent."""
 IO = ("requests", "urllib3", "http.client", "http.server", "socket", "selectors", "subprocess", "os", "pathlib",
       "shutil", "tempfile", "io", "threading", "concurrent", "signal", "azure")
@@ -32,6 +32,10 @@ SUBS = sorted(".".join(p.parent.relative_to(AGENT.parent).parts) for p in AGENT.
 """Sub-packages inside a wing (the coordination wing's backends, `peers` and `store`): each says what it
 may import in its own `__init__` docstring, in rooms: the wing's own modules (`agent.coordination`), a
 sibling sub-package, another wing, the base."""
+SHARED = {"agent.loop.tick": "loop.tick"}
+"""A module of a wing that the wings below it take from it, a room of its own (the loop's pass, `Tick`, which
+the coordinator and the preparation decide on): a wing imports it when its "May import:" line names it, and it
+imports nothing of its own wing."""
 MAX_MODULE_LINES = 420
 MAX_CLASS_LINES = 270
 
@@ -110,6 +114,8 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def wing(module: str) -> str:
     """The wing a module lives in; a top-level module (the face and the base) stands for itself."""
+    if module in SHARED:
+        return SHARED[module]
     parts = module.split(".")
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in WINGS) else module
 
@@ -131,8 +137,11 @@ def may_import(package: Path) -> str:
 
 def allowed(wing_name: str) -> set[str]:
     """What a wing's `__init__` docstring says it may import: `agent.<wing>`s named, `the base`, `every wing`."""
+    if wing_name in SHARED.values():
+        return {"model", "policy", "base"}
     rule = may_import(AGENT / wing_name)
     names = set(WINGS) if "every wing" in rule else set(re.findall(r"`agent\.(\w+)`", rule)) & set(WINGS)
+    names |= {room for module, room in SHARED.items() if f"`{module}`" in rule or module.split(".")[1] == wing_name}
     return names | ({"base"} if "the base" in rule or "every wing" in rule else set())
 
 
@@ -147,7 +156,7 @@ wing (`agent.coordination`, the wing's own modules), else `the base` (or the fac
 
 
 def is_base(node: str) -> bool:
-    return node not in WINGS and node != "agent.__main__"
+    return node not in WINGS and node not in SHARED.values() and node != "agent.__main__"
 
 
 @cache
@@ -196,7 +205,7 @@ def test_no_import_circle_between_wings():
 def test_each_wing_imports_only_what_its_init_says():
     offenders = {}
     for w, targets in wing_graph(graph()).items():
-        if w not in WINGS:
+        if w not in WINGS and w not in SHARED.values():
             continue
         ok = allowed(w)
         bad = sorted(t for t in targets if t not in ok and not ("base" in ok and is_base(t)))
@@ -265,3 +274,9 @@ def test_no_class_does_more_than_one_job_at_a_time():
             if isinstance(node, ast.ClassDef):
                 sizes[f"{module_name(p)}.{node.name}"] = node.end_lineno - node.lineno + 1
     assert {c: n for c, n in sizes.items() if n > MAX_CLASS_LINES} == {}
+
+
+def test_a_shared_room_imports_nothing_of_its_own_wing():
+    """`agent.loop.tick` is the loop's value the wings below it take: were it to import the loop, they would too."""
+    edges = graph()
+    assert {m: sorted(t for t in edges[m] if wing(t) == m.split(".")[1]) for m in SHARED} == {m: [] for m in SHARED}

@@ -9,8 +9,8 @@ import pytest
 from agent.config.config import loads
 from agent.errors import ConfigError
 from agent.model.events import Event
+from agent.policy.approval_policy import NOW, parse_profiles
 from agent.prepare.prepare_plan import PrepareConfig, first_window, make_plan, with_coordination
-from agent.windows.approval_policy import NOW, parse_profiles
 
 UTC = UTC
 MONDAY_10 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)  # a Monday

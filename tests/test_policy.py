@@ -8,7 +8,7 @@ import pytest
 
 from agent.errors import ConfigValueError
 from agent.model.events import Event
-from agent.windows.approval_policy import ApprovalRule, Profile, decide, in_force, parse_profiles
+from agent.policy.approval_policy import ApprovalRule, Profile, decide, in_force, parse_profiles
 
 
 def ev(etype="Reboot", source="Platform", duration=-1, description=""):

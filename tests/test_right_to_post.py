@@ -12,10 +12,10 @@ from agent.coordination.coordinator import Coordinator
 from agent.coordination.peers.peer_client import PeerClient
 from agent.coordination.store.store_protocol import Step
 from agent.errors import ImdsUnavailable
+from agent.loop.tick import Tick
 from agent.metrics import Metrics
 from agent.model.gate_specs import NO_GATES
 from agent.state.state_store import Store
-from agent.windows.tick import Tick
 from tests.test_coordinator import step, tracked
 
 
@@ -69,7 +69,7 @@ def test_an_event_started_in_the_poll_during_the_backoff_is_not_posted_again(tmp
 
 
 def _auto():
-    from agent.windows.approval_policy import Profile
+    from agent.policy.approval_policy import Profile
     return Profile(name="default", approval="auto")
 
 

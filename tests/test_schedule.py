@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agent.errors import ConfigValueError
-from agent.windows.schedule import (
+from agent.policy.schedule import (
     DAYS,
     FREQUENCIES,
     MAX_INTERVAL,

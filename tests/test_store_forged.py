@@ -7,8 +7,8 @@ from __future__ import annotations
 from agent.clock import FakeClock
 from agent.coordination.store.store_protocol import PREPARING, READY, marker_blob, marker_record
 from agent.health.health_store import HealthState
-from agent.windows.approval_policy import Profile
-from agent.windows.tick import Tick
+from agent.loop.tick import Tick
+from agent.policy.approval_policy import Profile
 from tests.test_store_coordinator import EVENT, ME, OTHER, setup, ticks, tracked
 from tests.test_store_exchange import MemoryStore, Rig
 

@@ -33,13 +33,13 @@ from agent.model.config_schema import (
     text,
 )
 from agent.model.gate_specs import NO_GATES, Gates
-from agent.prepare.prepare_plan import PrepareConfig
-from agent.windows.approval_policy import (
+from agent.policy.approval_policy import (
     DEFAULT_PROFILE,
     Profile,
     check_handler_names,
     parse_profiles,
 )
+from agent.prepare.prepare_plan import PrepareConfig
 
 DEFAULT_PATH = "/etc/maintd/maintd.yaml"
 DEFAULT_STATE_DIR = "/var/lib/maintd"

@@ -29,12 +29,12 @@ from agent.model.approval import MANUAL_APPROVAL_KEY
 from agent.model.events import SCHEDULED, EventJson
 from agent.model.timefmt import iso_z, iso_z_or_none, since_instant
 from agent.model.tracker import Tracked, VanishOutcome
+from agent.policy.approval_policy import DEFAULT_PROFILE, Profile
 from agent.prepare.handler_runner import Runner
 from agent.prepare.preparation import Preparation
 from agent.prepare.prepare_plan import PlanView
 from agent.state.state_file import HistoryEntry
 from agent.state.state_store import Store
-from agent.windows.approval_policy import DEFAULT_PROFILE, Profile
 
 if TYPE_CHECKING:  # the fleet history and the budget are the store backend's: a peers daemon never loads them
     from agent.coordination.store.budget_wake import WakeAnswer

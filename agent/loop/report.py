@@ -20,9 +20,9 @@ from agent.metrics import Metrics
 from agent.model.events import KNOWN_STATUSES, SCHEDULED, Document
 from agent.model.timefmt import iso_z_or_none
 from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
+from agent.policy.approval_policy import Profile
 from agent.state.state_file import LoadReport
 from agent.state.state_store import Store
-from agent.windows.approval_policy import Profile
 
 
 def next_maintenance(tracked: Iterable[Tracked]) -> dict[str, datetime]:

@@ -35,12 +35,14 @@ from agent.imds.imds_client import ImdsClient, is_transient
 from agent.loop.api import LocalApi, LoopView
 from agent.loop.event_end import fleet_history
 from agent.loop.inbox import Inbox
+from agent.loop.tick import Tick
 from agent.metrics import Metrics
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
 from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.tracker import Tracked
+from agent.policy.approval_policy import NOW, Profile
 from agent.prepare.handler_runner import Runner
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
@@ -48,8 +50,6 @@ from agent.retry import retrying as retrying_on
 from agent.secretfile import SecretFiles
 from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
-from agent.windows.approval_policy import NOW, Profile
-from agent.windows.tick import Tick
 
 if TYPE_CHECKING:  # the store backend's parts load only when the config chooses it (decision 0220)
     from agent.coordination.store.budget import Budget

@@ -36,7 +36,7 @@ from agent.model.approval import IMMEDIATE
 from agent.model.events import SCHEDULED, Event
 from agent.model.timefmt import iso_z_or_none
 from agent.model.tracker import Tracked
-from agent.windows.approval_policy import may_approve
+from agent.policy.approval_policy import may_approve
 
 SOURCE = "coordination"
 CONNECTION_STRING_KEY = "coordination.azure_blob.connection_string_file"

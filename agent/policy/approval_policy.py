@@ -33,7 +33,7 @@ from agent.model.config_schema import (
 )
 from agent.model.events import KNOWN_TYPES, SCHEDULED, Event
 from agent.model.gate_specs import Gates
-from agent.windows.schedule import (
+from agent.policy.schedule import (
     FixedDate,
     Recurrence,
     Selection,

@@ -1,7 +1,7 @@
-"""A recurrence compiled into `dateutil.rrule` rules, and the queries on it (see `agent.windows.schedule`
+"""A recurrence compiled into `dateutil.rrule` rules, and the queries on it (see `agent.policy.schedule`
 for the semantics).
 
-Apart from `agent.windows.schedule` so that only a config with a recurrence loads dateutil: the schedule
+Apart from `agent.policy.schedule` so that only a config with a recurrence loads dateutil: the schedule
 module parses and checks the recurrence, this one computes its occurrences.
 
 Queries never iterate from the start time: the rules are restarted (``rrule.replace``) at a period

@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from agent.model.identity import Identity
 from agent.model.tracker import Tracked
-from agent.windows.approval_policy import Profile
+from agent.policy.approval_policy import Profile
 
 
 @dataclass(frozen=True)

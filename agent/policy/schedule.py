@@ -23,7 +23,7 @@ recurrence profile with the most recent occurrence at or before now, whose windo
 another recurrence profile's next occurrence (equal instants: the first listed wins); else the
 default profile.
 
-A recurrence is compiled (and its occurrences computed) by `agent.windows.recurrence`, imported only when a
+A recurrence is compiled (and its occurrences computed) by `agent.policy.recurrence`, imported only when a
 config has one: dateutil stays unloaded otherwise.
 """
 
@@ -52,7 +52,7 @@ from agent.model.timefmt import iso_z
 if TYPE_CHECKING:
     from zoneinfo import ZoneInfo
 
-    from agent.windows.recurrence import Rules
+    from agent.policy.recurrence import Rules
 
 FREQUENCIES = ("minute", "hour", "day", "week", "month")
 MAX_INTERVAL = {"minute": 1000, "hour": 1000, "day": 548, "week": 78, "month": 18}
@@ -196,7 +196,7 @@ class Recurrence:
                                    "(the default start, 2000-01-01, is a Saturday)")
 
     def _compile(self) -> Rules:
-        from agent.windows.recurrence import Pattern, compile_rules  # dateutil: only for a config with a recurrence
+        from agent.policy.recurrence import Pattern, compile_rules  # dateutil: only for a config with a recurrence
 
         tz = _zone(self.time_zone)
         start = _localize(self.start_time or DEFAULT_START, tz)
