@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent.clock import SystemClock
-from agent.coordination.store.fleet_history import FleetHistory
-from agent.coordination.store.history_protocol import VmOutcome, to_metadata
 from agent.coordination.store.store_protocol import Item
+from agent.fleet.fleet_history import FleetHistory
+from agent.fleet.history_protocol import VmOutcome, to_metadata
 from bench.common import percentile, write
 
 VMS, EVENTS, PAGE = 200, 40, 250

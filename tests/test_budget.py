@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from agent.clock import FakeClock
-from agent.coordination.store.budget import Budget
+from agent.fleet.budget import Budget
 from agent.model.budget_gate import LeaveGate
 from tests.budget_fakes import CasStore, Hints, member, want
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from agent.clock import FakeClock
-from agent.coordination.store.budget import Budget
-from agent.coordination.store.budget_poll import HEAD_POLL_S, RATE_TARGET, ROUND_POLL_S, worst_rates
-from agent.coordination.store.budget_records import LastRead, read_record
-from agent.coordination.store.budget_rules import places_blob
 from agent.coordination.store.store_protocol import Unchanged
+from agent.fleet.budget import Budget
+from agent.fleet.budget_poll import HEAD_POLL_S, RATE_TARGET, ROUND_POLL_S, worst_rates
+from agent.fleet.budget_records import LastRead, read_record
+from agent.fleet.budget_rules import places_blob
 from tests.budget_fakes import CasStore, Hints, member, want
 
 TICK = 0.5
@@ -159,8 +159,8 @@ def test_with_spread_zone_only_the_zone_a_write_could_seat_next_reads_every_seco
     """Zone 1 holds the places and has members waiting: its first waiters read every second, zone 2's first in
     line every ROUND_POLL_S (no write can seat it before zone 1 is back); once zone 1 has nobody waiting, the
     last zone-1 release seats zone 2, so zone 2's first waiters read every second."""
-    from agent.coordination.store.budget_poll import poll_after
-    from agent.coordination.store.budget_rules import CHOSEN, WAITING, Entry, Places
+    from agent.fleet.budget_poll import poll_after
+    from agent.fleet.budget_rules import CHOSEN, WAITING, Entry, Places
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
 

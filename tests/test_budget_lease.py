@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 from agent.clock import FakeClock
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.store.budget_lease import FORCE_WAIT_S
-from agent.coordination.store.budget_rules import FORCED, parse_places, places_blob, release, render_places
 from agent.coordination.store.store_protocol import StoreError, Unchanged
+from agent.fleet.budget_lease import FORCE_WAIT_S
+from agent.fleet.budget_rules import FORCED, parse_places, places_blob, release, render_places
 from agent.model.budget_gate import LeaveGate
 from tests.budget_fakes import CasStore, member, want
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from agent.clock import FakeClock
-from agent.coordination.store.budget_rules import CHOSEN, Entry, Places, places_blob, render_places
+from agent.fleet.budget_rules import CHOSEN, Entry, Places, places_blob, render_places
 from tests.budget_fakes import CasStore, member, want
 from tests.test_budget import settle
 

@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from agent.config.config import loads
-from agent.coordination.store.budget_lease import forced_reason, lease_end, lease_margin
-from agent.coordination.store.budget_rules import (
+from agent.errors import ConfigError
+from agent.fleet.budget_lease import forced_reason, lease_end, lease_margin
+from agent.fleet.budget_rules import (
     CHOSEN,
     FORCE_MARGIN,
     FORCED,
@@ -32,7 +33,6 @@ from agent.coordination.store.budget_rules import (
     render_places,
     take,
 )
-from agent.errors import ConfigError
 
 T0 = datetime(2026, 11, 27, 1, 0, tzinfo=UTC)
 STORE = """coordination:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.coordination.store.budget import step
-from agent.coordination.store.budget_rules import TAKE, Me, parse_places, places_blob
 from agent.coordination.store.store_protocol import StoreError
+from agent.fleet.budget import step
+from agent.fleet.budget_rules import TAKE, Me, parse_places, places_blob
 from tests.azurite import Azurite, azurite  # noqa: F401 - the fixture
 from tests.test_blob_store import at_once, open_store
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from agent.clock import FakeClock
-from agent.coordination.store import budget_wake
-from agent.coordination.store.budget import Budget
-from agent.coordination.store.budget_rules import CHOSEN, Entry
-from agent.coordination.store.budget_wake import WakeSender, advertised
+from agent.fleet import budget_wake
+from agent.fleet.budget import Budget
+from agent.fleet.budget_rules import CHOSEN, Entry
+from agent.fleet.budget_wake import WakeSender, advertised
 from agent.http.routes import ApiError, ApiServer
 from agent.metrics import Metrics
 from tests.budget_fakes import CasStore, member, want

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
 
-from agent.coordination.store.fleet_history import EXISTED, FAILED, RECORDED, SENDING, due
-from agent.coordination.store.history_protocol import (
+from agent.coordination.store.store_protocol import Item
+from agent.fleet.fleet_history import EXISTED, FAILED, RECORDED, SENDING, due
+from agent.fleet.history_protocol import (
     VmOutcome,
     days,
     group_name,
@@ -19,7 +20,6 @@ from agent.coordination.store.history_protocol import (
     to_metadata,
     with_approval,
 )
-from agent.coordination.store.store_protocol import Item
 from agent.loop.event_end import outcome_for
 from agent.model.timefmt import iso_z
 

@@ -150,7 +150,7 @@ def test_the_store_backend_loads_the_azure_sdk_only_when_an_event_needs_the_stor
                                 "  backend: azure_blob\n"
                                 "  azure_blob: {account_url: 'https://acct.blob.core.windows.net',"
                                 " container: maintd}\n")
-    assert {"agent.coordination.store.store_backend", "agent.coordination.store.fleet_history"} <= loaded
+    assert {"agent.coordination.store.store_backend", "agent.fleet.fleet_history"} <= loaded
     assert offenders(loaded, ("azure", "agent.coordination.store.blob_store",
                               "agent.coordination.store.identity_token")) == []
 

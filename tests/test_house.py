@@ -21,8 +21,8 @@ PURE = ("agent.model", "agent.policy", "agent.coordination.coordination_rules",
         "agent.coordination.peers.peer_addressing", "agent.coordination.coordination_settings",
         "agent.prepare.prepare_plan", "agent.prepare.run_records",
         "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.jsonsafe",
-        "agent.coordination.store.store_protocol", "agent.coordination.store.history_protocol", "agent.cli.clitext",
-        "agent.coordination.store.budget_rules", "agent.coordination.store.budget_lease",
+        "agent.coordination.store.store_protocol", "agent.fleet.history_protocol", "agent.cli.clitext",
+        "agent.fleet.budget_rules", "agent.fleet.budget_lease",
         "agent.cli.cliviews", "agent.handlers.silences", "agent.loop.tick")
 """Modules (or whole wings) that decide and compute only: time is a parameter, nothing is read or sent."""
 IO = ("requests", "urllib3", "http.client", "http.server", "socket", "selectors", "subprocess", "os", "pathlib",

@@ -10,9 +10,9 @@ import tests.needs_azure  # noqa: F401 - skips this module without the azure ext
 from agent.clock import FakeClock
 from agent.coordination.coordination_settings import AzureBlobConfig, BudgetConfig, CoordinationConfig
 from agent.coordination.coordinator import Coordinator
-from agent.coordination.store.budget import Budget, Want
 from agent.coordination.store.store_answers import RETRY_AFTER_CAP_S, affordable_wait
 from agent.coordination.store.store_backend import StoreBackend
+from agent.fleet.budget import Budget, Want
 from agent.health.health_store import HealthStore
 from agent.loop.tick import Tick
 from agent.metrics import Metrics

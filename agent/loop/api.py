@@ -37,8 +37,8 @@ from agent.state.state_file import HistoryEntry
 from agent.state.state_store import Store
 
 if TYPE_CHECKING:  # the fleet history and the budget are the store backend's: a peers daemon never loads them
-    from agent.coordination.store.budget_wake import WakeAnswer
-    from agent.coordination.store.fleet_history import FleetHistory, HistoryRead
+    from agent.fleet.budget_wake import WakeAnswer
+    from agent.fleet.fleet_history import FleetHistory, HistoryRead
 
     class FleetHistoryAnswer(HistoryRead):  # decision 0220
         """The answer to GET /v1/fleet/history."""

@@ -52,8 +52,8 @@ from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
 
 if TYPE_CHECKING:  # the store backend's parts load only when the config chooses it (decision 0220)
-    from agent.coordination.store.budget import Budget
     from agent.coordination.store.store_backend import StoreBackend
+    from agent.fleet.budget import Budget
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 STOP_DRAIN = "stop"
@@ -185,7 +185,7 @@ class Parts:
         This VM is out while drained, or while an event naming it is prepared or Started."""
         if self.budget is None:
             return NO_BUDGET
-        from agent.coordination.store.budget import Want
+        from agent.fleet.budget import Want
         wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting(tick.now)]
         started = [Want(eid, t.event.event_type, t.event.not_before) for eid, t in tick.tracked.items()
                    if t.names_self and t.event.status == SCHEDULED and self.preparation.started(eid)]
@@ -210,7 +210,7 @@ class Parts:
         VM's scale set (learnt from IMDS), else `_`."""
         identity = self.identity
         budget_group = self.budget.group if self.budget is not None else None
-        from agent.coordination.store.history_protocol import group_name
+        from agent.fleet.history_protocol import group_name
         return group_name(budget_group, identity.scale_set if identity is not None else None)
 
     def _handler_finished(self, event_id: str, handler: str, phase: str, result: Result) -> None:
@@ -376,8 +376,8 @@ def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
     if backend is None or c.budget is None:
         return None
     from agent.coordination.peers.peer_addressing import member_url
-    from agent.coordination.store.budget import Budget
-    from agent.coordination.store.budget_wake import WakeSender, advertised, primary_ip
+    from agent.fleet.budget import Budget
+    from agent.fleet.budget_wake import WakeSender, advertised, primary_ip
 
     states = {"ok": HealthState.OK, "warning": HealthState.WARNING}
     return Budget(c.budget, store=backend.exchange.store, describe=backend.config.describe, clock=parts.clock,

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from agent.coordination.store.budget_rules import CHOSEN, FORCED, FORCED_AT_ONCE, Places, approval_blocked, forced_now
 from agent.coordination.store.store_protocol import StoreError
+from agent.fleet.budget_rules import CHOSEN, FORCED, FORCED_AT_ONCE, Places, approval_blocked, forced_now
 from agent.model.budget_gate import LeaveGate
 
 LEASE_MARGIN_S = 2.0

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 from agent.clock import Clock
 from agent.coordination.coordination_settings import BudgetConfig
-from agent.coordination.store.budget_records import (
+from agent.coordination.store.store_protocol import StoreError
+from agent.fleet.budget_records import (
     FUTURE,
     UNREADABLE,
     ConditionalStore,
@@ -29,7 +30,7 @@ from agent.coordination.store.budget_records import (
     read_record,
     without_odd,
 )
-from agent.coordination.store.budget_rules import (
+from agent.fleet.budget_rules import (
     MEMBER_TTL,
     Action,
     Entry,
@@ -45,8 +46,7 @@ from agent.coordination.store.budget_rules import (
     stale,
     stamped,
 )
-from agent.coordination.store.budget_wake import Hinter
-from agent.coordination.store.store_protocol import StoreError
+from agent.fleet.budget_wake import Hinter
 from agent.lanes import Lanes
 
 CAS_TRIES = 8

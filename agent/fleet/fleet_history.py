@@ -19,7 +19,9 @@ from typing import Any, Final, Literal, NotRequired, TypedDict
 
 from agent import logs
 from agent.clock import Clock
-from agent.coordination.store.history_protocol import (
+from agent.coordination.store.store_exchange import Store
+from agent.coordination.store.store_protocol import StoreError, approval_blob
+from agent.fleet.history_protocol import (
     EventHistory,
     VmOutcome,
     day_folder,
@@ -30,8 +32,6 @@ from agent.coordination.store.history_protocol import (
     to_metadata,
     with_approval,
 )
-from agent.coordination.store.store_exchange import Store
-from agent.coordination.store.store_protocol import StoreError, approval_blob
 from agent.lanes import Lanes
 from agent.model.timefmt import iso_z
 

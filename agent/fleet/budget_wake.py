@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from agent import logs
 from agent.addresses import is_loopback_url, parse_listen
-from agent.coordination.store.budget_rules import Entry
+from agent.fleet.budget_rules import Entry
 from agent.httpdates import transient_status
 from agent.lanes import Lanes
 

@@ -27,7 +27,8 @@ from typing import Any
 from agent import logs
 from agent.clock import Clock
 from agent.coordination.coordination_settings import BudgetConfig
-from agent.coordination.store.budget_lease import (
+from agent.coordination.store.store_answers import Answers, RetryWait
+from agent.fleet.budget_lease import (
     Hold,
     Mine,
     approval_held,
@@ -38,9 +39,9 @@ from agent.coordination.store.budget_lease import (
     lease_margin,
     send_held,
 )
-from agent.coordination.store.budget_lease import Want as Want
-from agent.coordination.store.budget_poll import Every, time_left, waiter_poll
-from agent.coordination.store.budget_rules import (
+from agent.fleet.budget_lease import Want as Want
+from agent.fleet.budget_poll import Every, time_left, waiter_poll
+from agent.fleet.budget_rules import (
     CHOSEN,
     FORCE,
     FORCED,
@@ -54,11 +55,10 @@ from agent.coordination.store.budget_rules import (
     capacity,
     counts,
 )
-from agent.coordination.store.budget_step import BudgetStore, Steps
-from agent.coordination.store.budget_step import Outcome as Outcome
-from agent.coordination.store.budget_step import step as step
-from agent.coordination.store.budget_wake import WAKE_GAP, Hinter, WakeAnswer
-from agent.coordination.store.store_answers import Answers, RetryWait
+from agent.fleet.budget_step import BudgetStore, Steps
+from agent.fleet.budget_step import Outcome as Outcome
+from agent.fleet.budget_step import step as step
+from agent.fleet.budget_wake import WAKE_GAP, Hinter, WakeAnswer
 from agent.model.budget_gate import LeaveGate
 from agent.model.timefmt import iso_z
 

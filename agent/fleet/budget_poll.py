@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from agent.coordination.coordination_settings import BudgetConfig
-from agent.coordination.store.budget_rules import Entry, Places, capacity
+from agent.fleet.budget_rules import Entry, Places, capacity
 
 HEAD_POLL_S = 1.0
 """Seconds between two reads of a member a write could seat next."""
