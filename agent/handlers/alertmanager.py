@@ -4,10 +4,12 @@ One silence per event and replica (`urls`), through the v2 API (`/api/v2/silence
 `maintd@<vm>`, the comment naming the event, the configured `matchers` with `{vm}`,
 `{computer_name}`, `{event_id}`, `{event_type}` filled in (see `silences.py`). In `scheduled` it is
 made pending from NotBefore; it starts at once when the VM leaves rotation for the event (its drain,
-or a manual one) or the event starts. It ends `margin` after the expected end (NotBefore plus
-DurationInSeconds, or the type's default), and is extended while the event is still there. The
-`completed` phase expires it (DELETE) at once when the event was canceled or the VM is back in
-rotation, else as soon as it is back.
+or a manual one) or the event starts. The type is `before_drain`: the runner runs it right before
+the phase's drain, wherever it is listed, telling it the VM leaves rotation next
+(`Context.leaving_rotation`), so the silence it makes is active before the probe fails. It ends
+`margin` after the expected end (NotBefore plus DurationInSeconds, or the type's default), and is
+extended while the event is still there. The `completed` phase expires it (DELETE) at once when the
+event was canceled or the VM is back in rotation, else as soon as it is back.
 
 What keeps it while maintenance lasts is `keep` (maintd's keeper thread): every `recheck` it reads
 each silence back and extends it, makes it again when someone deleted it, and watches the rotation
@@ -110,6 +112,7 @@ class AlertmanagerHandler(Handler):
     type_name = "alertmanager"
     Options = AlertmanagerOptions
     defaults = {"on_failure": "continue"}
+    before_drain = True
 
     def __init__(self, spec: Any, services: Services) -> None:
         super().__init__(spec, services)
@@ -146,7 +149,7 @@ class AlertmanagerHandler(Handler):
         with _event_lock(self.spec.name, eid):
             note = self._note(eid) or self._new_note(ctx.event)
             note["state"] = KEEPING
-            failed = self._sync(eid, ctx.event, note, self._deadline(ctx.timeout), ctx.cancel)
+            failed = self._sync(eid, ctx.event, note, self._deadline(ctx.timeout), ctx.cancel, ctx.leaving_rotation)
         if failed:
             return Result(FAILED, "no silence on " + "; ".join(failed) + f" ({note['summary']}); retried every "
                           f"{self.options.recheck:g}s while the maintenance lasts")
@@ -212,25 +215,27 @@ class AlertmanagerHandler(Handler):
                 "matchers": [m.expanded(fields) for m in self.options.matchers],
                 "not_before": iso_z(event.not_before) if event.not_before else None, "silences": {}}
 
-    def _window(self, event: Event, note: SilenceNote, now: datetime) -> Window:
+    def _window(self, event: Event, note: SilenceNote, now: datetime, leaving: bool = False) -> Window:
         if event.not_before is not None:
             note["not_before"] = iso_z(event.not_before)
         elif not note.get("not_before"):
             note.setdefault("started_at", iso_z(now))
         begins = parse_iso(note.get("not_before") or note["started_at"])
         drains = self.services.rotation.drains()
-        start_now = event.status == STARTED or drain_key(event.event_id) in drains or MANUAL in drains
+        start_now = leaving or event.status == STARTED or drain_key(event.event_id) in drains or MANUAL in drains
         return window(now=now, begins=begins, impact_seconds=impact(event.event_type, event.duration_seconds),
                       margin=self.options.margin, start_now=start_now)
 
     # --- talking to the replicas ------------------------------------------------------------------
 
-    def _sync(self, eid: str, event: Event, note: SilenceNote, deadline: float,
-              cancel: threading.Event) -> list[str]:
-        """Make each replica's silence match the event now (retrying until `deadline`); the failures."""
+    def _sync(self, eid: str, event: Event, note: SilenceNote, deadline: float, cancel: threading.Event,
+              leaving: bool = False) -> list[str]:
+        """Make each replica's silence match the event now (retrying until `deadline`; `leaving`: the VM leaves
+        rotation for the event as this run goes on, so the silence starts now); the failures."""
         def one(replica: Replica) -> None:
             now = self.services.clock.now()
-            note["silences"][replica.url] = self._sync_one(replica, note, self._window(event, note, now), now)
+            note["silences"][replica.url] = self._sync_one(replica, note, self._window(event, note, now, leaving),
+                                                           now)
 
         failed = self._each_replica(eid, note, list(self.options.urls), one, deadline, cancel)
         self._checked[eid] = self.services.clock.monotonic()

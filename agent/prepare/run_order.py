@@ -1,0 +1,62 @@
+"""Pure: the order a phase's handlers run in, what each run is told, and how long the phase waits for it.
+
+Handlers run in the list's order (`order`, then their place), with one exception: a type that sets
+`before_drain` (the `alertmanager` silence) runs right before the phase's first handler that takes the
+VM out of rotation (a type whose `leaves_rotation` names the phase: the `drain`), wherever it is
+listed, and its run is told so (`Context.leaving_rotation`): what it makes is in place when the VM
+leaves rotation, whatever the order. In a phase without such a handler it runs at its place.
+
+A handler that never holds preparation (`on_failure: continue`) gets a first try of at most
+`FIRST_TRY` seconds of the phase's time: a run that has not returned by then goes on in the
+background for the rest of its own budget, and the phase goes on with its next handler at once, so
+a helper that refuses, hangs or trickles costs the drain and the hooks after it no more than that.
+Readiness does not wait for such a run (`run_records.blocks`). A handler that holds (`block`) is
+waited for, its whole budget, as ever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
+
+from agent.handlers.spec import HandlerSpec
+
+FIRST_TRY = 3.0
+"""Seconds a phase waits for a non-holding handler's run before it goes on in the background."""
+
+
+class Placed(Protocol):
+    """What the order reads of a handler: its spec and its type's two flags."""
+
+    @property
+    def spec(self) -> HandlerSpec: ...
+    @property
+    def leaves_rotation(self) -> tuple[str, ...]: ...
+    @property
+    def before_drain(self) -> bool: ...
+
+
+H = TypeVar("H", bound=Placed)
+
+
+def holds(spec: HandlerSpec) -> bool:
+    """Whether a run of this handler holds its phase (and readiness) until it ends: anything but `continue`."""
+    return spec.on_failure != "continue"
+
+
+def first_wait(spec: HandlerSpec, allowed: float) -> float:
+    """Seconds the phase waits for the run before going on: its whole budget (and the 5 s a hung handler gets
+    to return) when it holds, else its first try."""
+    return allowed + 5.0 if holds(spec) else min(FIRST_TRY, allowed + 5.0)
+
+
+def run_order(handlers: Sequence[H], phase: str, runs: Callable[[H], bool] = lambda h: True) -> list[tuple[H, bool]]:
+    """The phase's handlers in the order they run, each with whether the VM leaves rotation right after it
+    (`leaving_rotation`); `runs` says which will run (dry-run skips: a drain that will not run leaves nothing)."""
+    drain = next((i for i, h in enumerate(handlers) if phase in h.leaves_rotation and runs(h)), None)
+    if drain is None:
+        return [(h, False) for h in handlers]
+    ahead = [h for h in handlers if h.before_drain and phase not in h.leaves_rotation]
+    rest = [h for h in handlers if h not in ahead]
+    at = rest.index(handlers[drain])
+    return [(h, False) for h in rest[:at]] + [(h, True) for h in ahead] + [(h, False) for h in rest[at:]]
