@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import shutil
+import signal
+import socket
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -50,8 +53,18 @@ class Alertmanager:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a paused one takes its SIGTERM only once it runs again
             self.proc.terminate()
             self.proc.wait(10)
+
+    def pause(self) -> None:
+        """Hang it (SIGSTOP): the kernel still accepts connections on its port, nothing answers them."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
     def fire(self, **labels: str) -> None:
         """Post a firing alert with these labels (alertname MaintenanceTest unless given)."""
@@ -76,6 +89,56 @@ class Alertmanager:
 
     def delete(self, silence_id: str) -> None:
         self.http.delete(f"{self.url}/api/v2/silence/{silence_id}", timeout=5).raise_for_status()
+
+
+class Trickle:
+    """A proxy in front of a replica that passes each request on and trickles the answer back, one byte every
+    `every` seconds (an Alertmanager behind a congested link): `url` is where to point maintd."""
+
+    def __init__(self, target: Alertmanager, every: float = 0.3) -> None:
+        self.target, self.every = target, every
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._stop = threading.Event()
+        self.requests = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                up = socket.create_connection(("127.0.0.1", self.target.port), timeout=10)
+            except OSError:
+                return
+            with up:
+                self._relay(conn, up)
+
+    def _relay(self, conn: socket.socket, up: socket.socket) -> None:
+        try:
+            conn.settimeout(10)
+            request = conn.recv(65536)
+            self.requests += 1
+            up.sendall(request.replace(b"Connection: keep-alive", b"Connection: close"))
+            answer = b""
+            while chunk := up.recv(65536):
+                answer += chunk
+            for i in range(len(answer)):
+                if self._stop.wait(self.every):
+                    return
+                conn.sendall(answer[i:i + 1])
+        except OSError:
+            return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
 
 
 @pytest.fixture
