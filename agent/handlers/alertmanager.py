@@ -17,8 +17,9 @@ each second while a start or an expiry waits for it. The silence ids live in the
 the event in the state store, so a restart carries on with the same silences; a replica with no id
 noted (a crash between the POST and the note, a lost state file) is searched for maintd's own
 silence of the event (same createdBy and comment) before one is made, and extras are expired, so
-there is never a second silence nor an orphan. Replicas are independent: one down is retried
-(within the handler's timeout in a phase, every `recheck` after) while the others get theirs.
+there is never a second silence nor an orphan. Replicas are independent (tried all at once): one
+down is retried (within the handler's timeout in a phase, every `recheck` after) while the others
+get theirs.
 Failures are a Warning health report (`handlers`, `<name>/silences`), `maintd_silence_failures_total`
 and a `silence.failed` log line; by default (`on_failure: continue`) they never hold preparation.
 """
@@ -31,11 +32,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-import requests
-
-from agent import boundedhttp, logs
-from agent.errors import ConfigValueError, MaintdError, kept_in_memory
-from agent.handlers.alertmanager_api import Credentials, Failed, Replica, ReplicaWork, instant, times
+from agent import logs
+from agent.errors import ConfigValueError, kept_in_memory
+from agent.handlers.alertmanager_api import Credentials, Replica, ReplicaWork, instant, times, try_each
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result, Services
 from agent.handlers.drain import drain_key
 from agent.handlers.silences import (
@@ -297,22 +296,17 @@ class AlertmanagerHandler(Handler):
         """Run `one` for each replica, retrying the failed ones with backoff until `deadline` (one round when
         it has passed); every failure counted, told once per streak, and shown as a health report."""
         clock, delay, pending = self.services.clock, MIN_ATTEMPT, urls
-        errors: dict[str, str] = {}
         credentials = Credentials(self.options.token_file, self.options.basic_auth_file)
-        with boundedhttp.session(trust_env=False) as session:
-            while True:
-                errors = {}
-                for url in pending:
-                    timeout = min(self.options.request_timeout, max(MIN_ATTEMPT, deadline - clock.monotonic()))
-                    try:
-                        one(Replica(session, url, timeout, credentials))
-                    except (Failed, requests.RequestException, OSError, MaintdError, ValueError, KeyError,
-                            TypeError) as exc:
-                        errors[url] = str(exc) if isinstance(exc, Failed) else type(exc).__name__
-                left = deadline - clock.monotonic()
-                if not errors or cancel.is_set() or left < delay + MIN_ATTEMPT or clock.wait(cancel, delay):
-                    break
-                pending, delay = list(errors), min(delay * 2, 5.0)
+        while True:
+            timeout = min(self.options.request_timeout, max(MIN_ATTEMPT, deadline - clock.monotonic()))
+            errors = try_each(pending, one, timeout, credentials)
+            left = deadline - clock.monotonic()
+            if not errors or cancel.is_set() or left < delay + MIN_ATTEMPT:
+                break
+            self._save(eid, note)  # what the others made is noted while the failed ones are tried again
+            if clock.wait(cancel, delay):
+                break
+            pending, delay = list(errors), min(delay * 2, 5.0)
         self._tell(eid, note, urls, errors)
         return [f"{target(u)}: {e}" for u, e in errors.items()]
 

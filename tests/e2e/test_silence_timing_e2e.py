@@ -112,19 +112,27 @@ def test_an_alertmanager_that_fails_costs_the_drain_nothing(start_emulator, star
             trickle.close()
 
 
-def test_with_the_drain_listed_first_a_silence_is_active_while_the_vm_is_out_of_rotation(start_emulator,
-                                                                                         start_agent, alertmanagers):
-    (am,) = alertmanagers(1)
-    emu = start_emulator(["vm-1"], "--started-duration", "2")
-    agent = start_agent(emu, "vm-1", {"probe": PROBE, "handlers": [DRAIN, silence([am.url])]})
-    with sampling(agent, am) as seen:
-        eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=300)
-        wait_until(emu.approvals, 60, "the StartRequests POST")
-        agent.wait_log("event.completed", event_id=eid, timeout=60)
-        wait_until(lambda: agent.get("/probe").status_code == 200, 20, "the VM back in rotation")
-    assert seen.out >= 50, f"only {seen.out} samples out of rotation: the check would say nothing"
-    gaps = seen.unsilenced
-    assert gaps == [], (f"{len(gaps)} of {seen.out} samples out of rotation had no active silence, from "
-                        f"{min(gaps, default=0):.2f}s to {max(gaps, default=0):.2f}s after the VM left")
-    assert seen.errors <= seen.out // 10, f"{seen.errors} samples failed"
-    wait_until(lambda: am.live() == [], 20, "the silence expired once the VM is back")
+@pytest.mark.parametrize("hanging_first", [False, True], ids=["one replica", "a hanging replica listed first"])
+def test_with_the_drain_listed_first_a_silence_is_active_while_the_vm_is_out_of_rotation(
+        start_emulator, start_agent, alertmanagers, hanging_first):
+    replicas = alertmanagers(2 if hanging_first else 1)
+    am = replicas[-1]  # the one that answers, sampled
+    if hanging_first:
+        replicas[0].pause()
+    try:
+        emu = start_emulator(["vm-1"], "--started-duration", "2")
+        agent = start_agent(emu, "vm-1", {"probe": PROBE, "handlers": [DRAIN, silence([r.url for r in replicas])]})
+        with sampling(agent, am) as seen:
+            eid = emu.add_event(event_type="Reboot", resources=["vm-1"], notice=300)
+            wait_until(emu.approvals, 60, "the StartRequests POST")
+            agent.wait_log("event.completed", event_id=eid, timeout=60)
+            wait_until(lambda: agent.get("/probe").status_code == 200, 20, "the VM back in rotation")
+        assert seen.out >= 50, f"only {seen.out} samples out of rotation: the check would say nothing"
+        gaps = seen.unsilenced
+        assert gaps == [], (f"{len(gaps)} of {seen.out} samples out of rotation had no active silence, from "
+                            f"{min(gaps, default=0):.2f}s to {max(gaps, default=0):.2f}s after the VM left")
+        assert seen.errors <= seen.out // 10, f"{seen.errors} samples failed"
+        wait_until(lambda: am.live() == [], 20, "the silence expired once the VM is back")
+    finally:
+        if hanging_first:
+            replicas[0].resume()
