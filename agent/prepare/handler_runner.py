@@ -44,7 +44,7 @@ from agent.model.outcomes import (
 from agent.model.timefmt import iso_z
 from agent.model.tracker import Tracked, Transition, phase_for, phase_in
 from agent.prepare.background_runs import BackgroundRuns, RunThread
-from agent.prepare.run_order import FIRST_TRY, holds, run_order
+from agent.prepare.run_order import FIRST_TRY, budget, holds, run_order, short_budget
 from agent.prepare.run_records import (
     RunKey,
     RunRecord,
@@ -56,19 +56,9 @@ from agent.prepare.run_records import (
     why_not_ready,
 )
 
-DEADLINE_MARGIN = 5.0
-"""Seconds kept free before NotBefore: a handler budget never reaches into them."""
-
 ResultListener = Callable[[str, str, str, Result], None]
 """Hears of each finished run, and of a run that went on in the background (outcome `running`): readiness may
 have changed."""
-
-
-def budget(timeout: float, phase: str, not_before: datetime | None, now: datetime) -> float:
-    """Seconds a run may take: its timeout, capped before NotBefore in the scheduled phase (≤ 0: too late)."""
-    if phase != PHASE_SCHEDULED or not_before is None:
-        return timeout
-    return min(timeout, (not_before - now).total_seconds() - DEADLINE_MARGIN)
 
 
 class Runner:
@@ -201,9 +191,8 @@ class Runner:
                 continue
             attempt = 1 if rec is None else attempt_of(rec) + 1  # an interrupted run goes again
             run = partial(self._run_one, handler, phase, event, names_self, outcome, key, cut, attempt, leaving)
-            if not holds(handler.spec) and self._background.busy(event.event_id, handler.spec.name):
-                self._background.submit(event.event_id, handler.spec.name, partial(run, background=True))
-                continue  # after its run of an earlier phase, which goes on in the background
+            if not holds(handler.spec) and self._background.busy(event.event_id, handler.spec.name):  # an earlier run
+                run = partial(self._background.submit, event.event_id, handler.spec.name, partial(run, background=True))
             run()
 
     def _run_one(self, handler: Handler, phase: str, event: Event, names_self: bool, outcome: str | None,
@@ -213,17 +202,13 @@ class Runner:
         base = max(spec.timeout, handler.minimum_timeout(settings))
         allowed = budget(base, phase, event.not_before, now)
         fields = {"event_id": event.event_id, "event_type": event.event_type, "handler": spec.name, "phase": phase}
-        if allowed <= 0:
+        if (short := short_budget(allowed, base)) is not None:
             self.metrics.deadline_short.inc()
-            self.log.warning("deadline.short", **fields, action="skipped",
-                             seconds_left=round(allowed + DEADLINE_MARGIN, 1))
+            self.log.warning("deadline.short", **fields, **short)
+        if allowed <= 0:
             self._finish(handler, phase, event, key, Result(SKIPPED, "deadline: too close to NotBefore to start"),
                          0.0, now)
             return
-        if allowed < base:
-            self.metrics.deadline_short.inc()
-            self.log.warning("deadline.short", **fields, action="budget cut", timeout=round(allowed, 1),
-                             configured=round(base, 1))
         record = RunRecord(outcome=RUNNING, started_at=iso_z(now), attempt=attempt)
         self._record(event.event_id, key, {**record, "background": True} if background else record)
         self.log.info("handler.started", **fields, timeout=round(allowed, 1), attempt=attempt)
@@ -249,8 +234,7 @@ class Runner:
         # a non-holding run past its first try: it goes on in the background, the phase goes on now
         handed = self._background.hand_over(event.event_id, spec.name, end)
         self._record(event.event_id, key, {**record, "background": True})
-        self.log.info("handler.background", **fields, first_try=FIRST_TRY,
-                      seconds_left=round(allowed - (self.clock.monotonic() - t0), 1),
+        self.log.info("handler.background", **fields, first_try=FIRST_TRY, budget_left=round(allowed - FIRST_TRY, 1),
                       reason="on_failure: continue: the run goes on in the background; the phase goes on")
         if self.on_result:
             self.on_result(event.event_id, spec.name, phase, Result(RUNNING, "goes on in the background"))

@@ -1,4 +1,5 @@
-"""Pure: the order a phase's handlers run in, what each run is told, and how long the phase waits for it.
+"""Pure: the order a phase's handlers run in, what each run is told, its budget (its `timeout`, capped in the
+`scheduled` phase by the time left before NotBefore minus `DEADLINE_MARGIN`), and how long the phase waits for it.
 
 Handlers run in the list's order (`order`, then their place), with one exception: a type that sets
 `before_drain` (the `alertmanager` silence) runs right before the phase's first handler that takes the
@@ -17,12 +18,16 @@ waited for, its whole budget, as ever.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Protocol, TypeVar
 
 from agent.handlers.spec import HandlerSpec
+from agent.model.outcomes import PHASE_SCHEDULED
 
 FIRST_TRY = 3.0
 """Seconds a phase waits for a non-holding handler's run before it goes on in the background."""
+DEADLINE_MARGIN = 5.0
+"""Seconds kept free before NotBefore: a handler budget never reaches into them."""
 
 
 class Placed(Protocol):
@@ -37,6 +42,23 @@ class Placed(Protocol):
 
 
 H = TypeVar("H", bound=Placed)
+
+
+def budget(timeout: float, phase: str, not_before: datetime | None, now: datetime) -> float:
+    """Seconds a run may take: its timeout, capped before NotBefore in the scheduled phase (≤ 0: too late)."""
+    if phase != PHASE_SCHEDULED or not_before is None:
+        return timeout
+    return min(timeout, (not_before - now).total_seconds() - DEADLINE_MARGIN)
+
+
+def short_budget(allowed: float, configured: float) -> dict[str, str | float] | None:
+    """The `deadline.short` log line's fields when NotBefore cut the run's budget (None: it did not): skipped
+    when it cannot start in time, else the budget it runs with."""
+    if allowed >= configured:
+        return None
+    if allowed <= 0:
+        return {"action": "skipped", "seconds_left": round(allowed + DEADLINE_MARGIN, 1)}
+    return {"action": "budget cut", "timeout": round(allowed, 1), "configured": round(configured, 1)}
 
 
 def holds(spec: HandlerSpec) -> bool:
