@@ -196,3 +196,23 @@ def test_an_event_that_leaves_cuts_the_background_run_too(tmp_path, clock, logs)
     assert runner.wait_idle(10)
     assert store.result("E1", str(RunKey("silence", "scheduled")))["outcome"] == "canceled"
     assert ("undo", "completed") in SCRIPT.calls
+
+
+def test_the_budget_counts_a_non_holding_handlers_first_try_only(tmp_path, clock):
+    """What preparation needs before NotBefore (the disruption budget's last safe moment): the drain's wait, a
+    holding hook's whole timeout, a silence's first try (its retries go on in the background, not in the phase)."""
+    from agent.config.config import loads
+    from agent.loop.daemon import Daemon
+    from agent.systemd import Notifier
+
+    cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: 'http://127.0.0.1:9'}}\n"
+                "probe: {lb_timeout: 11s, lb_interval: 5s, drain_grace: 0s}\nhandlers:\n"
+                "  - {name: drain, type: drain, phases: [scheduled, completed]}\n"
+                "  - {name: silence, type: alertmanager, phases: [scheduled], timeout: 1m, urls: ['http://am:9093'],"
+                " matchers: ['instance=\"{vm}\"']}\n"
+                "  - {name: notify, type: webhook, phases: [scheduled], timeout: 20s, url: 'http://hook:80/x'}\n")
+    d = Daemon(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
+    try:
+        assert d.parts.preparation_needs() == LB_WAIT + FIRST_TRY + 20.0
+    finally:
+        d.shutdown()

@@ -66,10 +66,9 @@ def holds(spec: HandlerSpec) -> bool:
     return spec.on_failure != "continue"
 
 
-def first_wait(spec: HandlerSpec, allowed: float) -> float:
-    """Seconds the phase waits for the run before going on: its whole budget (and the 5 s a hung handler gets
-    to return) when it holds, else its first try."""
-    return allowed + 5.0 if holds(spec) else min(FIRST_TRY, allowed + 5.0)
+def phase_time(spec: HandlerSpec) -> float:
+    """The most of its phase's time a run of the handler takes: its timeout when it holds, else its first try."""
+    return spec.timeout if holds(spec) else min(spec.timeout, FIRST_TRY)
 
 
 def run_order(handlers: Sequence[H], phase: str, runs: Callable[[H], bool] = lambda h: True) -> list[tuple[H, bool]]:
