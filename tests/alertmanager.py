@@ -8,14 +8,17 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
-from tests.e2e.harness import free_port, http, wait_until
+from tests.e2e.harness import Agent, free_port, http, wait_until
 
 BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 needs_alertmanager = pytest.mark.skipif(
@@ -139,6 +142,49 @@ class Trickle:
     def close(self) -> None:
         self._stop.set()
         self._listener.close()
+
+
+@dataclass
+class Samples:
+    """When the VM was first seen out of rotation, and what the Alertmanager said while it was out."""
+
+    out_at: float | None = None
+    out: int = 0
+    unsilenced: list[float] = field(default_factory=list)
+    errors: int = 0
+
+
+@contextmanager
+def sampling(agent: Agent, am: Alertmanager | None = None) -> Iterator[Samples]:
+    """Sample /probe (and, with `am`, its active silences between two probes that both say out) until the end."""
+    found, stop = Samples(), threading.Event()
+
+    def out() -> bool:
+        return agent.get("/probe").status_code == 503
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                if out():
+                    now = time.monotonic()
+                    found.out_at = found.out_at if found.out_at is not None else now
+                    if am is not None:
+                        active = [s for s in am.live() if s["status"]["state"] == "active"]
+                        if out():  # out before and after the read: the silence must have been active throughout
+                            found.out += 1
+                            if not active:
+                                found.unsilenced.append(now - (found.out_at or now))
+            except Exception:  # a sample that failed to answer is counted, never a dead sampler
+                found.errors += 1
+            stop.wait(0.02)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield found
+    finally:
+        stop.set()
+        thread.join(10)
 
 
 @pytest.fixture
