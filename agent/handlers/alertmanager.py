@@ -166,8 +166,14 @@ class AlertmanagerHandler(Handler):
         for eid, note in self._notes().items():
             if note.get("state") not in (KEEPING, EXPIRING):
                 continue
-            with _event_lock(self.spec.name, eid):
+            lock = _event_lock(self.spec.name, eid)
+            if not lock.acquire(blocking=False):  # a phase's run works on it (retrying, maybe in the background)
+                waits.append(ROTATION_CHECK)
+                continue
+            try:
                 wait = self._keep_one(eid, self._note(eid) or note, tracked[eid].event if eid in tracked else None)
+            finally:
+                lock.release()
             if wait is not None:
                 waits.append(wait)
         return min(waits, default=None)
