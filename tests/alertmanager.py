@@ -146,12 +146,20 @@ class Trickle:
 
 @dataclass
 class Samples:
-    """When the VM was first seen out of rotation, and what the Alertmanager said while it was out."""
+    """When the VM left rotation as seen from outside, and what the Alertmanager said while it was out.
 
+    The VM left rotation after the last probe that answered 200 was sent (`in_sent`) and before the first 503
+    arrived (`out_at`): the sampler's resolution is that window (`window`)."""
+
+    in_sent: float | None = None
     out_at: float | None = None
     out: int = 0
     unsilenced: list[float] = field(default_factory=list)
     errors: int = 0
+
+    @property
+    def window(self) -> float:
+        return float("inf") if self.out_at is None or self.in_sent is None else self.out_at - self.in_sent
 
 
 @contextmanager
@@ -165,7 +173,10 @@ def sampling(agent: Agent, am: Alertmanager | None = None) -> Iterator[Samples]:
     def run() -> None:
         while not stop.is_set():
             try:
-                if out():
+                sent = time.monotonic()
+                if not out():
+                    found.in_sent = sent if found.out_at is None else found.in_sent
+                else:
                     now = time.monotonic()
                     found.out_at = found.out_at if found.out_at is not None else now
                     if am is not None:
