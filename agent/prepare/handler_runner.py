@@ -15,7 +15,7 @@ A handler's time budget is its `timeout`, capped in the `scheduled` phase by the
 NotBefore minus `DEADLINE_MARGIN`; one that cannot start in time is recorded `skipped` ("deadline").
 A phase waits for a holding handler's whole run, for a non-holding one's first try only: past it the
 run goes on in the background (`background_runs`), recorded `running` with `background: true`, and
-the phase goes on; a `before_drain` handler runs right before the drain (`run_order`, decision 0235).
+the phase goes on; a `before_drain` handler runs right before the drain (`run_order`, decision 0236).
 """
 
 from __future__ import annotations
