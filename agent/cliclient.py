@@ -1,10 +1,10 @@
-"""The CLI's client side: the commands that talk to a running daemon (over its unix socket, else
-loopback TCP), and `events --history` from the audit journal.
+"""The CLI's client side: the commands that talk to a running daemon (over its unix socket, else TCP to
+`server.listen`), and `events --history` from the audit journal.
 
 Kept apart from `agent.cli`, which imports it only to run one of `COMMANDS`: `maintd run` never
-loads it. The token never reaches a listener the CLI has not authenticated: over TCP it goes to a
-loopback port only when the kernel says root or maintd's user holds the listening end, or to the
-address the user named with `--url`.
+loads it. The token never reaches a listener the CLI has not authenticated: over TCP it goes to
+`server.listen` (any address of this host: 127.0.0.0/8, an interface's, a wildcard's loopback) only when
+the kernel says root or maintd's user holds the listening end, or to the address the user named with `--url`.
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ class _Target:
 
 
 def _target(args: argparse.Namespace) -> _Target:
-    """--url as given (TCP only); else from the config: its unix socket, with loopback TCP behind it.
+    """--url as given (TCP only); else from the config: its unix socket, with TCP to `server.listen` behind it
+    (127.0.0.1 for a wildcard).
 
-    The token goes over TCP only (on the socket the caller's uid decides): to --url, or to a loopback listener
-    the kernel says maintd's own user holds (`_listener_problem`).
+    The token goes over TCP only (on the socket the caller's uid decides): to --url, or to a listener the kernel
+    says maintd's own user holds (`_listener_problem`).
     """
     try:
         server = config_mod.load(config_mod.path_from(args.config), check_perms=False).server
@@ -55,8 +56,10 @@ def _target(args: argparse.Namespace) -> _Target:
     if args.url:
         return _Target(args.url.rstrip("/"), token_file=server.token_file, asked=True)
     host, _, port = server.listen.rpartition(":")
-    if host in ("0.0.0.0", "", "[::]", "::"):
+    if host in ("0.0.0.0", ""):
         host = "127.0.0.1"
+    elif host in ("[::]", "::"):
+        host = "[::1]"
     return _Target(f"http://{host}:{port}", server.unix_socket, server.token_file)
 
 
@@ -114,21 +117,25 @@ class _Stranger(Exception):
 def _listener_problem(sock: socket.socket) -> str | None:
     """Why the listener at the other end of `sock` may not be sent anything (None: the kernel says root's, maintd's
     user's or this user's process holds it): `SO_PEERCRED` on the unix socket, the owner of the accepting TCP
-    socket on loopback. One the kernel cannot name is not vouched for."""
+    socket at whatever address of this host the daemon listens. One the kernel cannot name is not vouched for."""
     from agent.http.peer_owner import PeerOwners
     from agent.pathtrust import owner, trusted_uids
 
+    problem = ""
     if sock.family == socket.AF_UNIX:
         uid: int | None = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
         where = str(sock.getpeername())
     else:
-        uid = PeerOwners().uid(sock)
-        where = "{}:{}".format(*sock.getpeername()[:2])
+        uid, problem = PeerOwners().listener(sock)
+        host, port = sock.getpeername()[:2]
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if uid in trusted_uids():
         return None
-    who = owner(uid) if uid is not None else "a process the kernel does not name (not on this host's loopback)"
-    return (f"{where} is served by {who}, not by maintd (root or maintd's user): the CLI sent it neither the token "
-            "nor the request")
+    if uid is None:
+        return (f"{where} is served by a process the kernel does not name ({problem}): the CLI sent it neither the "
+                "token nor the request, since it cannot tell it is maintd")
+    return (f"{where} is served by {owner(uid)}, not by maintd (root or maintd's user): the CLI sent it neither the "
+            "token nor the request")
 
 
 def _tcp(target: _Target, method: str, path: str, data: bytes | None, headers: dict[str, str],

@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from tests.e2e.harness import Agent, free_port, http, wait_until
+from tests.reaper import die_with_parent
 
 BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 needs_alertmanager = pytest.mark.skipif(
@@ -45,7 +46,7 @@ class Alertmanager:
         self.proc = subprocess.Popen(
             [BINARY, f"--config.file={self.workdir / 'am.yml'}", f"--storage.path={self.workdir / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
         wait_until(self._ready, 20, f"Alertmanager on {self.url}")
 
     def _ready(self) -> bool:

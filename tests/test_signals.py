@@ -127,11 +127,16 @@ def test_a_signal_from_another_thread_wakes_the_loops_sleep_at_once(tmp_path, re
     d = Daemon(cfg, SystemClock(), boot_id="boot-1", notifier=Notifier({}))
     d.control.install()
     d.cadence.next_poll = d.clock.monotonic() + 5
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGHUP)).start()
-    started = time.monotonic()
-    d._sleep_until_due()
-    assert 0.15 < time.monotonic() - started < 1.5
-    assert d.control.reload.is_set()
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGHUP))
+    timer.start()
+    try:
+        started = time.monotonic()
+        d._sleep_until_due()
+        assert 0.15 < time.monotonic() - started < 1.5
+        assert d.control.reload.is_set()
+    finally:  # the signal never outlives its handler: a sleep that failed at once must not let it kill the run
+        timer.cancel()
+        timer.join()
 
 
 RECORD_RUN = ("import os\n"

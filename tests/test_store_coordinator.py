@@ -178,3 +178,24 @@ def test_a_claim_that_took_half_of_takeover_after_is_not_posted(tmp_path, clock,
     assert sent == []
     assert blobs.blobs[approval_blob(EVENT)][0]["state"] == "released"
     assert any(e["event"] == "store.claim_too_old" for e in logs)
+
+
+def test_a_listing_that_shows_the_marker_healthy_again_opens_the_held_gate_at_once(tmp_path, clock) -> None:
+    """Issue 35 #3 on the store: the gate's input is the last listing; the listing that shows the other VM healthy
+    again decides at once (on the pass it wakes), before the periodic 5 s recheck of the gates."""
+    blobs = MemoryStore()
+    blobs.put(marker_blob(EVENT, OTHER), marker_record(EVENT, OTHER, READY, "unhealthy"))
+    coord, sent, _ = setup(tmp_path, clock, blobs)
+    gated = Profile(name="default", approval="auto", gates=Gates(fleet=FleetGate(max_percent_unhealthy=0)))
+    t = tracked(clock)
+    ticks(coord, t, gated)
+    assert sent == [] and coord.view(EVENT)["approval_held"]["gate"] == "fleet"
+    held_at = clock.monotonic()
+    other_ready(blobs)
+    lists = blobs.ops.count("list")
+    while blobs.ops.count("list") == lists and clock.monotonic() - held_at < 30:
+        clock.advance(0.25)
+        ticks(coord, t, gated, n=1)
+    listed_at = clock.monotonic()
+    ticks(coord, t, gated, n=2)  # the pass the listing woke, and the one its approval's outcome wakes
+    assert sent == [[EVENT]] and clock.monotonic() == listed_at < held_at + 5

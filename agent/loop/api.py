@@ -367,6 +367,8 @@ class LocalApi:
         vm = body.get("vm") if isinstance(body, dict) else None
         if not isinstance(vm, str) or not vm:
             raise ApiError(400, 'body must be {"vm": "name of the peer that became ready"}')
+        if isinstance(body, dict) and body.get("health") is not None:  # a ready peer's health changed
+            return {"event_id": event_id, "asked_again": self.coordinator.health_hint(event_id, vm)}
         return {"event_id": event_id, "asked_again": self.coordinator.hint(event_id, vm)}
 
     def budget_wake(self, body: Any) -> WakeAnswer:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 from functools import reduce
 from pathlib import Path
@@ -40,6 +40,7 @@ from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
 from agent.model.outcomes import PHASE_SCHEDULED
+from agent.model.tracker import Tracked
 from agent.prepare.handler_runner import Runner
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
@@ -140,7 +141,8 @@ class Parts:
         if self.budget is not None and self.vm_name is not None:  # named in the config: no IMDS topology
             self.budget.identify(self.vm_name, "", "", "")
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
-                                       profiles=config.profiles, prepare=config.prepare, budget=self.budget is not None)
+                                       profiles=config.profiles, prepare=config.prepare, budget=self.budget is not None,
+                                       restore=self.runner.restore)
         self.coordinator = Coordinator(
             config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store, clock=clock,
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,
@@ -174,6 +176,11 @@ class Parts:
         lead = self.config.prepare.lead_time
         return 0.0 if lead == NOW else float(lead)
 
+    def look_at_budget(self, tracked: Mapping[str, Tracked]) -> None:
+        """B2, first in every loop pass: a place whose lease ended is lost before anything acts on it."""
+        if self.budget is not None:
+            self.preparation.revoke(self.budget.look(), tracked, self.clock.now())
+
     def leave_gate(self, tick: Tick) -> LeaveGate:
         """The disruption budget's word to preparation (the loop's thread): which due events may leave rotation.
         This VM is out while drained, or while an event naming it is prepared or Started."""
@@ -181,10 +188,11 @@ class Parts:
             return NO_BUDGET
         from agent.coordination.store.budget import Want
         wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting(tick.now)]
-        out = bool(self.rotation.drains()) or any(
-            t.names_self and (t.event.status != SCHEDULED or self.preparation.started(eid))
-            for eid, t in tick.tracked.items())
-        gate = self.budget.tick(wants, out)
+        started = [Want(eid, t.event.event_type, t.event.not_before) for eid, t in tick.tracked.items()
+                   if t.names_self and t.event.status == SCHEDULED and self.preparation.started(eid)]
+        out = bool(self.rotation.drains() or started) or any(
+            t.names_self and t.event.status != SCHEDULED for t in tick.tracked.values())
+        gate = self.budget.tick(wants, out, started)
         self.budget.publish()
         return gate
 

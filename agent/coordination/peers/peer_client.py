@@ -135,11 +135,13 @@ class PeerClient:
         except Exception as exc:  # whatever else the exchange raised, it is not a ready peer; asked again later
             return Answer(INVALID, f"{type(exc).__name__}: {str(exc)[:80]}")
 
-    def push_ready(self, base: str, event_id: str, vm_name: str) -> bool:
-        """Tell the peer at `base` (the acting leader) that this VM is ready; True when it took the message."""
+    def push_ready(self, base: str, event_id: str, vm_name: str, health: str | None = None) -> bool:
+        """Tell the peer at `base` (the acting leader) that this VM is ready, or (`health`) that its health changed
+        since; True when it took the message."""
+        body = {"vm": vm_name} if health is None else {"vm": vm_name, "health": health}
         try:
             r = self._exchange("POST", event_url(base, event_id, "/peer-ready"), max_bytes=MAX_ANSWER_BYTES,
-                               truncate=True, json={"vm": vm_name}, headers=self._headers())
+                               truncate=True, json=body, headers=self._headers())
             return 200 <= r.status < 300
         except Exception:  # a push is retried until taken; nothing it met may stop the lane
             return False
