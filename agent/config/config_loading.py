@@ -42,6 +42,11 @@ class Marked:
         line, col = _mark_for(self.marks, exc.key)
         return ConfigError(self.source, line, col, exc.key, exc.message)
 
+    def where(self, key: str) -> str:
+        """`source:line:column` of `key` (or of its nearest parent in the file), `source` when it has none."""
+        line, col = _mark_for(self.marks, key)
+        return self.source if line is None else f"{self.source}:{line}:{col}"
+
 
 def parse_yaml(text_: str, source: str = "<string>") -> Marked:
     """The values of the YAML `text_` with their positions; raise ConfigError naming source, line, column and key."""
