@@ -19,7 +19,7 @@ BENCH = AGENT.parent / "bench"
 WINGS = sorted(p.parent.name for p in AGENT.glob("*/__init__.py"))
 PURE = ("agent.model", "agent.policy", "agent.coordination.coordination_rules",
         "agent.coordination.peers.peer_addressing", "agent.coordination.coordination_settings",
-        "agent.prepare.prepare_plan", "agent.prepare.run_records",
+        "agent.prepare.prepare_plan", "agent.prepare.run_records", "agent.prepare.run_order",
         "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.jsonsafe",
         "agent.coordination.store.store_protocol", "agent.fleet.history_protocol", "agent.cli.clitext",
         "agent.fleet.budget_rules", "agent.fleet.budget_lease",
