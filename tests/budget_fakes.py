@@ -13,7 +13,7 @@ from agent.coordination.store.store_protocol import Item, StoreError, Unchanged
 from agent.fleet.budget import Budget, Want
 from agent.fleet.budget_rules import Entry
 from agent.fleet.budget_wake import Hinter
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 
 
 class CasStore:

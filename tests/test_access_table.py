@@ -23,7 +23,7 @@ import pytest
 from agent.cli import docgen
 from agent.http.auth import TABLE, Kind, Source, Token, Verdict, peer_authorized, token_ok
 from agent.http.routes import ApiServer
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 
 SERVER_TOKEN, PEER_TOKEN = "server-s3cret", "peer-s3cret"
 SENT = {Token.NONE: None, Token.PEER: PEER_TOKEN, Token.SERVER: SERVER_TOKEN, Token.OTHER: "not-a-token"}

@@ -18,7 +18,7 @@ from agent.fleet.budget import Budget
 from agent.fleet.budget_rules import CHOSEN, Entry
 from agent.fleet.budget_wake import WakeSender, advertised
 from agent.http.routes import ApiError, ApiServer
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 from tests.budget_fakes import CasStore, member, want
 from tests.test_budget import settle
 from tests.test_server import FakeBackend, session, url

@@ -61,7 +61,7 @@ def test_client_commands_say_clearly_when_the_daemon_is_not_running(write_config
 
 def _running_server(**options):
     from agent.http.routes import ApiServer
-    from agent.metrics import Metrics
+    from agent.telemetry.metrics import Metrics
     from tests.test_server import FakeBackend
 
     backend = FakeBackend()

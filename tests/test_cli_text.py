@@ -19,7 +19,7 @@ import pytest
 from agent.cli import commands as cli
 from agent.cli.clitext import duration, fit, relative, section, table, text, tidy, when
 from agent.http.routes import ApiServer
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 from tests.e2e.harness import free_port
 from tests.test_server import FakeBackend
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from agent import __version__
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 from tests.e2e.harness import CLEAN_ENV, Agent, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,11 +22,11 @@ from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
 from agent.health.health_store import HealthStore
 from agent.loop.tick import Tick
-from agent.metrics import Metrics
 from agent.model.events import Event
 from agent.model.tracker import Tracked
 from agent.policy.approval_policy import Profile
 from agent.state.state_store import Store
+from agent.telemetry.metrics import Metrics
 from tests.samples import sample
 
 AUTO = Profile(name="default", approval="auto")

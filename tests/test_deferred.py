@@ -90,7 +90,7 @@ def test_a_module_already_imported_is_left_as_it_is():
 
 
 DEPENDENCIES_STILL_WORK = """
-from agent import logs, metrics  # defer asyncio (structlog), prometheus_client's package
+from agent.telemetry import logs, metrics  # defer asyncio (structlog), prometheus_client's package
 from agent.imds import imds_connection  # defers ssl (http.client)
 from agent import deferred
 assert not any(deferred.loaded(m) for m in ("asyncio", "ssl", "prometheus_client")), "deferred"

@@ -10,8 +10,8 @@ from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.peers.peer_client import INVALID
 from agent.health.health_store import HealthStore
-from agent.metrics import Metrics
 from agent.state.state_store import Store
+from agent.telemetry.metrics import Metrics
 from tests.imds_server import wait_for
 from tests.samples import sample
 from tests.test_coordinator import answer, make_coordinator, peer, step, tracked, view

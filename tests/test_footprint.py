@@ -121,7 +121,7 @@ def test_the_shipped_config_loads_nothing_its_dependencies_import_for_features_m
 
 
 def test_a_metrics_scrape_loads_no_http_server_client_or_ssl_code(not_used_idle):
-    """/metrics is written by maintd (agent.metrics_text): a scraped daemon stays as small as an idle one."""
+    """/metrics is written by maintd (agent.telemetry.metrics_text): a scraped daemon stays as small as an idle one."""
     assert offenders(loaded_after_build(str(SHIPPED), "--scrape"), not_used_idle) == []
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from agent.config.config import loads
 from agent.errors import ConfigError
 from agent.http.routes import ApiServer
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 from tests.test_server import FakeBackend
 
 SECTIONS = ["imds", "identity", "state", "log", "server", "probe", "health", "coordination", "handlers",

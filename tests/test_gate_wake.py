@@ -16,9 +16,9 @@ from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.peers.peer_client import PeerClient
 from agent.health.health_store import HealthState, HealthStore
-from agent.metrics import Metrics
 from agent.model.gate_specs import FleetGate, Gates, PrometheusGate
 from agent.state.state_store import Store
+from agent.telemetry.metrics import Metrics
 from tests.test_coordinator import answer, peer, step, tracked
 
 PROM = "http://prometheus.invalid:9090"

@@ -18,10 +18,10 @@ from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.peers.peer_client import PeerClient
 from agent.errors import ConfigError
-from agent.metrics import Metrics
 from agent.model.gate_specs import FleetGate, Gates, PrometheusGate
 from agent.policy.approval_policy import Profile
 from agent.state.state_store import Store
+from agent.telemetry.metrics import Metrics
 from tests.samples import sample
 from tests.test_coordinator import peer, step, tracked
 

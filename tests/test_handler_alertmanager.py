@@ -22,10 +22,10 @@ from agent.handlers.registry import instantiate
 from agent.handlers.silences import expand
 from agent.health.health_store import HealthStore
 from agent.health.rotation import Rotation
-from agent.metrics import Metrics
 from agent.model.events import Event
 from agent.model.tracker import Tracked
 from agent.state.state_store import Store
+from agent.telemetry.metrics import Metrics
 
 NOW = datetime(2026, 11, 22, 13, 0, tzinfo=UTC)
 EVENT_ID = "A1B2C3D4-0000-4000-8000-000000000001"

@@ -16,10 +16,10 @@ from agent.handlers.base import CANCELED, FAILED, OK, Context, Services, Setting
 from agent.handlers.registry import instantiate
 from agent.health.health_store import HealthStore
 from agent.health.rotation import Rotation
-from agent.metrics import Metrics
 from agent.model.events import Event
 from agent.model.tracker import Tracked, Transition
 from agent.state.state_store import Store
+from agent.telemetry.metrics import Metrics
 from tests.alertmanager import alertmanagers, needs_alertmanager  # noqa: F401 (fixture)
 from tests.e2e.harness import free_port, wait_until
 

@@ -14,10 +14,10 @@ from agent.handlers.drain import DrainHandler
 from agent.health.health_store import HealthState, HealthStore
 from agent.health.rotation import Rotation
 from agent.loop.daemon import Daemon
-from agent.metrics import Metrics
 from agent.model.events import Event
 from agent.state.state_store import Store
 from agent.systemd import Notifier
+from agent.telemetry.metrics import Metrics
 from tests.e2e.harness import http
 
 

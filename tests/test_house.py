@@ -16,11 +16,13 @@ from pathlib import Path
 
 AGENT = Path(__file__).resolve().parent.parent / "agent"
 BENCH = AGENT.parent / "bench"
-WINGS = sorted(p.parent.name for p in AGENT.glob("*/__init__.py"))
+BASE_PACKAGES = ("net", "telemetry", "trust")
+"""Packages of the base (what every wing stands on, like the top-level modules): "the base" in a wing's rule."""
+WINGS = sorted(p.parent.name for p in AGENT.glob("*/__init__.py") if p.parent.name not in BASE_PACKAGES)
 PURE = ("agent.model", "agent.policy", "agent.coordination.coordination_rules",
         "agent.coordination.peers.peer_addressing", "agent.coordination.coordination_settings",
         "agent.prepare.prepare_plan", "agent.prepare.run_records", "agent.prepare.run_order",
-        "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.jsonsafe",
+        "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.trust.jsonsafe",
         "agent.coordination.store.store_protocol", "agent.fleet.history_protocol", "agent.cli.clitext",
         "agent.fleet.budget_rules", "agent.fleet.budget_lease",
         "agent.cli.cliviews", "agent.handlers.silences", "agent.loop.tick")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.httpdates import parse_http_date, retry_after, transient_status
+from agent.net.httpdates import parse_http_date, retry_after, transient_status
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

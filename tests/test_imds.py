@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.errors import ImdsError, ImdsRequestRejected, ImdsUnavailable
-from agent.httpdates import retry_after
 from agent.imds.imds_client import MAX_DOCUMENT_BYTES, MAX_RETRY_AFTER, ImdsClient, PollResult
 from agent.loop.cadence import next_poll_delay
-from agent.metrics import Metrics
 from agent.model.identity import Identity
+from agent.net.httpdates import retry_after
+from agent.telemetry.metrics import Metrics
 from tests.imds_server import FakeImds, Raw
 from tests.samples import sample
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from agent import jsonsafe
+from agent.trust import jsonsafe
 
 
 def test_a_normal_document_parses_as_json_loads_would():

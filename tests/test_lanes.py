@@ -74,7 +74,7 @@ def test_a_peer_ask_that_raises_is_asked_again_not_stuck_in_flight(clock) -> Non
     interval, and the error is counted (today: the peer stays `in_flight` and is never asked again)."""
     from agent.coordination.coordination_settings import CoordinationConfig
     from agent.coordination.peers.peer_exchange import Exchange, PeerExchange
-    from agent.metrics import Metrics
+    from agent.telemetry.metrics import Metrics
 
     metrics = Metrics()
     peers = PeerExchange(lambda: CoordinationConfig(), lambda: 1.0, clock, token_reader=lambda: None,

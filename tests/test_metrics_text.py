@@ -1,5 +1,5 @@
-"""/metrics is written by `agent.metrics_text` (so prometheus_client's exposition, with its HTTP servers and ssl,
-is never loaded: decision 0220): a scraper must read exactly what prometheus_client's own `generate_latest`
+"""/metrics is written by `agent.telemetry.metrics_text` (so prometheus_client's exposition, with its HTTP servers
+and ssl, is never loaded: decision 0220): a scraper must read exactly what prometheus_client's own `generate_latest`
 would have written, whatever the values and labels."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from prometheus_client import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 
 ODD = 'web "a"\\b\nc é'
 """A label value with every character the text format escapes, and one it does not."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted([ROOT / "config" / "maintd.yaml", ROOT / "config" / "demo.yaml",

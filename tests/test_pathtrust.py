@@ -14,9 +14,9 @@ import pytest
 from agent.config.config import load
 from agent.errors import ConfigError, StateError
 from agent.handlers.base import FAILED
-from agent.pathtrust import first_problem
 from agent.state.state_file import check_dir
 from agent.systemd import Notifier
+from agent.trust.pathtrust import first_problem
 from tests.test_cli import maintd
 from tests.test_handler_exec import context, exec_handler
 
@@ -162,7 +162,7 @@ def test_a_user_who_cannot_look_into_a_directory_gets_no_verdict_root_does(tmp_p
     private = tmp_path / "private"
     hook = _hook(private / "hooks")
     private.chmod(0o700)
-    script = (f"import os; os.setuid({NOBODY}); from agent.pathtrust import first_problem; "
+    script = (f"import os; os.setuid({NOBODY}); from agent.trust.pathtrust import first_problem; "
               f"print(first_problem({str(hook)!r}))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=os.getcwd(), timeout=60)
     assert out.stdout.strip() == "None", out.stderr

@@ -19,9 +19,9 @@ from agent.coordination.peers.peer_client import INVALID, NOT_READY, READY, UNRE
 from agent.errors import AnswerTooLarge, ExchangeTimeout
 from agent.handlers.base import FAILED
 from agent.handlers.registry import instantiate
-from agent.metrics import Metrics
 from agent.model.gate_specs import Gates, PrometheusGate
 from agent.state.state_store import Store
+from agent.telemetry.metrics import Metrics
 from tests.test_coordinator import make_coordinator, peer, step, tracked, view
 from tests.test_handler_webhook import context
 

@@ -82,8 +82,8 @@ def test_a_freshly_started_coordinator_asks_peers_where_the_peers_file_says_from
 
     from agent.coordination.coordinator import Coordinator
     from agent.coordination.peers import peers_file
-    from agent.metrics import Metrics
     from agent.state.state_store import Store
+    from agent.telemetry.metrics import Metrics
     from tests.test_coordinator import step, tracked, view
 
     real = peers_file.first_problem

@@ -13,9 +13,9 @@ from agent.coordination.peers.peer_client import PeerClient
 from agent.coordination.store.store_protocol import Step
 from agent.errors import ImdsUnavailable
 from agent.loop.tick import Tick
-from agent.metrics import Metrics
 from agent.model.gate_specs import NO_GATES
 from agent.state.state_store import Store
+from agent.telemetry.metrics import Metrics
 from tests.test_coordinator import step, tracked
 
 

@@ -18,7 +18,7 @@ from agent.errors import ConfigError
 from agent.health.health_rules import RuleSpec, RuleState, aggregate, compare, describe, evaluate
 from agent.health.health_store import HealthState, HealthStore
 from agent.health.sampling import RuleEngine, SystemSampler
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 from tests.samples import sample
 
 OK, W, E = HealthState.OK, HealthState.WARNING, HealthState.ERROR

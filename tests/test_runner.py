@@ -10,12 +10,12 @@ import pytest
 from agent.handlers.base import FAILED, OK, SKIPPED, Handler, HandlerSpec, Result, Services, Settings
 from agent.health.health_store import HealthStore
 from agent.health.rotation import Rotation
-from agent.metrics import Metrics
 from agent.model.events import Event
 from agent.model.tracker import Tracked, Transition
 from agent.prepare.handler_runner import Runner
 from agent.prepare.run_records import RunKey
 from agent.state.state_store import Store
+from agent.telemetry.metrics import Metrics
 from tests.samples import sample
 
 CALLS: list[tuple[str, str, str]] = []

@@ -13,7 +13,6 @@ from agent.clock import SystemClock
 from agent.handlers.base import FAILED, OK, Context, Handler, HandlerSpec, Result, Services, Settings
 from agent.health.health_store import HealthStore
 from agent.health.rotation import Rotation
-from agent.metrics import Metrics
 from agent.model.events import Event
 from agent.model.outcomes import RUNNING
 from agent.model.tracker import Tracked, Transition
@@ -21,6 +20,7 @@ from agent.prepare.handler_runner import Runner
 from agent.prepare.run_order import FIRST_TRY
 from agent.prepare.run_records import RunKey
 from agent.state.state_store import Store
+from agent.telemetry.metrics import Metrics
 from tests.e2e.harness import wait_until
 
 LB_WAIT = 11.0

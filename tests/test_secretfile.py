@@ -7,7 +7,7 @@ import os
 import pytest
 
 from agent.health.health_store import HealthState, HealthStore
-from agent.secretfile import REFUSED, SecretFiles
+from agent.trust.secretfile import REFUSED, SecretFiles
 
 KEY = "coordination.token_file"
 

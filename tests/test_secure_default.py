@@ -19,7 +19,7 @@ from agent.errors import ConfigError
 from agent.http.auth import how_to_act
 from agent.http.listeners import listen_unix
 from agent.http.routes import ApiServer
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 from tests.e2e.harness import free_port
 from tests.test_cli import maintd
 from tests.test_server import TOKEN, FakeBackend, session, url

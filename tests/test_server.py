@@ -12,7 +12,7 @@ import requests
 from agent.http.auth import token_ok
 from agent.http.http_connection import is_loopback
 from agent.http.routes import ApiError, ApiServer
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agent import logs as agent_logs
+from agent.telemetry import logs as agent_logs
 from tests.test_server import FakeBackend, session, url
 from tests.test_server_hostile import closed_by_server, connect, dropped, probe_seconds, servers  # noqa: F401
 

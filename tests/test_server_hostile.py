@@ -15,7 +15,7 @@ import pytest
 
 from agent.http.auth import socket_caller_ok
 from agent.http.routes import ApiServer
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 from tests.test_server import AUTH, TOKEN, FakeBackend, session, url
 
 

@@ -13,7 +13,7 @@ from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.coordination.store.store_backend import StoreBackend
 from agent.coordination.store.store_protocol import CLAIMED, READY, Step, StoreError, approval_blob, approval_record
 from agent.health.health_store import HealthStore
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 from tests.azurite import azurite  # noqa: F401 - the fixture
 from tests.test_store_exchange import EVENT, MemoryStore, Rig
 

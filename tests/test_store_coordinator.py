@@ -12,12 +12,12 @@ from agent.coordination.store.store_backend import StoreBackend
 from agent.coordination.store.store_protocol import READY, approval_blob, marker_blob, marker_record
 from agent.health.health_store import HealthState, HealthStore
 from agent.loop.tick import Tick
-from agent.metrics import Metrics
 from agent.model.events import Event
 from agent.model.gate_specs import FleetGate, Gates
 from agent.model.tracker import Tracked
 from agent.policy.approval_policy import Profile
 from agent.state.state_store import Store
+from agent.telemetry.metrics import Metrics
 from tests.test_store_exchange import MemoryStore
 
 EVENT = "5F1E2B0C-9A4D-4C61-8E2F-1A2B3C4D5E6F"

@@ -19,7 +19,7 @@ from agent.coordination.store.identity_token import ManagedIdentityCredential
 from agent.coordination.store.store_protocol import READY, StoreError, event_folder, marker_blob, marker_record
 from agent.emulator import Emulator
 from agent.imds.imds_client import ImdsClient
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 from tests.azurite import start
 
 TOKEN_PATH = "/metadata/identity/oauth2/token"

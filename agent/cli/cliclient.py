@@ -119,7 +119,7 @@ def _listener_problem(sock: socket.socket) -> str | None:
     user's or this user's process holds it): `SO_PEERCRED` on the unix socket, the owner of the accepting TCP
     socket at whatever address of this host the daemon listens. One the kernel cannot name is not vouched for."""
     from agent.http.peer_owner import PeerOwners
-    from agent.pathtrust import owner, trusted_uids
+    from agent.trust.pathtrust import owner, trusted_uids
 
     problem = ""
     if sock.family == socket.AF_UNIX:

@@ -35,12 +35,12 @@ def load_for_run(path: str, dry_run: bool = False) -> config_mod.Config:
 # --- run / check-config ---------------------------------------------------------------------
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from agent import logs
     from agent.clock import SystemClock
     from agent.errors import StateError
     from agent.loop.daemon import Daemon
     from agent.state.state_file import check_dir
     from agent.systemd import listen_fds
+    from agent.telemetry import logs
 
     path = config_mod.path_from(args.config)
     try:

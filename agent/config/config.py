@@ -12,7 +12,6 @@ import dataclasses
 import os
 from pathlib import Path
 
-from agent.addresses import is_loopback_url
 from agent.config.config_advice import unprepared_early_approvals
 from agent.config.config_loading import Marked, parse_yaml, read_text
 from agent.coordination.coordination_settings import CoordinationConfig
@@ -33,6 +32,7 @@ from agent.model.config_schema import (
     text,
 )
 from agent.model.gate_specs import NO_GATES, Gates
+from agent.net.addresses import is_loopback_url
 from agent.policy.approval_policy import (
     DEFAULT_PROFILE,
     Profile,

@@ -24,7 +24,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent import logs
 from agent.clock import Clock
 from agent.coordination.coordination_settings import BudgetConfig
 from agent.coordination.store.store_answers import Answers, RetryWait
@@ -61,6 +60,7 @@ from agent.fleet.budget_step import step as step
 from agent.fleet.budget_wake import WAKE_GAP, Hinter, WakeAnswer
 from agent.model.budget_gate import LeaveGate
 from agent.model.timefmt import iso_z
+from agent.telemetry import logs
 
 HEALTH = "budget"
 

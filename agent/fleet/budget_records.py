@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Protocol
 
-from agent import logs
 from agent.coordination.store.store_protocol import Unchanged
 from agent.fleet.budget_rules import Entry, Places
+from agent.telemetry import logs
 
 FUTURE_BOUND_S = 60.0
 """Seconds past the store's Date an instant in the record may be (the Date's resolution, a writer's slow answer)."""

@@ -20,11 +20,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-from agent import logs
-from agent.addresses import is_loopback_url, parse_listen
 from agent.fleet.budget_rules import Entry
-from agent.httpdates import transient_status
 from agent.lanes import Lanes
+from agent.net.addresses import is_loopback_url, parse_listen
+from agent.net.httpdates import transient_status
+from agent.telemetry import logs
 
 if TYPE_CHECKING:
     import requests
@@ -124,7 +124,7 @@ class WakeSender:
 
     def _attempt(self, group: str, vm: str, url: str) -> tuple[str | None, bool]:
         """(None, _) when the member took the hint, else (what went wrong, whether asking again may help)."""
-        from agent import boundedhttp
+        from agent.net import boundedhttp
 
         with self._lock:
             if self._session is None:

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final, Literal, NotRequired, TypedDict
 
-from agent import logs
 from agent.clock import Clock
 from agent.coordination.store.store_exchange import Store
 from agent.coordination.store.store_protocol import StoreError, approval_blob
@@ -34,6 +33,7 @@ from agent.fleet.history_protocol import (
 )
 from agent.lanes import Lanes
 from agent.model.timefmt import iso_z
+from agent.telemetry import logs
 
 HISTORY_KEY = "history"
 """The state store's record, per event, of this VM's history write: {"status", "attempt", "at", "error"}."""

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import TypedDict
 from urllib.parse import quote
 
-from agent import boundedhttp
 from agent.errors import ConfigValueError
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result
 from agent.handlers.webhook import post, target
@@ -33,6 +32,7 @@ from agent.health.health_json import HealthInformation
 from agent.health.health_store import HealthState
 from agent.model.config_schema import boolean, choice, duration, opt, optional, text
 from agent.model.events import maintenance_property
+from agent.net import boundedhttp
 
 SOURCE_ID = "maintd"
 REPORT_QUERY = "api-version=6.0&Immediate=true"

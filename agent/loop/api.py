@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from agent import __version__, logs
+from agent import __version__
 from agent.clock import Clock
 from agent.config.config import Config
 from agent.coordination.backend import BackendStatus, CoordinationView, FleetEvent
@@ -24,7 +24,6 @@ from agent.health.health_store import HealthStore, parse_report
 from agent.health.rotation import MANUAL, Drain, Rotation
 from agent.http.auth import peer_authorized
 from agent.http.routes import ApiError
-from agent.metrics import Metrics
 from agent.model.approval import MANUAL_APPROVAL_KEY
 from agent.model.events import SCHEDULED, EventJson
 from agent.model.timefmt import iso_z, iso_z_or_none, since_instant
@@ -35,6 +34,8 @@ from agent.prepare.preparation import Preparation
 from agent.prepare.prepare_plan import PlanView
 from agent.state.state_file import HistoryEntry
 from agent.state.state_store import Store
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:  # the fleet history and the budget are the store backend's: a peers daemon never loads them
     from agent.fleet.budget_wake import WakeAnswer

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from agent import logs
 from agent.clock import Clock
 from agent.health.rotation import OUT_OF_ROTATION
 from agent.model.approval import APPROVAL_KEY, SENT, approved_by, has_status
@@ -29,6 +28,7 @@ from agent.prepare.handler_runner import Runner
 from agent.prepare.run_records import RunKey
 from agent.state.state_file import EventRecord
 from agent.state.state_store import Store
+from agent.telemetry import logs
 
 if TYPE_CHECKING:
     from agent.coordination.store.store_exchange import Store as BlobStore

@@ -16,7 +16,6 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent import logs
 from agent.clock import Clock, Waitable
 from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
@@ -36,7 +35,6 @@ from agent.loop.api import LocalApi, LoopView
 from agent.loop.event_end import fleet_history
 from agent.loop.inbox import Inbox
 from agent.loop.tick import Tick
-from agent.metrics import Metrics
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
@@ -48,9 +46,11 @@ from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
 from agent.prepare.run_order import phase_time
 from agent.retry import retrying as retrying_on
-from agent.secretfile import SecretFiles
 from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
+from agent.trust.secretfile import SecretFiles
 
 if TYPE_CHECKING:  # the store backend's parts load only when the config chooses it (decision 0220)
     from agent.coordination.store.store_backend import StoreBackend

@@ -26,10 +26,8 @@ import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
-from agent import logs
 from agent.clock import Clock
 from agent.loop.tick import Tick
-from agent.metrics import Metrics
 from agent.model.approval import ApprovalView
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED, Event
@@ -40,6 +38,8 @@ from agent.policy.approval_policy import NOW, Profile
 from agent.prepare.prepare_plan import Plan, PlanView, PrepareConfig, make_plan, with_coordination
 from agent.prepare.run_records import ROUND_KEY, RunKey, round_of
 from agent.state.state_store import Store
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
 
 PREPARATION_KEY = "preparation"
 

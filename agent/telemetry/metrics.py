@@ -18,9 +18,9 @@ deferred.defer("prometheus_client")
 from prometheus_client.metrics import Counter, Gauge, Histogram  # noqa: E402
 from prometheus_client.registry import CollectorRegistry  # noqa: E402
 
-from agent.metrics_text import exposition  # noqa: E402
 from agent.model.events import KNOWN_TYPES  # noqa: E402
 from agent.model.outcomes import OUTCOMES  # noqa: E402
+from agent.telemetry.metrics_text import exposition  # noqa: E402
 
 EVENT_TYPES = (*KNOWN_TYPES, "Other")
 IMDS_ENDPOINTS = ("scheduledevents", "compute", "approve", "identity")

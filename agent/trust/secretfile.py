@@ -15,7 +15,7 @@ of a fleet expects, and what this does:
   Readable by its group only when that group is maintd's own (`root:maintd 0640`, the usual way to
   hand a secret to a service user).
 - **Others must not choose it.** Owned by someone other than root or maintd's user, or in a
-  directory another user could change (`agent.pathtrust`, as for the config): refused, since whoever
+  directory another user could change (`agent.trust.pathtrust`, as for the config): refused, since whoever
   writes the server token may drain and approve.
 - **Told once.** A problem is logged once (`secret.unusable`, error, with the fix) and shown as the
   health report `config/<key>` (Error) until it is fixed (`secret.usable`); never an exception.
@@ -30,8 +30,8 @@ import stat
 import threading
 from collections.abc import Callable
 
-from agent import logs
-from agent.pathtrust import component_problem, first_problem, trusted_uids
+from agent.telemetry import logs
+from agent.trust.pathtrust import component_problem, first_problem, trusted_uids
 
 MAX_SECRET_BYTES = 64 * 1024
 _TOKEN = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what an HTTP header value can carry as is
