@@ -43,7 +43,7 @@ NOT_FOR_THE_SHIPPED_CONFIG = (
     "zoneinfo",  # schedules with a time zone only
     "difflib",  # "did you mean" hints of a refused config only
     "agent.handlers.webhook",
-    "agent.handlers.health",
+    "agent.handlers.health_report",
     "agent.cli.cliclient",  # the commands that talk to a running daemon
     "agent.cli.clitext",  # their text and views: `maintd run` never prints them
     "agent.cli.cliviews",
@@ -130,7 +130,7 @@ def test_drain_and_exec_handlers_load_neither_webhook_nor_health_handler_code():
                                 "  - {name: drain, type: drain, phases: [scheduled, completed]}\n"
                                 "  - {name: checkpoint, type: exec, phases: [scheduled], command: [/bin/true]}\n")
     assert {"agent.handlers.drain", "agent.handlers.exec"} <= loaded
-    assert offenders(loaded, ("agent.handlers.webhook", "agent.handlers.health")) == []
+    assert offenders(loaded, ("agent.handlers.webhook", "agent.handlers.health_report")) == []
 
 
 def test_a_recurrence_loads_what_it_needs():

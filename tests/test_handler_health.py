@@ -17,7 +17,7 @@ from agent.clock import FakeClock
 from agent.config.config import loads
 from agent.errors import ConfigError
 from agent.handlers.base import FAILED, OK, Context
-from agent.handlers.health import iso_duration
+from agent.handlers.health_report import iso_duration
 from agent.handlers.registry import instantiate
 from agent.health.health_store import HealthState, HealthStore
 from agent.health.rotation import Rotation
