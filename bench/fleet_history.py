@@ -84,7 +84,7 @@ def loop_look(rounds: int) -> list[float]:
     from agent.loop.event_end import CHECK_EVERY, EventEnds
     from agent.model.events import Event
     from agent.model.tracker import Tracked, Transition
-    from tests.test_runner import make, spec
+    from tests.prepare.test_runner import make, spec
 
     clock = FakeClock()
     runner, store, _ = make(Path(tempfile.mkdtemp(prefix="maintd-bench-")), clock, spec("prep"),

@@ -65,7 +65,7 @@ RESTART_KEYS: tuple[str, ...] = (
 """Keys a reload cannot apply to a running daemon (the listening sockets, the route table, the state dir,
 the peer pools' size, the coordination backend — two protocols must never meet within one event): they
 keep their running values until a restart. Every other key is applied by `Parts.reconfigure`
-(tests/test_reload.py holds every key of `Config` to one or the other)."""
+(tests/loop/test_reload.py holds every key of `Config` to one or the other)."""
 
 
 def value_at(config: Any, key: str) -> Any:

@@ -1,7 +1,7 @@
 """The Prometheus text exposition (format 0.0.4) of collected metric families, as `prometheus_client`'s
 `generate_latest` writes it for maintd's metrics, without loading its exposition module (that module
 imports its HTTP servers and clients, urllib.request and ssl: about 7 MB resident for the life of the
-process; decision 0220). `tests/test_metrics.py` holds the two byte for byte equal.
+process; decision 0220). `tests/base/test_metrics_text.py` holds the two byte for byte equal.
 """
 
 from __future__ import annotations
