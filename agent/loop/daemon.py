@@ -11,7 +11,8 @@ first answer, longer than a watchdog interval, waits on a thread of its own whil
 pinging the systemd watchdog. Signal handlers only record (`Control`: flags that take no lock, and
 every signal wakes the loop's sleep through its self-pipe); the loop acts on them on its next wake.
 
-The parts are built in `wiring.py`; what the loop reports (logs, metrics, health) is worded in
+The parts are built in `wiring.py`; the pass's budget and fleet steps are `fleet_pass.py`'s, the identity
+lookup's thread `identity_lookup.py`'s; what the loop reports (logs, metrics, health) is worded in
 `report.py`; what the HTTP API shows is read from the `LoopView` the loop publishes each tick.
 """
 
@@ -154,14 +155,14 @@ class Daemon:
                       endpoint=self.config.imds.endpoint, dry_run=self.config.dry_run, boot_id=self.boot_id)
         self.health.set("imds", "poll", HealthState.OK, "starting: no poll yet")
         if self.vm_name is None:
-            self.parts.look_up_identity(attempts=5)  # off the loop: the first polls wait for it, the loop goes on
+            self.parts.identity_lookup.start(attempts=5)  # off the loop: the first polls wait for it, the loop goes on
         self._resume_pending = True  # from the first successful poll, with the events as IMDS shows them then
         self.rules.start()
         self._publish()
 
     def resolve_identity(self, attempts: int) -> None:
         """Learn this VM's name from IMDS now, on this thread (`maintd run --once`; the loop never does)."""
-        identity = self.parts.ask_identity(attempts, self.control.stop)
+        identity = self.parts.identity_lookup.ask(attempts, self.control.stop)
         if identity is not None:
             self.parts.use_identity(identity)
         self._identity_changed()
@@ -191,7 +192,7 @@ class Daemon:
         and hand it down (coordinator, preparation), flush pending state."""
         began = self.clock.monotonic()
         self.last_tick = began
-        self.parts.look_at_budget(self.tracked)  # B2: a lost place is lost before anything acts on it
+        self.parts.fleet_pass.look_at_budget(self.tracked)  # B2: a lost place is lost before anything acts on it
         if self.control.reload.is_set():
             self.control.reload.clear()
             self.reload()
@@ -205,8 +206,8 @@ class Daemon:
                        monotonic=self.clock.monotonic(), identity=self.parts.identity)
         if polled is not None or (not due and self._coordination_wanted(taken, tick)):
             self.coordinator.tick(tick)  # right after a successful poll, or a VM just became ready: never stale
-        self.preparation.tick(tick, self.parts.leave_gate(tick))
-        self.parts.record_ended(self.vm_name)
+        self.preparation.tick(tick, self.parts.fleet_pass.leave_gate(tick))
+        self.parts.fleet_pass.record_ended(self.vm_name)
         self._prune_state(began)
         self.report.state_write_status(self.store)
         c = self.cadence
@@ -255,7 +256,7 @@ class Daemon:
         if taken is False:
             self.cadence.failed(now, self.config.imds.poll_interval, self.config.imds.max_backoff)
         else:
-            self.parts.look_up_identity(attempts=1)
+            self.parts.identity_lookup.start(attempts=1)
             self.cadence.next_poll = now + self.config.imds.poll_interval
         return False
 

@@ -203,6 +203,7 @@ def test_the_budget_counts_a_non_holding_handlers_first_try_only(tmp_path, clock
     holding hook's whole timeout, a silence's first try (its retries go on in the background, not in the phase)."""
     from agent.config.config import loads
     from agent.loop.daemon import Daemon
+    from agent.loop.fleet_pass import preparation_needs
     from agent.systemd import Notifier
 
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: 'http://127.0.0.1:9'}}\n"
@@ -213,6 +214,6 @@ def test_the_budget_counts_a_non_holding_handlers_first_try_only(tmp_path, clock
                 "  - {name: notify, type: webhook, phases: [scheduled], timeout: 20s, url: 'http://hook:80/x'}\n")
     d = Daemon(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     try:
-        assert d.parts.preparation_needs() == LB_WAIT + FIRST_TRY + 20.0
+        assert preparation_needs(d.parts.services.settings, d.config.handlers) == LB_WAIT + FIRST_TRY + 20.0
     finally:
         d.shutdown()
