@@ -107,6 +107,7 @@ class Daemon:
         self.health = p.health
         self.rotation = p.rotation
         self.runner = p.runner
+        self.readiness = p.readiness
         self.coordinator = p.coordinator
         self.rules = p.rules
         self.preparation = p.preparation
@@ -212,7 +213,7 @@ class Daemon:
         now = self.clock.now()
         profile = self._update_profile(now)
         transitions = [] if polled is None else self._poll_succeeded(polled, now)
-        tick = Tick.of(self.tracked, self.vm_name, profile, self.config.dry_run, self.runner.pending, now=now,
+        tick = Tick.of(self.tracked, self.vm_name, profile, self.config.dry_run, self.readiness.pending, now=now,
                        monotonic=self.clock.monotonic(), identity=self.parts.identity)
         if polled is not None or (not due and self._coordination_wanted(taken, tick)):
             self.coordinator.tick(tick)  # right after a successful poll, or a VM just became ready: never stale

@@ -39,6 +39,7 @@ from agent.policy.approval_policy import Profile
 from agent.prepare.handler_runner import Runner
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
+from agent.prepare.readiness import Readiness
 from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
 from agent.telemetry import logs
@@ -128,6 +129,7 @@ class Parts:
                                  health=self.health)
         self.runner = Runner(instantiate(config.handlers, self.services), self.services, dry_run=config.dry_run,
                              on_result=self._handler_finished)
+        self.readiness = Readiness.of(self.runner)
         self.keeper = Keeper(lambda: self.runner.handlers, clock)
         backend = self._store_backend()
         self.budget = make_budget(self, backend)
@@ -143,7 +145,7 @@ class Parts:
             warning_as_error=config.health.consider_warning_as_error, health=self.health,
             backend=backend, budget=self.budget)
         self.history, event_ends = fleet_history(
-            None if backend is None else backend.exchange.store, self.store, self.runner, clock,
+            None if backend is None else backend.exchange.store, self.store, self.readiness, clock,
             self.metrics.lane_errors.labels("history").inc, self.history_group, self.budget)
         self.fleet_pass = FleetPass(self.budget, event_ends, self.preparation, self.rotation, clock)
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
@@ -317,7 +319,7 @@ def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
 
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:
     """The API facade over the parts it reads and the loop's published view."""
-    return LocalApi(view, store=parts.store, health=parts.health, rotation=parts.rotation, runner=parts.runner,
+    return LocalApi(view, store=parts.store, health=parts.health, rotation=parts.rotation, readiness=parts.readiness,
                     coordinator=parts.coordinator, preparation=parts.preparation, metrics=parts.metrics,
                     clock=parts.clock, peer_token=parts.peer_token, history=parts.history,
                     history_group=parts.history_group,

@@ -17,6 +17,7 @@ from agent.model.events import Event
 from agent.model.outcomes import RUNNING
 from agent.model.tracker import Tracked, Transition
 from agent.prepare.handler_runner import Runner
+from agent.prepare.readiness import Readiness
 from agent.prepare.run_order import FIRST_TRY
 from agent.prepare.run_records import RunKey
 from agent.state.state_store import Store
@@ -111,7 +112,8 @@ def test_a_silence_that_cannot_be_made_costs_the_drain_only_its_first_try(tmp_pa
     assert clock.monotonic() - t0 == pytest.approx(FIRST_TRY), "the phase waited for the first try only"
     rec = store.result("E1", str(RunKey("silence", "scheduled")))
     assert rec["outcome"] == RUNNING and rec["background"] is True
-    assert runner.is_ready(Tracked(e, True, clock.now(), "b", False)), "readiness never waits on the background"
+    ready = Readiness.of(runner).is_ready(Tracked(e, True, clock.now(), "b", False))
+    assert ready, "readiness never waits on the background"
     assert any(entry["event"] == "handler.background" and entry["handler"] == "silence" for entry in logs)
 
     SCRIPT.release.set()  # the helper answers at last (here: still failing)
@@ -130,13 +132,14 @@ def test_a_holding_handler_is_waited_for_and_a_quick_one_is_not_sent_to_the_back
     e = reboot(clock, 120)
     runner.submit(Transition("appeared", e, True, clock.now()))
     assert SCRIPT.entered.wait(10)
-    assert not runner.is_ready(Tracked(e, True, clock.now(), "b", False)), "a holding run holds readiness"
+    assert not Readiness.of(runner).is_ready(Tracked(e, True, clock.now(), "b", False)), "a holding run holds readiness"
     assert store.result("E1", str(RunKey("checkpoint", "scheduled")))["outcome"] == RUNNING
     SCRIPT.release.set()
     assert runner.wait_idle(10)
     assert store.result("E1", str(RunKey("quick", "scheduled"))).get("background") is None
     assert not [entry for entry in logs if entry["event"] == "handler.background"]
-    assert runner.pending(Tracked(e, True, clock.now(), "b", False)) == ["checkpoint"], "it failed, and holds"
+    pending = Readiness.of(runner).pending(Tracked(e, True, clock.now(), "b", False))
+    assert pending == ["checkpoint"], "it failed, and holds"
 
 
 @pytest.mark.parametrize("listed", [("drain", "silence"), ("silence", "drain"), ("hook", "drain", "silence")])
