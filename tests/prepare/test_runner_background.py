@@ -106,7 +106,8 @@ def test_a_silence_that_cannot_be_made_costs_the_drain_only_its_first_try(tmp_pa
     e = reboot(clock)
     t0 = clock.monotonic()
     runner.submit(Transition("appeared", e, True, clock.now()))
-    wait_until(lambda: store.result("E1", str(RunKey("hook", "scheduled"))), 10, "the hook after the drain to run")
+    wait_until(lambda: any(entry["event"] == "handler.finished" and entry["handler"] == "hook" for entry in logs), 10,
+               "the hook after the drain to finish")
     assert started_in_order(logs, "scheduled") == ["silence", "drain", "hook"]
     assert SCRIPT.budgets["drain:scheduled"] == LB_WAIT + 5 and SCRIPT.budgets["hook:scheduled"] == 10.0
     assert clock.monotonic() - t0 == pytest.approx(FIRST_TRY), "the phase waited for the first try only"
