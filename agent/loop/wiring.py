@@ -144,10 +144,10 @@ class Parts:
             on_change=inbox.coordination_changed, gates=config.gates, local_health=self.health_json,
             warning_as_error=config.health.consider_warning_as_error, health=self.health,
             backend=backend, budget=self.budget)
-        self.history, event_ends = fleet_history(
+        self.history, self.event_ends = fleet_history(
             None if backend is None else backend.exchange.store, self.store, self.readiness, clock,
             self.metrics.lane_errors.labels("history").inc, self.history_group, self.budget)
-        self.fleet_pass = FleetPass(self.budget, event_ends, self.preparation, self.rotation, clock)
+        self.fleet_pass = FleetPass(self.budget, self.event_ends, self.preparation, self.rotation, clock)
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
         self.identity_lookup = IdentityLookup(clock, self.health, lambda: self.imds.compute_identity(),
                                               lambda: self.config.imds.max_backoff)
@@ -210,7 +210,8 @@ class Parts:
         new = with_values_of(old, new, RESTART_KEYS)
         logs.configure(new.log.format, new.log.level)
         self.store.retention = new.state.retention
-        self.store.journal_max_bytes, self.store.journal_keep = new.state.journal_max_bytes, new.state.journal_keep
+        self.store.journal_max_bytes = new.state.journal_max_bytes
+        self.store.journal_keep = new.state.journal_keep
         self.rotation.configure(new.probe.fail_on, new.health.consider_warning_as_error)
         if new.imds != old.imds:
             self.imds.close()  # its kept poll socket: the new client opens its own
@@ -237,7 +238,8 @@ class Parts:
 
     def use_identity(self, identity: Identity) -> None:
         """This VM is `identity`: its name for the loop, computer name and scale set for addressing peers."""
-        self.vm_name, self.identity = identity.name, identity
+        self.vm_name = identity.name
+        self.identity = identity
         if self.budget is not None:
             self.budget.identify(identity.name, identity.zone, identity.fault_domain, identity.scale_set)
 
