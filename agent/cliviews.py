@@ -173,6 +173,9 @@ def handler_rows(results: Mapping[str, Any]) -> list[tuple[str, str, str, str, s
             f"since {when(r.get('started_at'))}" if r.get("started_at") else NONE
         detail = text(r.get("detail")) + (f" (on_failure: {r['on_failure']})"
                                           if r.get("outcome") not in ("ok", "running") and r.get("on_failure") else "")
+        if r.get("background") is True:  # a non-holding run past its first try
+            detail = "in the background; preparation went on" if r.get("outcome") == "running" else \
+                f"{detail} (went on in the background)"
         rows.append((name or rest, phase, text(r.get("outcome")), text(r.get("attempt")), took, detail))
     return rows
 

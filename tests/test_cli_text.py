@@ -206,6 +206,24 @@ def test_an_event_shows_each_handler_run_and_the_approval(daemon, run):
     assert "none: the event names only this VM" in out
 
 
+def test_an_event_shows_a_run_that_goes_on_in_the_background(daemon, run):
+    """A silence still retrying past its first try reads as not holding anything; once it ended, its row says it
+    went on in the background."""
+    serve(daemon[0], "approved")
+    single = next(k for k, v in daemon[0].answers.items() if k.startswith("event ") and v["Resources"] == ["web-1"])
+    event = copy.deepcopy(daemon[0].answers[single])
+    event["results"]["handler:silence:scheduled"] = {"outcome": "running", "started_at": "2026-11-27T00:17:49Z",
+                                                     "attempt": 1, "background": True}
+    event["results"]["handler:notify:scheduled"] = {"outcome": "failed", "detail": "503", "duration_seconds": 39.2,
+                                                    "on_failure": "continue", "background": True}
+    daemon[0].answers[single] = event
+    out = shown(run, "events", single.split()[1])
+    assert re.search(r"silence +scheduled +running +1 +since 2026-11-27T00:17:49Z +in the background; preparation "
+                     r"went on", out), out
+    assert re.search(r"notify +scheduled +failed +- +39s +503 \(on_failure: continue\) \(went on in the background\)",
+                     out), out
+
+
 def test_an_event_held_by_a_gate_shows_the_gate(daemon, run):
     serve(daemon[0], "preparing")
     multi = next(k for k, v in daemon[0].answers.items() if k.startswith("event ") and len(v["Resources"]) == 3)

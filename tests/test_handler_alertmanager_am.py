@@ -36,10 +36,10 @@ def services(tmp_path) -> Services:
                     health=health, settings=Settings(vm_name="vm-1", computer_name="vm000001"))
 
 
-def handler(svc: Services, urls: list[str], extra: str = ""):
+def handler(svc: Services, urls: list[str], extra: str = "", timeout: str = "3s"):
     cfg = loads("handlers:\n  - {name: silence, type: alertmanager, phases: [scheduled, started, completed], "
                 f"urls: [{', '.join(urls)}], matchers: ['instance=~\"{{computer_name}}(:[0-9]+)?\"'], "
-                f"margin: 2m, recheck: 1s, timeout: 3s{extra}}}\n")
+                f"margin: 2m, recheck: 1s, timeout: {timeout}{extra}}}\n")
     return instantiate(cfg.handlers, svc)[0]
 
 
@@ -176,3 +176,40 @@ def test_the_silence_ends_margin_after_the_expected_end(tmp_path, alertmanagers,
     ends = datetime.fromisoformat(silence["endsAt"].replace("Z", "+00:00"))
     expected = e.not_before + timedelta(seconds=900 + 120)  # Reboot's default impact + margin
     assert abs((ends - expected).total_seconds()) < 1
+
+
+def test_told_the_vm_leaves_rotation_next_the_silence_is_active_at_once(tmp_path, alertmanagers):
+    """The runner runs the silence right before the drain and says so: the silence is active before the probe
+    fails (not pending until the keeper sees the drain)."""
+    (am,) = alertmanagers(1)
+    am.fire(instance=INSTANCE)
+    svc = services(tmp_path)
+    h = handler(svc, [am.url])
+    e = event()
+    present(svc, e)
+    ctx = Context(event=e, phase="scheduled", vm_name="vm-1", names_self=True, timeout=h.spec.timeout,
+                  deadline=e.not_before, dry_run=False, clock=svc.clock, cancel=threading.Event(),
+                  settings=svc.settings, leaving_rotation=True)
+    assert h.run(ctx).outcome == OK
+    (silence,) = am.live()
+    assert silence["status"]["state"] == "active" and am.silenced_by(instance=INSTANCE) == [silence["id"]]
+
+
+def test_the_keeper_does_not_wait_behind_a_run_that_retries(tmp_path, alertmanagers):
+    """A phase's run retrying a refusing Alertmanager (in the background, say) holds the event's silence; the
+    keeper, shared by every kept silence, looks again a second later instead of waiting for it."""
+    (am,) = alertmanagers(1)
+    am.stop()
+    svc = services(tmp_path)
+    h = handler(svc, [am.url], timeout="20s")
+    e = event()
+    present(svc, e)
+    ctx = Context(event=e, phase="scheduled", vm_name="vm-1", names_self=True, timeout=20.0, deadline=e.not_before,
+                  dry_run=False, clock=svc.clock, cancel=threading.Event(), settings=svc.settings)
+    runner = threading.Thread(target=h.run, args=(ctx,), daemon=True)
+    runner.start()
+    wait_until(lambda: (svc.store.result(EVENT_ID, "note:silence") or {}).get("state") == "keeping", 10,
+               "the note of the run's first round")
+    assert h.keep() == pytest.approx(1.0) and runner.is_alive(), "keep returned while the run still retries"
+    ctx.cancel.set()
+    runner.join(10)

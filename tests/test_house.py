@@ -19,7 +19,7 @@ BENCH = AGENT.parent / "bench"
 WINGS = sorted(p.parent.name for p in AGENT.glob("*/__init__.py"))
 PURE = ("agent.model", "agent.windows", "agent.coordination.coordination_rules",
         "agent.coordination.peers.peer_addressing", "agent.coordination.coordination_settings",
-        "agent.prepare.prepare_plan", "agent.prepare.run_records",
+        "agent.prepare.prepare_plan", "agent.prepare.run_records", "agent.prepare.run_order",
         "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.jsonsafe",
         "agent.coordination.store.store_protocol", "agent.coordination.store.history_protocol", "agent.clitext",
         "agent.coordination.store.budget_rules", "agent.coordination.store.budget_lease",

@@ -64,3 +64,11 @@ def test_a_run_key_reads_back_what_it_writes_and_nothing_else():
     for run in (RunKey("drain", "scheduled", 2), RunKey("ckpt:db", "completed", 17)):
         assert RunKey.parse(str(run)) == run  # a later round of the event (a lost budget place)
     assert str(RunKey("drain", "scheduled", 1)) == "handler:drain:scheduled"
+
+
+def test_a_non_holding_run_in_the_background_does_not_keep_the_vm_from_being_ready():
+    """Past its first try, a continue handler's run goes on in the background: readiness does not wait for it; a
+    blocking handler's run, or one still in its first try, does."""
+    assert blocks({"outcome": "running", "background": True}, "continue") is False
+    assert blocks({"outcome": "running", "background": True}, "block") is True
+    assert blocks({"outcome": "running"}, "continue") is True

@@ -44,6 +44,7 @@ from agent.model.tracker import Tracked
 from agent.prepare.handler_runner import Runner
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
+from agent.prepare.run_order import phase_time
 from agent.retry import retrying as retrying_on
 from agent.secretfile import SecretFiles
 from agent.state.state_store import Store
@@ -196,8 +197,9 @@ class Parts:
         return gate
 
     def preparation_needs(self) -> float:
-        """What this VM's preparation needs before NotBefore: its drain wait plus its hooks' timeouts."""
-        return self.services.settings.drain_wait + sum(h.timeout for h in self.config.handlers
+        """What this VM's preparation needs before NotBefore: its drain wait plus its hooks' timeouts (a non-holding
+        one's first try only: the rest of its run goes on in the background)."""
+        return self.services.settings.drain_wait + sum(phase_time(h) for h in self.config.handlers
                                                        if PHASE_SCHEDULED in h.phases and h.type != "drain")
 
     def record_ended(self, vm_name: str | None) -> None:
