@@ -117,7 +117,8 @@ class Budget:
     def tick(self, wants: Sequence[Want], out: bool, started: Sequence[Want] = ()) -> LeaveGate:
         """Take in the store's answers, send the next step, and say which events may leave rotation now (and which
         must return to it). `wants`: events whose preparation is due; `out`: this VM is out of rotation;
-        `started`: the Scheduled events it is out for (their preparation started)."""
+        `started`: the events it is out for (their preparation started; `committed` when the platform acts on one
+        now: a place lost for it keeps the VM out, forced)."""
         now, wall = self.clock.monotonic(), self.clock.now()
         self._absorb(now)
         self._check_lease(now)
@@ -245,9 +246,12 @@ class Budget:
         it) and the member queues again, unless its last safe moment has come: then it stays out, forced (B3)."""
         m, event = self.mine, self.mine.event if event is None else event
         self.metrics.budget_lost.labels(kind).inc()
+        want = m.known.get(event)
         forced = m.lose(now, forced_by(self.needs(), self.lead_time(), self.clock.now()), reason, event)
+        why = "the event is Started or approved: the platform acts now" if want is not None and want.committed \
+            else "its last safe moment has come"
         self.log.warning("budget.lost", event_id=event, group=self.group, reason=reason, effect=(
-            "stays out of rotation, forced: its last safe moment has come; written as forced" if forced else
+            f"stays out of rotation, forced ({why}); written as forced" if forced else
             "returns to rotation (the completed phase runs), never approves on this place, queues again"))
         self.hold = m.hold()
 
