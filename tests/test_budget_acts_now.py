@@ -91,3 +91,33 @@ def test_the_platform_acts_on_an_event_started_sent_or_approved_by_hand() -> Non
     assert acts_now("Scheduled", {MANUAL_APPROVAL_KEY: {"by": "ops", "at": "x"}})
     assert not acts_now("Scheduled", {APPROVAL_KEY: {"status": "failed", "by": "vma", "at": "x"}})
     assert not acts_now("Scheduled", {})
+
+
+def test_maintd_fleet_shows_this_vms_lost_place_when_and_why_and_the_odd_records_count() -> None:
+    """vma holds its place; the record gets a holder renewed in 2099 (an odd record: its entry and its stamp); then
+    vma's place is lost (its lease ended while its store failed). `/v1/fleet` (the budget's view) and `maintd
+    fleet` say which event lost its place, when and why, and how many odd records were found and ignored."""
+    from datetime import UTC, datetime
+
+    from agent.cliviews import fleet_text
+    from agent.coordination.store.budget_rules import CHOSEN, Entry, places_blob, render_places
+
+    clock = FakeClock()
+    store = CasStore(clock)
+    a = Vm(store, clock, "vma", "ea", clock.now() + timedelta(hours=2))
+    run([a], clock, 2)
+    y2099, now = datetime(2099, 1, 1, tzinfo=UTC), record(store)
+    store.blobs[places_blob("web")] = (render_places("web", replace(
+        now, holders=(*now.holders, Entry("ghost", "1", "0", "e-ghost", CHOSEN, y2099, y2099)),
+        members={**now.members, "ghost": y2099})), "forged")
+    run([a], clock, RELEASE_AFTER / 4 + 2)  # its renewal reads the record
+    a.link.cut = True
+    run([a], clock, RELEASE_AFTER)
+    assert a.returned == 1
+    view = a.budget.publish()
+    assert [x["event_id"] for x in view["lost"]] == ["ea"] and "within its lease" in view["lost"][0]["reason"]
+    assert view["lost"][0]["at"] is not None and view["odd_records"] == 2
+    shown = fleet_text({"vm_name": "vma", "backend": "azure_blob", "events": [], "budget": view})
+    assert f"this VM lost its place for ea at {view['lost'][0]['at']}" in shown
+    assert "back in rotation, queued again" in shown
+    assert "odd records: 2 found and ignored" in shown
