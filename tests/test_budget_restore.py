@@ -3,7 +3,8 @@ cut off from the store past its lease returns to rotation (its `completed` phase
 maintd is killed while the flush runs (the state on disk at that moment is all a restart gets). The restarted
 maintd runs what was left of that return again (the flush, attempt 2, and the undrain): the VM is back in rotation
 while it waits for a place again, never left drained until its event ends. The cut work says why in its record:
-its budget place was lost, not "the event left the document"."""
+its budget place was lost, not "the event left the document". And a restart that finds no place for an event an
+operator approved by hand keeps the VM out, counted as forced: the platform acts on it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,17 @@ from typing import Any
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock
 from agent.config.config import loads
+from agent.coordination.store.budget_rules import (
+    CHOSEN,
+    FORCED,
+    Me,
+    Places,
+    parse_places,
+    places_blob,
+    render_places,
+    take,
+)
+from agent.loop import wiring
 from agent.loop.daemon import Daemon
 from agent.model.outcomes import CANCELED, OK, RUNNING
 from agent.prepare.run_records import ROUND_KEY, RunKey
@@ -86,5 +98,38 @@ def test_a_restart_after_a_kill_during_a_lost_places_return_to_rotation_finishes
         assert results[ROUND_KEY]["round"] == 2 and again.rotation.drains() == {}
         passes(again, clock, 5)
         assert posts(imds) == 0 and again.rotation.verdict().in_rotation, "it waits for a place in rotation"
+    finally:
+        again.shutdown()
+
+
+def test_a_restart_after_an_operator_approved_an_event_without_a_place_keeps_the_vm_out_and_counted(
+        tmp_path: Path, clock: FakeClock, imds: FakeImds) -> None:
+    """vmb holds the only place; vm1's operator approves E1 by hand (`maintd approve`): vm1 prepares (drained)
+    without a place. maintd restarts: its first read finds no entry of vm1's. vm1 stays out of rotation (the
+    platform acts on the operator's go), written into the record as forced, and nothing is returned to rotation."""
+    go, places = tmp_path / "go", CasStore(clock)
+    go.mkdir()
+    blob = places_blob("web")
+    places.blobs[blob] = (render_places("web", take(Places(), Me("vmb", "1", "0"), "eb", CHOSEN, clock.now())), "v0")
+    d, _ = daemon(tmp_path / "state", go, imds, clock, places)
+    d.start()
+    try:
+        passes(d, clock, 2)
+        assert d.rotation.verdict().in_rotation, "no place: it waits in rotation"
+        wiring.make_api(d.parts, lambda: d.view).approve("E1", "ops")
+        wait_for(lambda: (passes(d, clock, 1), d.runner._running.get("E1") == "checkpoint")[1])
+        assert not d.rotation.verdict().in_rotation
+        shutil.copytree(tmp_path / "state", tmp_path / "killed")
+    finally:
+        (go / "checkpointed").touch()
+        d.shutdown()
+    again, _ = daemon(tmp_path / "killed", go, imds, clock, places)
+    again.start()
+    try:
+        passes(again, clock, 5)
+        assert not again.rotation.verdict().in_rotation, "still out: never handed back while the platform acts"
+        assert ROUND_KEY not in again.store.results("E1")
+        record = parse_places(places.blobs[blob][0])
+        assert not isinstance(record, str) and (h := record.holder("vm1")) is not None and h.why == FORCED
     finally:
         again.shutdown()
