@@ -82,10 +82,11 @@ def why_cut(cut: threading.Event) -> str:
 
 def settles(run: RunKey, phase: str | None, restore: int, rnd: int) -> bool:
     """Whether settling the `running` records of an event in `phase` (in round `rnd`) settles `run`'s: with
-    `restore`, only that round's `completed` runs (a lost place's return to rotation, run again at a restart); else
-    all but a restore's while the event is still Scheduled (`Runner.restore` settles those, and runs them again)."""
+    `restore`, only that round's (a lost place's return to rotation, once the cut work on its lane is done: what
+    is still `running` then a crash cut; its `completed` runs go again); else all but a restore's while the event
+    is still Scheduled (the restore settles those, and runs them again)."""
     if restore:
-        return (run.phase, run.round) == (PHASE_COMPLETED, restore)
+        return run.round == restore and run.phase in (PHASE_SCHEDULED, PHASE_COMPLETED)
     return not (phase == PHASE_SCHEDULED and run.phase == PHASE_COMPLETED and run.round < rnd)
 
 
@@ -137,8 +138,7 @@ class Runner:
                               rec.get("outcome"))
 
     def _settle(self, event_id: str, phase: str | None, restore: int = 0) -> bool:
-        """Settle the event's `running` records (`settles` says which): those of `phase` (the one it is in) may run
-        again, the others cannot (the event has moved on); True when one will run again."""
+        """Settle the `running` records `settles` picks: `phase`'s may run again, the others not; True if one will."""
         again, results = False, self.store.results(event_id)
         for key, rec in results.items():
             run = RunKey.parse(key)
@@ -175,7 +175,6 @@ class Runner:
     def restore(self, event: Event, names_self: bool, rnd: int) -> None:
         """A lost budget place (B2): the scheduled work cut, then `completed` of round `rnd` (again at a restart)."""
         self._preempt(event.event_id, "place lost", PLACE_LOST)
-        self._settle(event.event_id, PHASE_COMPLETED, rnd)  # what ran is skipped, an interrupted run goes again
         self._enqueue(PHASE_COMPLETED, event, names_self, CANCELED, restore=rnd)
 
     def _preempt(self, event_id: str, outcome: str | None, why: str = "") -> None:
@@ -192,6 +191,8 @@ class Runner:
     def _run_phase_logged(self, phase: str, event: Event, names_self: bool, outcome: str | None,
                           cut: threading.Event, rnd: int = 1) -> None:
         try:
+            if phase == PHASE_COMPLETED and rnd < round_of(self.store.results(event.event_id)):  # a restore, after the
+                self._settle(event.event_id, phase, rnd)  # cut work on its lane: what a crash cut of its round
             self._run_phase(phase, event, names_self, outcome, cut, rnd)
         except Exception as exc:  # never lose the lane: log and go on with the event's next phase
             self.log.error("runner.internal_error", event_id=event.event_id, phase=phase, error=repr(exc),
