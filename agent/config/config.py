@@ -12,7 +12,6 @@ import dataclasses
 import os
 from pathlib import Path
 
-from agent.addresses import is_loopback_url
 from agent.config.config_advice import unprepared_early_approvals
 from agent.config.config_loading import Marked, parse_yaml, read_text
 from agent.coordination.coordination_settings import CoordinationConfig
@@ -33,13 +32,14 @@ from agent.model.config_schema import (
     text,
 )
 from agent.model.gate_specs import NO_GATES, Gates
-from agent.prepare.prepare_plan import PrepareConfig
-from agent.windows.approval_policy import (
+from agent.net.addresses import is_loopback_url
+from agent.policy.approval_policy import (
     DEFAULT_PROFILE,
     Profile,
     check_handler_names,
     parse_profiles,
 )
+from agent.prepare.prepare_plan import PrepareConfig
 
 DEFAULT_PATH = "/etc/maintd/maintd.yaml"
 DEFAULT_STATE_DIR = "/var/lib/maintd"

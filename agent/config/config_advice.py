@@ -15,7 +15,7 @@ from agent.handlers.spec import HandlerSpec
 from agent.model.approval import AUTO
 from agent.model.events import KNOWN_TYPES
 from agent.model.outcomes import PHASE_SCHEDULED
-from agent.windows.approval_policy import ApprovalRule, Profile
+from agent.policy.approval_policy import ApprovalRule, Profile
 
 
 def unprepared_early_approvals(profiles: tuple[Profile, ...], handlers: tuple[HandlerSpec, ...],

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from agent.errors import ConfigError, ConfigValueError
-from agent.pathtrust import component_problem, first_problem, trusted_uids
+from agent.trust.pathtrust import component_problem, first_problem, trusted_uids
 
 Path_ = tuple[str | int, ...]
 
@@ -222,7 +222,7 @@ def _mark_for(marks: dict[Path_, tuple[int, int]], key: str) -> tuple[int | None
 
 def check_permissions(path: Path, st: os.stat_result | None = None) -> None:
     """Refuse a config file that anyone but root or maintd's user could change, or replace through a directory
-    above it (the rules of `agent.pathtrust`): hooks in it run as maintd's user. `st`: the opened file's."""
+    above it (the rules of `agent.trust.pathtrust`): hooks in it run as maintd's user. `st`: the opened file's."""
     uids = trusted_uids()
     problem = component_problem(str(path), st or path.stat(), uids) or first_problem(path, uids)
     if problem:

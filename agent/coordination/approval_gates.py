@@ -37,7 +37,6 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from agent import logs
 from agent.coordination.backend import FleetStates
 from agent.coordination.coordination_rules import (
     UNREACHABLE,
@@ -49,8 +48,9 @@ from agent.coordination.coordination_rules import (
 )
 from agent.coordination.peers.peer_client import PeerClient
 from agent.health.health_json import HealthView
-from agent.metrics import Metrics
 from agent.model.gate_specs import FleetGate, Gates, PrometheusGate
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.approver import Approver, Order
@@ -39,14 +38,15 @@ from agent.coordination.peers.peer_backend import PeerBackend
 from agent.coordination.peers.peer_exchange import PeerExchange
 from agent.health.health_json import HealthView
 from agent.health.health_store import HealthStore
-from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
+from agent.loop.tick import Tick
 from agent.model.approval import APPROVAL_KEY, MANUAL, MANUAL_APPROVAL_KEY, SENDING, SENT, has_status
 from agent.model.events import SCHEDULED
 from agent.model.gate_specs import NO_GATES, Gates
 from agent.model.tracker import Tracked
+from agent.policy.approval_policy import Decision, decide
 from agent.state.state_store import Store
-from agent.windows.approval_policy import Decision, decide
-from agent.windows.tick import Tick
+from agent.telemetry import logs
+from agent.telemetry.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 
 
 class ApprovalBudget(Protocol):

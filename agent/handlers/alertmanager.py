@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from agent import logs
 from agent.errors import ConfigValueError, kept_in_memory
 from agent.handlers.alertmanager_api import Credentials, Replica, ReplicaWork, instant, times, try_each
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result, Services
@@ -60,6 +59,7 @@ from agent.model.config_schema import duration, list_of, opt, optional, text
 from agent.model.events import STARTED, Event
 from agent.model.outcomes import PHASE_COMPLETED
 from agent.model.timefmt import iso_z, parse_iso
+from agent.telemetry import logs
 
 ROTATION_CHECK = 1.0
 """Seconds between looks at the rotation while a silence's start or expiry waits for it."""

@@ -24,12 +24,14 @@ from urllib.parse import quote
 
 import requests
 
-from agent import __version__, boundedhttp, jsonsafe
-from agent.boundedhttp import Reply
+from agent import __version__
 from agent.errors import AnswerTooLarge, MaintdError
 from agent.handlers.silences import MatcherJson, SilenceNote, Window
 from agent.model.timefmt import iso_z, parse_iso
-from agent.secretfile import read_token
+from agent.net import boundedhttp
+from agent.net.boundedhttp import Reply
+from agent.trust import jsonsafe
+from agent.trust.secretfile import read_token
 
 MAX_REPLY_BYTES = 64 * 1024
 """The most of an answer about one silence read."""

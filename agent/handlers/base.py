@@ -29,8 +29,8 @@ from agent.model.timefmt import iso_z
 if TYPE_CHECKING:
     from agent.health.health_store import HealthStore
     from agent.health.rotation import Rotation
-    from agent.metrics import Metrics
     from agent.state.state_store import Store
+    from agent.telemetry.metrics import Metrics
 
 __all__ = ["PHASES", "OK", "FAILED", "TIMED_OUT", "SKIPPED", "CANCELED", "Result", "HandlerSpec", "NoOptions",
            "Settings", "Services", "Context", "Handler"]

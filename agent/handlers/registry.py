@@ -41,7 +41,7 @@ def _builtin(name: str) -> type[Handler] | None:
         from agent.handlers.webhook import WebhookHandler
         return WebhookHandler
     if name == "health":
-        from agent.handlers.health import HealthHandler
+        from agent.handlers.health_report import HealthHandler
         return HealthHandler
     if name == "alertmanager":
         from agent.handlers.alertmanager import AlertmanagerHandler

@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from agent import logs
-from agent.addresses import parse_listen
+from agent.net.addresses import parse_listen
+from agent.telemetry import logs
 
 CHECK_INTERVAL = 0.2
 """Seconds between two looks at the verdict when nothing announces its changes (no `watch`)."""

@@ -13,7 +13,7 @@ caller x token) that every route is answered from, and the rules that place a re
   hook output), 401 or 403. A cell may depend on whether `coordination.token_file` is set: without it
   every TCP caller passes the peers' check.
 
-The README prints the same table (`markdown`, kept equal by `agent.docgen` and its test).
+The README prints the same table (`markdown`, kept equal by `agent.cli.docgen` and its test).
 """
 
 from __future__ import annotations

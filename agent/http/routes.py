@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from agent import jsonsafe, logs
-from agent.addresses import parse_listen
 from agent.errors import HttpError
 from agent.http.auth import (
     Access,
@@ -38,7 +36,10 @@ from agent.http.auth import (
 from agent.http.http_loop import EventLoopServer
 from agent.http.http_wire import Request, error_body, json_body, response
 from agent.http.listeners import listen_tcp, listen_unix
-from agent.metrics import Metrics
+from agent.net.addresses import parse_listen
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
+from agent.trust import jsonsafe
 
 __all__ = ["ApiError", "ApiServer", "Backend"]
 

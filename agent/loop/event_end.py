@@ -18,7 +18,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from agent import logs
 from agent.clock import Clock
 from agent.health.rotation import OUT_OF_ROTATION
 from agent.model.approval import APPROVAL_KEY, SENT, approved_by, has_status
@@ -29,12 +28,13 @@ from agent.prepare.handler_runner import Runner
 from agent.prepare.run_records import RunKey
 from agent.state.state_file import EventRecord
 from agent.state.state_store import Store
+from agent.telemetry import logs
 
 if TYPE_CHECKING:
-    from agent.coordination.store.budget import Budget
-    from agent.coordination.store.fleet_history import FleetHistory
-    from agent.coordination.store.history_protocol import VmOutcome
     from agent.coordination.store.store_exchange import Store as BlobStore
+    from agent.fleet.budget import Budget
+    from agent.fleet.fleet_history import FleetHistory
+    from agent.fleet.history_protocol import VmOutcome
 
 CHECK_EVERY = 2.0
 """Seconds between two looks for events that ended (the loop's tick is cheaper than this scan)."""
@@ -50,7 +50,7 @@ def outcome_for(vm: str, record: EventRecord, results: dict[str, dict[str, Any]]
                 chosen: str | None) -> VmOutcome:
     """This VM's outcome for an event that ended, from its state store's records (ValueError, KeyError or
     TypeError on a record of the wrong shape)."""
-    from agent.coordination.store.history_protocol import VmOutcome
+    from agent.fleet.history_protocol import VmOutcome
 
     event = parse_event(record["event"])
     started = next((_instant(h.get("at")) for h in record.get("history", []) if h.get("status") == STARTED), None)
@@ -84,7 +84,7 @@ def fleet_history(blobs: Callable[[], BlobStore] | None, store: Store, runner: R
     """The fleet history's lane and the loop's part that feeds it, on the store backend (`blobs`); none otherwise."""
     if blobs is None:
         return None, None
-    from agent.coordination.store.fleet_history import HISTORY_KEY, FleetHistory
+    from agent.fleet.fleet_history import HISTORY_KEY, FleetHistory
 
     history = FleetHistory(blobs, lambda eid, value, wait: store.record(eid, HISTORY_KEY, value, wait=wait), clock,
                            count_error)
@@ -116,7 +116,7 @@ class EventEnds:
         if vm_name is None or mono - self._checked < CHECK_EVERY:
             return
         self._checked = mono
-        from agent.coordination.store.fleet_history import HISTORY_KEY
+        from agent.fleet.fleet_history import HISTORY_KEY
 
         now = self.clock.now()
         records = self.store.gone_records(self._done)
@@ -131,7 +131,7 @@ class EventEnds:
 
     def _consider(self, vm_name: str, eid: str, rec: EventRecord, note: dict[str, Any] | None,
                   now: datetime) -> None:
-        from agent.coordination.store.fleet_history import due, finished
+        from agent.fleet.fleet_history import due, finished
 
         vanished = _instant(rec.get("vanished_at"))
         if vanished is None or (now - vanished).total_seconds() > RECORD_WITHIN or finished(note):

@@ -27,8 +27,8 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, TypedDict
 
 from agent.errors import DocumentError
-from agent.httpdates import parse_http_date
 from agent.model.timefmt import iso_z
+from agent.net.httpdates import parse_http_date
 
 KNOWN_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 Status = Literal["Scheduled", "Started"]

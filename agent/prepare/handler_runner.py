@@ -26,7 +26,6 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from agent import logs
 from agent.errors import kept_in_memory
 from agent.handlers.base import Context, Handler, Result, Services
 from agent.lanes import Lanes
@@ -58,6 +57,7 @@ from agent.prepare.run_records import (
     run_result,
     why_not_ready,
 )
+from agent.telemetry import logs
 
 ResultListener = Callable[[str, str, str, Result], None]
 """Hears of each finished run, and of a run that went on in the background (outcome `running`): readiness may

@@ -27,7 +27,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from agent.coordination.store.budget_rules import (
+from agent.fleet.budget_rules import (
     CHOSEN,
     FORCE,
     FORCED,

@@ -28,7 +28,7 @@ from agent.coordination.coordinator import RETRY_FAILED_AFTER, Coordinator
 from agent.coordination.peers.peer_backend import PeerBackend
 from agent.model.approval import AUTO, FAILED, SENDING, SENT
 from agent.model.events import SCHEDULED
-from agent.windows.approval_policy import decide
+from agent.policy.approval_policy import decide
 from tests.model.common import (
     CRASH,
     DOWN,

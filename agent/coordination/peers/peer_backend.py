@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from agent import logs
 from agent.clock import Clock
 from agent.coordination.backend import BackendStatus, EventView, FleetEvent, FleetStates, Inputs
 from agent.coordination.coordination_rules import (
@@ -32,6 +31,7 @@ from agent.health.health_store import HealthState, HealthStore
 from agent.model.approval import ALLOWING, AUTO, AWAITING_PREPARATION, MANUAL
 from agent.model.events import SCHEDULED, Event
 from agent.model.tracker import Tracked
+from agent.telemetry import logs
 
 
 @dataclass

@@ -21,14 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agent import jsonsafe
 from agent.coordination.peers.peer_addressing import event_url
 from agent.errors import AnswerTooLarge
+from agent.trust import jsonsafe
 
 if TYPE_CHECKING:
     import requests
 
-    from agent.boundedhttp import Reply
+    from agent.net.boundedhttp import Reply
 
 MAX_ANSWER_BYTES = 256 * 1024
 MAX_PROMETHEUS_BYTES = 8 * 1024 * 1024
@@ -107,14 +107,14 @@ class PeerClient:
         """The one session, made at the first call."""
         with self._lock:
             if self._session is None:
-                from agent import boundedhttp
+                from agent.net import boundedhttp
 
                 self._session = boundedhttp.session(self.pool_size, trust_env=False)
             return self._session
 
     def _exchange(self, method: str, url: str, *, max_bytes: int, timeout: float | None = None,
                   truncate: bool = False, **kwargs: Any) -> Reply:
-        from agent import boundedhttp
+        from agent.net import boundedhttp
 
         return boundedhttp.exchange(self.session, method, url, timeout=self.timeout if timeout is None else timeout,
                                     max_bytes=max_bytes, truncate=truncate, **kwargs)

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import logs
 from agent.clock import Clock
 from agent.coordination.backend import PeerFleetApproval, PeerFleetEvent
 from agent.coordination.coordination_rules import (
@@ -39,7 +38,8 @@ from agent.coordination.peers.peer_client import INVALID, UNREACHABLE, Answer, P
 from agent.coordination.peers.peer_directory import PeerDirectory
 from agent.health.health_store import HealthStore
 from agent.lanes import Lanes
-from agent.metrics import Metrics
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
 
 
 @dataclass
