@@ -55,9 +55,10 @@ PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE, STALE = (
     "pause", "cut off", "store down", "crash", "forged 2099 holder", "garbage record", "stale members")
 FAULTS = (PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE)
 TICK = "1s passes"
-HOLD_S = 4
-"""An event is over (the VM back in rotation) this many seconds after its approval (longer than release_after / 4:
-the holder renews once)."""
+HOLDS = (None, 4, 4)
+"""Seconds after its approval each member's event is over (the VM back in rotation): a's runs past the horizon (a
+long preparation or reboot: it holds and renews, a pause or a partition finds it holding), b's and c's are over
+after 4 s (longer than release_after / 4: a holder renews once), so places are handed on."""
 NAMES = {me.vm for me in MEMBERS}
 
 
@@ -100,15 +101,19 @@ class BeliefModel:
     """`cap` and `spread` as configured; `kinds`: the faults explored; `horizon`: seconds of store time."""
 
     def __init__(self, cap: int | str = 1, spread: str = "none", *, kinds: Iterable[str] = FAULTS,
-                 max_faults: int = 1, horizon: int = 24, clocks: tuple[Clock, ...] = CLOCKS) -> None:
+                 max_faults: int = 1, horizon: int = 24, clocks: tuple[Clock, ...] = CLOCKS,
+                 hints: bool = True, forced: bool = True) -> None:
+        """`hints` False: every wake hint is lost (no early read at all); `forced` False: no last safe moment."""
         self.cap, self.spread, self.kinds, self.max_faults = cap, spread, tuple(kinds), max_faults
+        self.hints, self.forced = hints, forced
         self.horizon, self.clocks = horizon, clocks
         self.config = BudgetConfig(group=GROUP, max_unavailable=cap, spread=spread, release_after=RELEASE_AFTER)
         self.places = capacity(cap, len(MEMBERS))
         """The true cap: over the group's real members."""
         self.members = tuple(Member(me, self.config, clock, f"e-{me.vm}")
                              for me, clock in zip(MEMBERS, clocks, strict=True))
-        self.name = f"budget beliefs cap {cap} spread {spread}, faults {', '.join(self.kinds) or 'none'}"
+        self.name = (f"budget beliefs cap {cap} spread {spread}, faults {', '.join(self.kinds) or 'none'}"
+                     + (", forced path" if forced else "") + ("" if hints else ", every hint lost"))
 
     # --- the model's interface -----------------------------------------------------------------------
 
@@ -116,7 +121,7 @@ class BeliefModel:
         record = _initial_record()
         vms = []
         for m in self.members:
-            memory, job, out = m.tick(Memory(m.budget_fresh(), record), 0, False, False, False)
+            memory, job, out = m.tick(Memory(m.budget_fresh(), record), 0, False, False, False, False)
             vms.append(Vm(memory, job, out))
         yield State(0, record, tuple(vms))
 
@@ -162,20 +167,19 @@ class BeliefModel:
                     said = outcome.result or f"fails ({outcome.error.outcome if outcome.error else ''})"
                     yield f"{label}: {said}, nothing to write", self._answer(state, i, outcome, seen=state.record)
                 else:
-                    yield f"{label}: {job.pending[2] if job.pending else ''}, to write", \
-                        self._set(state, i, vm._replace(job=job))
+                    yield f"{label}: to write", self._set(state, i, vm._replace(job=job))
         if vm.job is not None and vm.job.pending is not None:
             yield from self._write(state, i, vm, cut)
         found = places_of(state.record)
-        if vm.job is None and not vm.done and isinstance(found, Places) and (h := found.holder(name)) is not None \
-                and h.why == CHOSEN and why_of(vm.memory) is None and not cut and field_of(vm.memory, "due") > \
-                self.clocks[i].at(state.t + 0.999):
-            yield f"a wake hint reaches {name}", self._pass(state, i, vm, woken=True)
+        if self.hints and vm.job is None and not vm.done and isinstance(found, Places) \
+                and (h := found.holder(name)) is not None and h.why == CHOSEN and why_of(vm.memory) is None \
+                and not cut and field_of(vm.memory, "due") > self.clocks[i].at(state.t + 0.999):
+            yield f"{name} gets a wake hint", self._pass(state, i, vm, woken=True)
 
     def _write(self, state: State, i: int, vm: Vm, cut: bool) -> Iterable[tuple[str, State]]:
         m, name, job = self.members[i], MEMBERS[i].vm, vm.job
         assert job is not None and job.pending is not None
-        read, body, result, _, _, t_read, _ = job.pending
+        read, body, t_read, _ = job.pending
         if cut:
             yield f"{name}'s write fails (cut off)", self._answer(state, i, m.failed(job))
             return
@@ -189,7 +193,8 @@ class BeliefModel:
         held = new.holder(name)
         own = t_read if held is not None and held.why == CHOSEN else vm.own
         after = state._replace(record=body, broken=broken)
-        yield f"{name} writes: {result}", self._answer(after, i, m.written(job), own=own, seen=body)
+        outcome = m.written(job)
+        yield f"{name} writes: {outcome.result}", self._answer(after, i, outcome, own=own, seen=body)
 
     def _seat_check(self, read: bytes, new: Places, writer: str) -> tuple[str, str] | None:
         """B3: a write that seats a member by choice (its own take, or a handoff) counts every holder written."""
@@ -216,8 +221,9 @@ class BeliefModel:
         """The member's loop pass at `t` into the second (takes in `outcome`, a hint; with `look_first`, `look`
         before anything), and its coordinator's: it approves its event once the budget lets it."""
         m = self.members[i]
-        memory, job, out = m.tick(vm.memory, state.t + t, vm.done, vm.safe, vm.out, outcome=outcome,  # type: ignore[arg-type]
-                                  seen=seen, woken=woken, look_first=look_first)
+        started = vm.out and vm.approved is None and not vm.done
+        memory, job, out = m.tick(vm.memory, state.t + t, vm.done, vm.safe, vm.out, started,
+                                  outcome=outcome, seen=seen, woken=woken, look_first=look_first)  # type: ignore[arg-type]
         vm = vm._replace(memory=memory, job=job if vm.job is None else vm.job, out=out)
         if out and vm.approved is None and not vm.done and m.approval(memory, state.t + t) is None:
             return self._approve(state, i, vm)
@@ -243,7 +249,9 @@ class BeliefModel:
     def _time_passes(self, state: State) -> State:
         state = state._replace(t=state.t + 1)
         for i, vm in enumerate(state.vms):
-            if vm.approved is not None and not vm.done and state.t >= vm.approved + HOLD_S and vm.status == UP:
+            hold = HOLDS[i]
+            if vm.approved is not None and not vm.done and hold is not None and state.t >= vm.approved + hold \
+                    and vm.status == UP:
                 vm = vm._replace(done=True, out=False)  # its event is over: back in rotation
             if vm.status == UP:
                 state = self._pass(state, i, vm, t=0.0, look_first=vm.resumed)
@@ -256,7 +264,7 @@ class BeliefModel:
         yield TICK, state
         for i, vm in enumerate(state.vms):
             name = MEMBERS[i].vm
-            if i == FORCEABLE and not vm.safe and not vm.done:
+            if self.forced and i == FORCEABLE and not vm.safe and not vm.done:
                 yield f"{TICK}; {name}'s last safe moment", self._set(state, i, vm._replace(safe=True))
             yield from self._member_faults(state, i, vm)
         if not state.cut and (f := self._spend(state, STORE_DOWN)):
@@ -270,12 +278,14 @@ class BeliefModel:
 
     def _member_faults(self, state: State, i: int, vm: Vm) -> Iterable[tuple[str, State]]:
         name = MEMBERS[i].vm
-        if vm.status == UP and (f := self._spend(state, PAUSE)):
+        found = places_of(state.record)
+        holds = why_of(vm.memory) is not None or (isinstance(found, Places) and found.holder(name) is not None)
+        if vm.status == UP and holds and (f := self._spend(state, PAUSE)):
             yield f"{TICK}; FAULT {name} is paused", self._set(state, i, vm._replace(status=PAUSED))._replace(
                 faults=f)
         if vm.status == PAUSED:
             yield f"{TICK}; {name} resumes", self._set(state, i, vm._replace(status=UP, resumed=True))
-        if vm.status == UP and (f := self._spend(state, CRASH)):
+        if vm.status == UP and holds and (f := self._spend(state, CRASH)):
             yield f"{TICK}; FAULT {name}'s maintd crashes", self._set(state, i, vm._replace(
                 status=DOWN, job=None))._replace(faults=f)
         if vm.status == DOWN:

@@ -21,19 +21,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from agent.coordination.coordination_settings import BudgetConfig
-from agent.coordination.store.budget import Budget, Outcome
+from agent.coordination.store.budget import Budget, Outcome, step
 from agent.coordination.store.budget_lease import Mine, Want
-from agent.coordination.store.budget_rules import (
-    Me,
-    Places,
-    apply_step,
-    capacity,
-    granted,
-    live,
-    parse_places,
-    render_places,
-    stale,
-)
+from agent.coordination.store.budget_rules import Me, Places, capacity, parse_places
 from agent.coordination.store.store_protocol import StoreError
 
 EPOCH = datetime(2026, 11, 27, 1, 0, tzinfo=UTC)
@@ -72,8 +62,8 @@ class Job(NamedTuple):
 
     action: str
     event: str
-    pending: tuple[bytes, bytes, str, str, float, int, tuple[str, ...]] | None = None
-    """(the ETag read, the body to write, result, reason, sent_at, the read's Date, freed)"""
+    pending: tuple[bytes, bytes, int, float] | None = None
+    """(the record read: its ETag, the body to write, the read's Date, when the read was sent)"""
 
 
 _FIELDS = tuple(f.name for f in fields(Mine))
@@ -83,18 +73,24 @@ _DROP: dict[str, tuple[Any, Any]] = {"since": (None, 0.0), "waiting_since": (Non
 """Fields only logs, metrics and health read (their value), frozen as set or not: (not set, set)."""
 
 
-def _freeze_value(name: str, value: Any) -> Any:
-    if name in _DROP:
-        return None if value is None or value == {} or value == "" else True
-    if isinstance(value, dict):
-        return tuple(sorted((k, round(v, 6) if isinstance(v, float) else v) for k, v in value.items()))
-    if isinstance(value, float):
-        return round(value, 6)
-    return value
+_KINDS = tuple((n, 3 if n in _DROP else 2 if n in ("forced", "known") else 1 if isinstance(getattr(Mine(), n), float)
+                else 0) for n in _FIELDS)
 
 
 def freeze(m: Mine) -> tuple[Any, ...]:
-    return tuple(_freeze_value(n, getattr(m, n)) for n in _FIELDS)
+    d = m.__dict__
+    out: list[Any] = []
+    for name, kind in _KINDS:
+        v = d[name]
+        if kind == 0:
+            out.append(v)
+        elif kind == 1:
+            out.append(round(v, 6))
+        elif kind == 2:
+            out.append(tuple(sorted((k, round(x, 6) if isinstance(x, float) else x) for k, x in v.items())))
+        else:
+            out.append(None if v is None or v == {} or v == "" else True)
+    return tuple(out)
 
 
 def thaw(frozen: tuple[Any, ...]) -> Mine:
@@ -156,6 +152,22 @@ class _ModelClock:
         return self.wall
 
 
+class _Store:
+    """The store as one step sees it: the record at store time `t`; the step's write is taken down (`body`) and
+    answered as landed (the model does it as a step of its own, its If-Match checked then)."""
+
+    def __init__(self, record: bytes, t: int) -> None:
+        self.record, self.t = record, t
+        self.body: bytes | None = None
+
+    def read_body(self, name: str) -> tuple[bytes, str, datetime]:
+        return self.record, "read", date(self.t)
+
+    def write_body(self, name: str, body: bytes, etag: str | None) -> str | None:
+        self.body = body
+        return "written"
+
+
 class Member:
     """One member's real `Budget`, driven by the model. `me`: its name and zone; `clock`: its monotonic clock."""
 
@@ -169,6 +181,9 @@ class Member:
         self.lane = _Lane()
         self.budget._lanes = self.lane  # type: ignore[assignment]
         self.budget.identify(me.vm, me.zone, me.fault_domain, GROUP)
+        self._written: dict[tuple[str, str, tuple[bytes, bytes, int, float]], Outcome] = {}
+        self._passes: dict[tuple[Any, ...], tuple[Memory, Job | None, bool]] = {}
+        """Loop passes without an answer to take in, by what they start from (the pass is a function of it)."""
 
     @staticmethod
     def budget_fresh() -> tuple[Any, ...]:
@@ -200,29 +215,38 @@ class Member:
         NotBefore such that its last safe moment has come once `safe`."""
         return [] if done or out else [Want(self.event, "Reboot", EPOCH + (-FAR if safe else FAR))]
 
-    def tick(self, memory: Memory, t: float, done: bool, safe: bool, out: bool, *,
+    def tick(self, memory: Memory, t: float, done: bool, safe: bool, out: bool, started: bool, *,
              outcome: Outcome | None = None, seen: bytes | None = None, woken: bool = False,
              look_first: bool = False) -> tuple[Memory, Job | None, bool]:
         """The loop pass at store time `t`: (its memory after, the step it sent or None, out of rotation after).
         `outcome`: a store step's answer to take in first; `woken`: a wake hint came; `look_first`: the pass
-        starts with `look` (resumed from a pause: B2); `seen`: the record the outcome brings (its bytes)."""
+        starts with `look` (resumed from a pause: B2); `started`: out of rotation for its event, still Scheduled;
+        `seen`: the record the outcome brings (its bytes)."""
+        key = (memory, t, done, safe, out, started, woken, look_first)
+        if outcome is None and (known := self._passes.get(key)) is not None:
+            return known
         b = self._load(memory, t)
         if outcome is not None:
             b._results.put(outcome)
         if woken:
             b.wake(None)
-        b._wants = tuple(self.wants(done, safe, out))
+        wants = self.wants(done, safe, out)
+        event = [Want(self.event, "Reboot", EPOCH + (-FAR if safe else FAR))] if started else []
+        b._wants, b._started = tuple(wants), tuple(event)
         revoked: frozenset[str] = frozenset()
         if look_first:
             revoked = b.look().revoked
-        gate = b.tick(self.wants(done, safe, out), out)
+        gate = b.tick(wants, out, event)
         sent = self.lane.sent[0] if self.lane.sent else None
         if done:
             now_out = False
         else:
             now_out = gate.lets(self.event) or (out and self.event not in gate.revoked | revoked)
         keep = memory.seen if outcome is None or outcome.error is not None else seen
-        return self._save(b, keep), Job(*sent) if sent else None, now_out
+        after = self._save(b, keep), Job(*sent) if sent else None, now_out
+        if outcome is None:
+            self._passes[key] = after
+        return after
 
     def approval(self, memory: Memory, t: float) -> str | None:
         """Why its own event may not be approved now (None: it may): `approval_blocked` and the approver's recheck
@@ -231,32 +255,34 @@ class Member:
         return b.approval_blocked(self.event, [self.me.vm]) or b.send_blocked(self.event, [self.me.vm])
 
     def read_half(self, job: Job, record: bytes, t: int) -> tuple[Outcome | None, Job]:
-        """`budget.step`'s read and decision at store time `t`: an `Outcome` when nothing is to be written (or the
-        record is unreadable), else the job with its write to come."""
+        """The real `budget.step` on the record at store time `t`: its `Outcome` when it writes nothing (or the
+        record is unreadable), else the job with its write to come (the model does the If-Match write as a step of
+        its own; the step's Outcome is kept for it)."""
         sent_at = self.clock.at(t + LAG)
-        parsed = places_of(record)
-        if isinstance(parsed, str):
-            return Outcome(job.action, job.event, error=StoreError("unreadable", parsed)), job
-        now = date(t)
-        freed = tuple(h.vm for h in stale(parsed, now, self.config.release_after))
-        places = live(parsed, now, self.config.release_after)
-        cap = capacity(self.config.max_unavailable, len(places.members) or 1)
-        result, reason, new = apply_step(places, job.action, self.me, job.event,  # type: ignore[arg-type]
-                                         cap, self.config.spread, now, self.config.release_after / 4)
-        if new == places and not freed:
-            return Outcome(job.action, job.event, result, places, reason, freed=freed, sent_at=sent_at,
-                           date=now), job
-        return None, job._replace(pending=(record, render_places(GROUP, new), result, reason, sent_at, t, freed))
+        store = _Store(record, t)
+        try:
+            outcome = self._step(job, store, sent_at)
+        except StoreError as exc:
+            return Outcome(job.action, job.event, error=exc), job
+        if store.body is None:
+            return outcome, job
+        pending = (record, store.body, t, sent_at)
+        self._written[(job.action, job.event, pending)] = outcome
+        return None, job._replace(pending=pending)
 
     def written(self, job: Job) -> Outcome:
-        """The Outcome of a job whose write landed."""
+        """The Outcome of a job whose write landed (the step's own, kept when it read)."""
         assert job.pending is not None
-        read, body, result, reason, sent_at, t, freed = job.pending
-        before, after = places_of(read), places_of(body)
-        assert isinstance(before, Places) and isinstance(after, Places)
-        return Outcome(job.action, job.event, result, after, reason, freed=freed,
-                       granted=granted(live(before, date(t), self.config.release_after), after, self.me.vm),
-                       sent_at=sent_at, date=date(t))
+        found = self._written.get((job.action, job.event, job.pending))
+        if found is None:  # not kept (another exploration filled the cache): the real step again on the same read
+            read, _, t, sent_at = job.pending
+            found = self._step(job, _Store(read, t), sent_at)
+        return found
+
+    def _step(self, job: Job, store: _Store, sent_at: float) -> Outcome:
+        c = self.config
+        return step(store, GROUP, job.action, self.me, job.event,  # type: ignore[arg-type]
+                    lambda n: capacity(c.max_unavailable, n), c.spread, c.release_after, lambda: sent_at)
 
     @staticmethod
     def failed(job: Job) -> Outcome:
