@@ -375,6 +375,7 @@ def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
     c = parts.config.coordination
     if backend is None or c.budget is None:
         return None
+    from agent.coordination.peers.peer_addressing import member_url
     from agent.coordination.store.budget import Budget
     from agent.coordination.store.budget_wake import WakeSender, advertised, primary_ip
 
@@ -383,8 +384,10 @@ def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
                   on_change=parts.inbox.coordination_changed, metrics=parts.metrics,
                   health=lambda prop, state, text: parts.health.set("coordination", prop, states[state], text),
                   needs=parts.preparation_needs, lead_time=parts.lead_seconds,
-                  wake_sender=WakeSender(parts.peer_token, parts.metrics),
-                  url=advertised(c.budget.advertise, parts.config.server.listen, primary_ip))
+                  wake_sender=None if (wake := c.budget.wake_url) is None else WakeSender(  # B5: hints by name
+                      parts.peer_token, parts.metrics, lambda name: member_url(wake, name, parts.identity)),
+                  url=advertised(c.budget.advertise, parts.config.server.listen, primary_ip),
+                  answers=backend.exchange.answers)
 
 
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:

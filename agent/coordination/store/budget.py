@@ -19,13 +19,10 @@ fallback for a lost hint (`coordination.budget.fallback_poll`).
 
 from __future__ import annotations
 
-import functools
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from agent import logs
 from agent.clock import Clock
@@ -42,6 +39,7 @@ from agent.coordination.store.budget_lease import (
     send_held,
 )
 from agent.coordination.store.budget_lease import Want as Want
+from agent.coordination.store.budget_poll import Every, time_left, waiter_poll
 from agent.coordination.store.budget_rules import (
     CHOSEN,
     FORCE,
@@ -51,82 +49,20 @@ from agent.coordination.store.budget_rules import (
     RENEW,
     TAKE,
     Action,
-    Entry,
     Me,
     Places,
-    apply_step,
     capacity,
     counts,
-    granted,
-    live,
-    parse_places,
-    places_blob,
-    render_places,
-    stale,
 )
+from agent.coordination.store.budget_step import BudgetStore, Steps
+from agent.coordination.store.budget_step import Outcome as Outcome
+from agent.coordination.store.budget_step import step as step
 from agent.coordination.store.budget_wake import WAKE_GAP, Hinter, WakeAnswer
-from agent.coordination.store.store_protocol import StoreError, retry_delay
-from agent.lanes import Lanes
+from agent.coordination.store.store_answers import Answers, RetryWait
 from agent.model.budget_gate import LeaveGate
 from agent.model.timefmt import iso_z
 
-CAS_TRIES = 8
-"""Compare-and-swap attempts of one step before it reports a conflict and tries again on the next tick."""
 HEALTH = "budget"
-
-
-class BudgetStore(Protocol):
-    """What the budget needs of `blob_store.BlobStore` (a fake in tests)."""
-
-    def read_body(self, name: str) -> tuple[bytes, str, datetime] | None: ...
-    def write_body(self, name: str, body: bytes, etag: str | None) -> str | None: ...
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one store step came to (a worker's hand-back to the loop)."""
-
-    action: str
-    event: str
-    result: str = ""
-    """acquired | forced | waiting | released | renewed | read"""
-    places: Places | None = None
-    reason: str = ""
-    error: StoreError | None = None
-    freed: tuple[str, ...] = ()
-    granted: tuple[Entry, ...] = ()
-    """Members this step's write handed a place (to wake)."""
-    sent_at: float = 0.0
-    """When the read of the step's last try was sent (monotonic): where its lease starts."""
-    date: datetime | None = None
-    """The store's Date of that read."""
-
-
-def step(store: BudgetStore, group: str, action: Action, me: Me, event: str, cap_of: Callable[[int], int],
-         spread: str, release_after: float, monotonic: Callable[[], float] = lambda: 0.0) -> Outcome:
-    """One budget step against the store: read, decide (pure), write with If-Match; again on a conflict.
-    `monotonic`: this member's clock, read as each read is sent (the outcome's `sent_at`)."""
-    name = places_blob(group)
-    for _ in range(CAS_TRIES):
-        sent_at = monotonic()
-        found = store.read_body(name)
-        if found is None:  # the group's first step: an empty record, read back for the store's clock
-            store.write_body(name, render_places(group, Places()), None)
-            continue
-        parsed = parse_places(found[0])
-        if isinstance(parsed, str):
-            raise StoreError("unreadable", f"{name}: {parsed}")
-        places, etag, now = parsed, found[1], found[2]
-        freed = tuple(h.vm for h in stale(places, now, release_after))
-        places = live(places, now, release_after)
-        result, reason, new = apply_step(places, action, me, event, cap_of(len(places.members) or 1), spread, now,
-                                         release_after / 4)
-        if new == places and not freed:
-            return Outcome(action, event, result, places, reason, freed=freed, sent_at=sent_at, date=now)
-        if store.write_body(name, render_places(group, new), etag) is not None:
-            return Outcome(action, event, result, new, reason, freed=freed, granted=granted(places, new, me.vm),
-                           sent_at=sent_at, date=now)
-    raise StoreError("conflict", f"{name}: rewritten by others {CAS_TRIES} times in a row")
 
 
 class Budget:
@@ -135,8 +71,9 @@ class Budget:
     def __init__(self, config: BudgetConfig, *, store: Callable[[], BudgetStore], describe: str, clock: Clock,
                  on_change: Callable[[], None], health: Callable[[str, str, str], None],
                  metrics: Any, needs: Callable[[], float], lead_time: Callable[[], float],
-                 wake_sender: Hinter | None = None, url: str = "") -> None:
-        """`url`: where this member takes wake hints (its entry says so; "" none); `wake_sender` sends them."""
+                 wake_sender: Hinter | None = None, url: str = "", answers: Answers | None = None) -> None:
+        """`url`: what this member writes as its address (shown only; "" none); `wake_sender` sends hints;
+        `answers`: the store's answers on every path (B6: the first ends a Retry-After's wait)."""
         self.config, self.open_store, self.describe, self.clock = config, store, describe, clock
         self.on_change, self.health, self.metrics = on_change, health, metrics
         self.needs, self.lead_time = needs, lead_time
@@ -146,14 +83,16 @@ class Budget:
         self.places: Places | None = None
         self.mine = Mine()
         self._said: set[str] = set()
-        self._results: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
-        self._lanes = Lanes(1, "budget")
+        self.steps = Steps(config, lambda: self.open_store(), clock, metrics, health, on_change, wake_sender)
+        self._results = self.steps.results
         self.wake_sender, self.url = wake_sender, url
         self._woken = threading.Event()
         self.snapshot: dict[str, Any] = {}
         self.hold = Hold()
         """This VM's place for the approver's recheck (`send_blocked`), replaced whole by the loop."""
         self._wants: tuple[Want, ...] = ()
+        self._stamp = Every(config.member_ttl / 3, clock.monotonic())
+        self._retry = RetryWait(answers)
         self._started: tuple[Want, ...] = ()
 
     def identify(self, vm: str, zone: str, fault_domain: str, scale_set: str) -> None:
@@ -193,11 +132,12 @@ class Budget:
         for w in m.note(wants, started, now, forced_by(self.needs(), self.lead_time(), wall)):
             self.log.warning("budget.forced", event_id=w.event_id, group=self.group,
                              reason=forced_reason(w.event_type, w.not_before))
+        if self._retry.ended(now):
+            m.due = min(m.due, now)  # B6: the store answered another path: the Retry-After's wait is over
         action, event = self._next(wants, out)
         if action and not m.busy and now >= m.due and self.me is not None and self.group is not None:
             m.busy = True
-            job = functools.partial(self._run, self.group, action, self.me, event)
-            self._lanes.submit("budget", job, functools.partial(self._crashed, action, event))
+            self.steps.submit(self.group, action, self.me, event)
         self.health(HEALTH, *health_words(m, self.group, wants, self.describe))
         return self._gate(wants, now)
 
@@ -224,23 +164,7 @@ class Budget:
             return READ, ""  # once after a start: be counted among the members, find a place held before it
         if wants:
             return TAKE, wants[0].event_id
-        return None, ""
-
-    def _run(self, group: str, action: Action, me: Me, event: str) -> None:
-        try:
-            done = step(self.open_store(), group, action, me, event,
-                        lambda n: capacity(self.config.max_unavailable, n), self.config.spread,
-                        self.config.release_after, self.clock.monotonic)
-        except StoreError as exc:
-            done = Outcome(action, event, error=exc)
-        if done.granted and self.wake_sender is not None:
-            self.wake_sender.send(group, done.granted)
-        self._results.put(done)
-        self.on_change()
-
-    def _crashed(self, action: str, event: str, exc: Exception) -> None:
-        self._results.put(Outcome(action, event, error=StoreError("internal_error", f"{type(exc).__name__}: {exc}")))
-        self.on_change()
+        return (READ, "") if self._stamp.due(self.clock.monotonic()) else (None, "")  # B5: counted while idle
 
     def _absorb(self, now: float) -> None:
         m = self.mine
@@ -252,7 +176,8 @@ class Budget:
             m.busy = False
             if o.error is not None:
                 m.failures, m.failed_at = m.failures + 1, now
-                m.due = now + retry_delay(m.failures)
+                left = time_left((w.not_before for w in self._wants), self.clock.now())
+                m.due = now + self._retry.after_failure(o.error, m.failures, left, now)
                 if m.error is None or str(m.error) != str(o.error):
                     self.log.warning("budget.store_failed", store=self.describe, outcome=o.error.outcome,
                                      error=str(o.error), effect="no place: this VM waits, and prepares at the last "
@@ -297,8 +222,7 @@ class Budget:
                 self.log.info("budget.waiting", event_id=o.event, group=self.group, reason=o.reason,
                               effect="stays in rotation; prepares at its last safe moment if no place frees")
             m.waiting_for = o.event
-            # only to catch a lost hint (forced comes by local timing); often enough that its entry never lapses
-            m.due = now + min(self.config.fallback_poll, self.config.release_after / 4)
+            m.due = now + waiter_poll(self.config, o.places, self._name())  # B4: the head every second
         elif o.result == "released":
             if m.why is not None:
                 self.log.info("budget.released", event_id=o.event, group=self.group, vm=self._name(),
@@ -363,9 +287,10 @@ class Budget:
                 "places": capacity(self.config.max_unavailable, len(places.members) or 1),
                 "spread": self.config.spread, "members_known": len(places.members),
                 "holders": [{"vm": h.vm, "since": iso_z(h.since), "why": h.why, "event_id": h.event,
-                             "zone": h.zone, "fault_domain": h.fault_domain} for h in places.holders],
-                "waiting": [{"vm": w.vm, "since": iso_z(w.since), "event_id": w.event, "zone": w.zone}
-                            for w in places.waiting],
+                             "zone": h.zone, "fault_domain": h.fault_domain, "url": h.url or None}
+                            for h in places.holders],
+                "waiting": [{"vm": w.vm, "since": iso_z(w.since), "event_id": w.event, "zone": w.zone,
+                             "url": w.url or None} for w in places.waiting],
                 "store_error": str(self.mine.error) if self.mine.error else None}
         for state, n in counts(places).items():
             self.metrics.budget_members.labels(state).set(n)
@@ -386,9 +311,7 @@ class Budget:
         return {"woken": mine}
 
     def wait_idle(self, timeout: float) -> bool:
-        return self._lanes.wait_idle(timeout) and (self.wake_sender is None or self.wake_sender.wait_idle(timeout))
+        return self.steps.wait_idle(timeout)
 
     def stop(self) -> None:
-        self._lanes.shutdown()
-        if self.wake_sender is not None:
-            self.wake_sender.stop()
+        self.steps.stop()
