@@ -27,7 +27,7 @@ Properties (every reachable state):
 - B3: a write that seats a member by choice counts every holder written, forced ones too (count and zone); a
   forced member out of rotation that the store answers is in the record or about to write itself there; a forced
   member's own approval is never blocked by its own name.
-- handoff: a member a write seated and that the store answers reads it within `HANDOFF_S` (hints lost or not).
+- handoff (B4): a member a write seated and that the store answers reads it within `HANDOFF_S` (hints lost or not).
 """
 
 from __future__ import annotations
@@ -48,8 +48,11 @@ MEMBERS = (Me("a", "1"), Me("b", "2"), Me("c", "1"))
 CLOCKS = (Clock(1000.0, -0.01), Clock(-50.0, -0.01), Clock(0.0, -0.01))
 FORCEABLE = 2
 """c: its last safe moment may come at any time (one forced member mixes forced and chosen places)."""
-HANDOFF_S = 2
-"""Seconds within which a member a write seated reads the record (B4: p99 < 2 s)."""
+HANDOFF_S = 3
+"""A member a write seated has sent its read of the record before this many seconds of store time passed, hints
+lost (B4): its poll every second (HEAD_POLL_S) on a clock 1 % slow is sent by the loop's next pass (each whole
+second here), so 2 s can pass in the model's granularity (the bench measures the real figure, p99 < 2 s). Every
+other poll is at most release_after / 4 (2 s here): a member the head-of-line reads miss is still silent at 3 s."""
 UP, PAUSED, DOWN = "up", "paused", "down"
 PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE, STALE = (
     "pause", "cut off", "store down", "crash", "forged 2099 holder", "garbage record", "stale members")
@@ -161,7 +164,7 @@ class BeliefModel:
             if cut:
                 yield f"{name} {vm.job.action}: the request fails (cut off)", self._answer(state, i, m.failed(vm.job))
             else:
-                outcome, job = m.read_half(vm.job, state.record, state.t)
+                outcome, job = m.read_half(vm.job, state.record, state.t, vm.memory.seen)
                 label = f"{name} reads for {vm.job.action}"
                 if outcome is not None:
                     said = outcome.result or f"fails ({outcome.error.outcome if outcome.error else ''})"
@@ -380,7 +383,7 @@ class BeliefModel:
                     or i in state.cut or vm.job is not None or field_of(vm.memory, "failures"):
                 continue  # not handed a place, or the store does not answer it (in its backoff), or reading
             since = round((held.since - EPOCH).total_seconds())
-            if state.t - since >= HANDOFF_S:
+            if state.t - since >= HANDOFF_S and (vm.own is None or vm.own < since):  # seated by another's write
                 return (f"{MEMBERS[i].vm} was handed a place at t={since}s and has not read the record "
                         f"{state.t - since} s later (hints lost)")
         return None

@@ -77,3 +77,14 @@ def granted_without_own_write() -> Iterator[None]:
 
     with mock.patch.object(budget_rules, "_decide", old_decide):
         yield
+
+
+@contextmanager
+def no_head_of_line_reads() -> Iterator[None]:
+    """The handoff by hint only (finding 1): no member reads the record more often than its fallback poll, so with
+    the hints lost a member a release seated notices only at that poll (at the defaults, 2 minutes later)."""
+    def old_poll(config: Any, places: Any, vm: str) -> float:
+        return float(min(config.fallback_poll, config.release_after / 4))
+
+    with mock.patch.object(budget, "waiter_poll", old_poll):
+        yield

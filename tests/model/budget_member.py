@@ -15,6 +15,7 @@ differ only in a log line are one.
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable
 from dataclasses import fields
 from datetime import UTC, datetime, timedelta
@@ -23,8 +24,9 @@ from typing import Any, NamedTuple
 from agent.coordination.coordination_settings import BudgetConfig
 from agent.coordination.store.budget import Budget, Outcome, step
 from agent.coordination.store.budget_lease import Mine, Want
+from agent.coordination.store.budget_records import LastRead
 from agent.coordination.store.budget_rules import Me, Places, capacity, parse_places
-from agent.coordination.store.store_protocol import StoreError
+from agent.coordination.store.store_protocol import StoreError, Unchanged
 
 EPOCH = datetime(2026, 11, 27, 1, 0, tzinfo=UTC)
 """The store's clock at model time 0 (model time counts whole seconds of the store's clock)."""
@@ -134,11 +136,13 @@ class _Anything:
 
 
 class _Lane:
+    """`Steps` as the loop sees it: the step it sends is taken down (the model does it)."""
+
     def __init__(self) -> None:
         self.sent: list[tuple[str, str]] = []
 
-    def submit(self, key: str, job: functools.partial[Any], failed: Any = None) -> None:
-        self.sent.append((job.args[1], job.args[3]))  # _run(group, action, me, event)
+    def submit(self, group: str, action: str, me: Me, event: str) -> None:
+        self.sent.append((action, event))
 
 
 class _ModelClock:
@@ -152,20 +156,29 @@ class _ModelClock:
         return self.wall
 
 
+def etag(body: bytes) -> str:
+    """The record's ETag: a function of its bytes (the model's store compares bytes for If-Match)."""
+    return hashlib.blake2b(body, digest_size=8).hexdigest()
+
+
 class _Store:
-    """The store as one step sees it: the record at store time `t`; the step's write is taken down (`body`) and
-    answered as landed (the model does it as a step of its own, its If-Match checked then)."""
+    """The store as one step sees it: the record at store time `t` (a conditional read answers 304 while it is at the
+    ETag asked about); the step's write is taken down (`body`) and answered as landed (the model does it as a step
+    of its own, its If-Match checked then)."""
 
     def __init__(self, record: bytes, t: int) -> None:
         self.record, self.t = record, t
         self.body: bytes | None = None
 
     def read_body(self, name: str) -> tuple[bytes, str, datetime]:
-        return self.record, "read", date(self.t)
+        return self.record, etag(self.record), date(self.t)
 
-    def write_body(self, name: str, body: bytes, etag: str | None) -> str | None:
+    def read_if_changed(self, name: str, tag: str) -> tuple[bytes, str, datetime] | Unchanged:
+        return Unchanged(tag, date(self.t)) if tag == etag(self.record) else self.read_body(name)
+
+    def write_body(self, name: str, body: bytes, tag: str | None) -> str | None:
         self.body = body
-        return "written"
+        return etag(body)
 
 
 class Member:
@@ -179,7 +192,7 @@ class Member:
                              metrics=_Anything(), needs=lambda: 0.0, lead_time=lambda: 0.0)
         self.budget.log = _Anything()  # type: ignore[assignment]
         self.lane = _Lane()
-        self.budget._lanes = self.lane  # type: ignore[assignment]
+        self.budget.steps = self.lane  # type: ignore[assignment]
         self.budget.identify(me.vm, me.zone, me.fault_domain, GROUP)
         self._written: dict[tuple[str, str, tuple[bytes, bytes, int, float]], Outcome] = {}
         self._passes: dict[tuple[Any, ...], tuple[Memory, Job | None, bool]] = {}
@@ -254,14 +267,14 @@ class Member:
         b = self._load(memory, t)
         return b.approval_blocked(self.event, [self.me.vm]) or b.send_blocked(self.event, [self.me.vm])
 
-    def read_half(self, job: Job, record: bytes, t: int) -> tuple[Outcome | None, Job]:
+    def read_half(self, job: Job, record: bytes, t: int, seen: bytes | None = None) -> tuple[Outcome | None, Job]:
         """The real `budget.step` on the record at store time `t`: its `Outcome` when it writes nothing (or the
         record is unreadable), else the job with its write to come (the model does the If-Match write as a step of
         its own; the step's Outcome is kept for it)."""
         sent_at = self.clock.at(t + LAG)
         store = _Store(record, t)
         try:
-            outcome = self._step(job, store, sent_at)
+            outcome = self._step(job, store, sent_at, seen)
         except StoreError as exc:
             return Outcome(job.action, job.event, error=exc), job
         if store.body is None:
@@ -276,13 +289,16 @@ class Member:
         found = self._written.get((job.action, job.event, job.pending))
         if found is None:  # not kept (another exploration filled the cache): the real step again on the same read
             read, _, t, sent_at = job.pending
-            found = self._step(job, _Store(read, t), sent_at)
+            found = self._step(job, _Store(read, t), sent_at, read)
         return found
 
-    def _step(self, job: Job, store: _Store, sent_at: float) -> Outcome:
+    def _step(self, job: Job, store: _Store, sent_at: float, seen: bytes | None) -> Outcome:
+        """The real step as `Steps._run` calls it; `seen`: the record the lane saw last (its conditional read)."""
         c = self.config
+        last = LastRead(seen, etag(seen)) if seen is not None else LastRead()
         return step(store, GROUP, job.action, self.me, job.event,  # type: ignore[arg-type]
-                    lambda n: capacity(c.max_unavailable, n), c.spread, c.release_after, lambda: sent_at)
+                    lambda n: capacity(c.max_unavailable, n), c.spread, c.release_after, lambda: sent_at, last,
+                    c.member_ttl)
 
     @staticmethod
     def failed(job: Job) -> Outcome:
