@@ -105,10 +105,11 @@ class BeliefModel:
 
     def __init__(self, cap: int | str = 1, spread: str = "none", *, kinds: Iterable[str] = FAULTS,
                  max_faults: int = 1, horizon: int = 24, clocks: tuple[Clock, ...] = CLOCKS,
-                 hints: bool = True, forced: bool = True) -> None:
-        """`hints` False: every wake hint is lost (no early read at all); `forced` False: no last safe moment."""
+                 hints: bool = True, forced: bool = True, pass_every: int = 1) -> None:
+        """`hints` False: every wake hint is lost (no early read at all); `forced` False: no last safe moment;
+        `pass_every`: seconds between two loop passes that nothing woke (a store answer always wakes it)."""
         self.cap, self.spread, self.kinds, self.max_faults = cap, spread, tuple(kinds), max_faults
-        self.hints, self.forced = hints, forced
+        self.hints, self.forced, self.pass_every = hints, forced, pass_every
         self.horizon, self.clocks = horizon, clocks
         self.config = BudgetConfig(group=GROUP, max_unavailable=cap, spread=spread, release_after=RELEASE_AFTER)
         self.places = capacity(cap, len(MEMBERS))
@@ -116,7 +117,8 @@ class BeliefModel:
         self.members = tuple(Member(me, self.config, clock, f"e-{me.vm}")
                              for me, clock in zip(MEMBERS, clocks, strict=True))
         self.name = (f"budget beliefs cap {cap} spread {spread}, faults {', '.join(self.kinds) or 'none'}"
-                     + (", forced path" if forced else "") + ("" if hints else ", every hint lost"))
+                     + (", forced path" if forced else "") + ("" if hints else ", every hint lost")
+                     + (f", a loop pass every {pass_every} s" if pass_every != 1 else ""))
 
     # --- the model's interface -----------------------------------------------------------------------
 
@@ -170,7 +172,7 @@ class BeliefModel:
                     said = outcome.result or f"fails ({outcome.error.outcome if outcome.error else ''})"
                     yield f"{label}: {said}, nothing to write", self._answer(state, i, outcome, seen=state.record)
                 else:
-                    yield f"{label}: to write", self._set(state, i, vm._replace(job=job))
+                    yield f"{label}: {m.written(job).result}, to write", self._set(state, i, vm._replace(job=job))
         if vm.job is not None and vm.job.pending is not None:
             yield from self._write(state, i, vm, cut)
         found = places_of(state.record)
@@ -256,7 +258,8 @@ class BeliefModel:
             if vm.approved is not None and not vm.done and hold is not None and state.t >= vm.approved + hold \
                     and vm.status == UP:
                 vm = vm._replace(done=True, out=False)  # its event is over: back in rotation
-            if vm.status == UP:
+                state = self._set(state, i, vm)
+            if vm.status == UP and (vm.resumed or state.t % self.pass_every == 0):
                 state = self._pass(state, i, vm, t=0.0, look_first=vm.resumed)
                 state = self._set(state, i, state.vms[i]._replace(resumed=False))
         return state
@@ -353,7 +356,8 @@ class BeliefModel:
             if vm.status == UP and vm.out and why_of(vm.memory) == CHOSEN and own is not None \
                     and state.t - own >= RELEASE_AFTER:
                 return (f"{MEMBERS[i].vm} is out of rotation by choice at t={state.t}s on a place its own write "
-                        f"listed at t={own}s: release_after ({RELEASE_AFTER:g} s) passed, its lease had ended")
+                        f"listed at t={own}s: release_after ({RELEASE_AFTER:g} s) has passed on the store's clock, "
+                        f"the others may drop it")
         return None
 
     def b3(self, state: State) -> str | None:
