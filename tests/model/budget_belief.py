@@ -58,6 +58,9 @@ PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE, STALE = (
     "pause", "cut off", "store down", "crash", "forged 2099 holder", "garbage record", "stale members")
 FAULTS = (PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE)
 TICK = "1s passes"
+PREPARE_S = (3, 0, 0)
+"""Seconds each member's preparation takes once out of rotation before it may approve: a's runs 3 s (a hook), so
+a place can be lost between leaving rotation and the approval (B2: never approved on it)."""
 HOLDS = (None, 4, 4)
 """Seconds after its approval each member's event is over (the VM back in rotation): a's runs past the horizon (a
 long preparation or reboot: it holds and renews, a pause or a partition finds it holding), b's and c's are over
@@ -75,6 +78,8 @@ class Vm(NamedTuple):
     status: str = UP
     done: bool = False
     """Its event is over: back in rotation for good."""
+    out_at: int | None = None
+    """When it left rotation (None: in rotation)."""
     approved: int | None = None
     """When it approved its event (None: not yet)."""
     safe: bool = False
@@ -229,8 +234,10 @@ class BeliefModel:
         started = vm.out and vm.approved is None and not vm.done
         memory, job, out = m.tick(vm.memory, state.t + t, vm.done, vm.safe, vm.out, started,
                                   outcome=outcome, seen=seen, woken=woken, look_first=look_first)  # type: ignore[arg-type]
-        vm = vm._replace(memory=memory, job=job if vm.job is None else vm.job, out=out)
-        if out and vm.approved is None and not vm.done and m.approval(memory, state.t + t) is None:
+        out_at = (vm.out_at if vm.out_at is not None else state.t) if out else None
+        vm = vm._replace(memory=memory, job=job if vm.job is None else vm.job, out=out, out_at=out_at)
+        if out and vm.approved is None and not vm.done and state.t >= out_at + PREPARE_S[i] \
+                and m.approval(memory, state.t + t) is None:
             return self._approve(state, i, vm)
         return self._set(state, i, vm)
 
@@ -257,7 +264,7 @@ class BeliefModel:
             hold = HOLDS[i]
             if vm.approved is not None and not vm.done and hold is not None and state.t >= vm.approved + hold \
                     and vm.status == UP:
-                vm = vm._replace(done=True, out=False)  # its event is over: back in rotation
+                vm = vm._replace(done=True, out=False, out_at=None)  # its event is over: back in rotation
                 state = self._set(state, i, vm)
             if vm.status == UP and (vm.resumed or state.t % self.pass_every == 0):
                 state = self._pass(state, i, vm, t=0.0, look_first=vm.resumed)
