@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from tests.model import budget_bugs
-from tests.model.budget_belief import CLOCKS, CUT, FAULTS, PAUSE, STALE, BeliefModel, outcomes
+from tests.model.budget_belief import CLOCKS, CUT, FAULTS, PAUSE, STALE, STORE_DOWN, BeliefModel, outcomes
 from tests.model.budget_member import Clock
 from tests.model.budget_suite import HORIZON, KNOWN, SUITE
 from tests.model.explorer import Result, explore
@@ -30,6 +30,8 @@ def _clock_beyond_the_bound() -> AbstractContextManager[None]:
 
 
 SLOW = tuple(Clock(c.offset, -0.25) for c in CLOCKS)
+FAST = tuple(Clock(c.offset, 0.01) for c in CLOCKS)
+"""Clocks at the other end of the bound: leases end sooner, polls come sooner."""
 REINJECTED: dict[str, tuple[Bug, tuple[str, ...], str, dict[str, Any]]] = {
     "renew of a missing holder reported renewed (finding 2), a pause": (
         budget_bugs.renew_reports_renewed, (PAUSE,), "B1", {}),
@@ -63,9 +65,11 @@ def run() -> tuple[dict[str, Any], list[tuple[str, str, str, bool]]]:
         "cap 2 spread zone, every fault, forced path": (2, "zone", FAULTS, True, LONG, 1),
         "cap 1, two of pause / cut off on one path": (1, "none", (PAUSE, CUT), True, 10, 2),
     })
+    runs["cap 1, the store failing, the members' clocks 1 % fast"] = (1, "none", (CUT, STORE_DOWN), True, 10, 1)
     for key, (cap, spread, kinds, forced, horizon, faults) in runs.items():
-        r = explore(BeliefModel(cap, spread, kinds=kinds, horizon=horizon, forced=forced, max_faults=faults),
-                    outcomes=outcomes())
+        clocks = FAST if "fast" in key else CLOCKS
+        r = explore(BeliefModel(cap, spread, kinds=kinds, horizon=horizon, forced=forced, max_faults=faults,
+                                clocks=clocks), outcomes=outcomes())
         figures[key] = r.figures()
         print(_line(key, r), flush=True)
         broken = {p for p in r.violations if p not in KNOWN}
