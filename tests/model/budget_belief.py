@@ -1,6 +1,5 @@
 """The disruption budget as each member believes it: three members, each its own real `Budget` (tests/model/
-budget_member.py), one record in a store whose clock is the model's, and the faults issue 34 found, explored as
-steps at any moment.
+budget_member.py), one record in a store whose clock is the model's, and the faults issue 34 found.
 
 Time is the store's clock in whole seconds (`T`, up to `horizon`). Each member's monotonic clock runs at its own
 rate against it (`Clock`: any offset, the rate at the bound the lease is stated for, 1 % slow: the worst case for
@@ -10,13 +9,15 @@ checked first: `look` after a resume, `tick` every second), and comes only once 
 what is due (a step its loop sent is read and written within the second): the schedule is maintd's (`Mine.due`,
 `renew_at`), the order of everything within a second is any.
 
-Faults, as steps at any moment (`kinds`, at most `max_faults` per path): a member paused (SIGSTOP: takes no step,
-its clock runs) and resumed any time later; a member cut off from the store (each request fails) and reconnected;
-the store down for all; maintd crashed and restarted (its memory lost, the VM as it was); the record turned odd
-(a forged holder renewed in 2099, a garbage body, stale member names under a percentage). Without a fault budget:
-the last safe moment of `FORCEABLE` at any time (the forced path), a wake hint to a member a write seated (a hint
-is only an early read; a lost hint is a hint never taken, a late one taken later), each member's event over at
-any time after it approved.
+Faults, at the start of any second (`kinds`, at most `max_faults` per path): a member that holds or was handed
+a place paused (SIGSTOP: it takes no step, its clock runs) and resumed any second later, or its maintd crashed and
+started again (its memory lost, the VM as it was); a member cut off from the store (each request fails) and
+reconnected; the store down for all; a write that landed with its answer lost (the member sees a failure); the
+record turned odd (a forged holder renewed in 2099, a garbage body, stale member names under a percentage).
+Without a fault budget: the last safe moment of `FORCEABLE` at any second (the forced path) and a wake hint to a
+member a write seated, taken at any moment or never (a hint is only an early read: lost, late and early are all
+explored). Each member's preparation takes `PREPARE_S` before it may approve, and its event is over `HOLDS`
+seconds after it approved.
 
 Properties (every reachable state):
 - B1: the members out of rotation by choice (what each believes: a chosen place, within its lease on its own
@@ -25,9 +26,10 @@ Properties (every reachable state):
 - B2: no running member out by choice on a place whose own write is `release_after` old (the others may have
   dropped it), and none approved on such a place.
 - B3: a write that seats a member by choice counts every holder written, forced ones too (count and zone); a
-  forced member out of rotation that the store answers is in the record or about to write itself there; a forced
+  forced member out of rotation that the store answers is in the record or still means to write itself there; a forced
   member's own approval is never blocked by its own name.
-- handoff (B4): a member a write seated and that the store answers reads it within `HANDOFF_S` (hints lost or not).
+- handoff (B4): a member a write seated and that the store answers has sent its read within `HANDOFF_S` (hints
+  lost or not).
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ lost (B4): its poll every second (HEAD_POLL_S) on a clock 1 % slow is sent by th
 second here), so 2 s can pass in the model's granularity (the bench measures the real figure, p99 < 2 s). Every
 other poll is at most release_after / 4 (2 s here): a member the head-of-line reads miss is still silent at 3 s."""
 UP, PAUSED, DOWN = "up", "paused", "down"
-PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE, STALE = (
-    "pause", "cut off", "store down", "crash", "forged 2099 holder", "garbage record", "stale members")
-FAULTS = (PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE)
+PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE, STALE, LOST_ANSWER = (
+    "pause", "cut off", "store down", "crash", "forged 2099 holder", "garbage record", "stale members", "lost answer")
+FAULTS = (PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE, LOST_ANSWER)
 TICK = "1s passes"
 PREPARE_S = (3, 0, 0)
 """Seconds each member's preparation takes once out of rotation before it may approve: a's runs 3 s (a hook), so
@@ -205,6 +207,9 @@ class BeliefModel:
         after = state._replace(record=body, broken=broken)
         outcome = m.written(job)
         yield f"{name} writes: {outcome.result}", self._answer(after, i, outcome, own=own, seen=body)
+        if f := self._spend(state, LOST_ANSWER):
+            yield f"FAULT {name}'s write lands ({outcome.result}), its answer is lost", self._answer(
+                after._replace(faults=f), i, m.failed(job), own=own)
 
     def _seat_check(self, read: bytes, new: Places, writer: str) -> tuple[str, str] | None:
         """B3: a write that seats a member by choice (its own take, or a handoff) counts every holder written."""
