@@ -12,7 +12,8 @@ what is due (a step its loop sent is read and written within the second): the sc
 Faults, at the start of any second (`kinds`, at most `max_faults` per path): a member that holds or was handed
 a place paused (SIGSTOP: it takes no step, its clock runs) and resumed any second later, or its maintd crashed and
 started again (its memory lost, the VM as it was); a member cut off from the store (each request fails) and
-reconnected; the store down for all; a write that landed with its answer lost (the member sees a failure); the
+reconnected; the store down for all; a read answered seconds after it was sent (the store's Date then, the lease
+from the send); a write that landed with its answer lost (the member sees a failure); the
 record turned odd (a forged holder renewed in 2099, a garbage body, stale member names under a percentage).
 Without a fault budget: the last safe moment of `FORCEABLE` at any second (the forced path) and a wake hint to a
 member a write seated, taken at any moment or never (a hint is only an early read: lost, late and early are all
@@ -40,7 +41,19 @@ from typing import NamedTuple
 
 from agent.coordination.coordination_settings import BudgetConfig
 from agent.coordination.store.budget_rules import CHOSEN, FORCED, Entry, Me, Places, capacity, render_places
-from tests.model.budget_member import EPOCH, GROUP, Clock, Job, Member, Memory, date, field_of, places_of, why_of
+from tests.model.budget_member import (
+    EPOCH,
+    GROUP,
+    LAG,
+    Clock,
+    Job,
+    Member,
+    Memory,
+    date,
+    field_of,
+    places_of,
+    why_of,
+)
 from tests.model.common import spend
 
 RELEASE_AFTER = 8.0
@@ -56,9 +69,10 @@ lost (B4): its poll every second (HEAD_POLL_S) on a clock 1 % slow is sent by th
 second here), so 2 s can pass in the model's granularity (the bench measures the real figure, p99 < 2 s). Every
 other poll is at most release_after / 4 (2 s here): a member the head-of-line reads miss is still silent at 3 s."""
 UP, PAUSED, DOWN = "up", "paused", "down"
-PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE, STALE, LOST_ANSWER = (
-    "pause", "cut off", "store down", "crash", "forged 2099 holder", "garbage record", "stale members", "lost answer")
-FAULTS = (PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE, LOST_ANSWER)
+PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE, STALE, LOST_ANSWER, SLOW_ANSWER = (
+    "pause", "cut off", "store down", "crash", "forged 2099 holder", "garbage record", "stale members", "lost answer",
+    "slow answer")
+FAULTS = (PAUSE, CUT, STORE_DOWN, CRASH, FORGED, GARBAGE, LOST_ANSWER, SLOW_ANSWER)
 TICK = "1s passes"
 PREPARE_S = (3, 0, 0)
 """Seconds each member's preparation takes once out of rotation before it may approve: a's runs 3 s (a hook), so
@@ -140,7 +154,7 @@ class BeliefModel:
     def steps(self, state: State) -> Iterable[tuple[str, State]]:
         for i, vm in enumerate(state.vms):
             yield from self._member_steps(state, i, vm)
-        if state.t < self.horizon and all(v.status != UP or v.job is None for v in state.vms):
+        if state.t < self.horizon and all(v.status != UP or v.job is None or v.job.hung for v in state.vms):
             for label, at_once in self._moments(state):
                 yield label, self._time_passes(at_once)
 
@@ -169,7 +183,12 @@ class BeliefModel:
         if vm.status != UP:
             return
         cut = i in state.cut
-        if vm.job is not None and vm.job.pending is None:
+        if vm.job is not None and vm.job.pending is None and vm.job.hung is None and not cut \
+                and (f := self._spend(state, SLOW_ANSWER)):
+            hung = vm.job._replace(hung=(state.t, self.clocks[i].at(state.t + LAG)))
+            yield f"FAULT {name}'s read for {vm.job.action} is sent and hangs", self._set(
+                state, i, vm._replace(job=hung))._replace(faults=f)
+        if vm.job is not None and vm.job.pending is None and (vm.job.hung is None or state.t > vm.job.hung[0]):
             if cut:
                 yield f"{name} {vm.job.action}: the request fails (cut off)", self._answer(state, i, m.failed(vm.job))
             else:

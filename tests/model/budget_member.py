@@ -66,6 +66,8 @@ class Job(NamedTuple):
     event: str
     pending: tuple[bytes, bytes, int, float] | None = None
     """(the record read: its ETag, the body to write, the read's Date, when the read was sent)"""
+    hung: tuple[int, float] | None = None
+    """A read sent and not answered yet: (the second it was sent in, when on the member's clock)."""
 
 
 _FIELDS = tuple(f.name for f in fields(Mine))
@@ -271,7 +273,7 @@ class Member:
         """The real `budget.step` on the record at store time `t`: its `Outcome` when it writes nothing (or the
         record is unreadable), else the job with its write to come (the model does the If-Match write as a step of
         its own; the step's Outcome is kept for it)."""
-        sent_at = self.clock.at(t + LAG)
+        sent_at = job.hung[1] if job.hung is not None else self.clock.at(t + LAG)
         store = _Store(record, t)
         try:
             outcome = self._step(job, store, sent_at, seen)

@@ -9,12 +9,23 @@ import importlib.util
 
 from agent.coordination.coordination_settings import BudgetConfig
 from agent.coordination.store.budget_rules import CHOSEN, Entry, Places, render_places
-from tests.model.budget_belief import CRASH, CUT, FORGED, GARBAGE, LOST_ANSWER, PAUSE, STORE_DOWN, BeliefModel
+from tests.model.budget_belief import (
+    CRASH,
+    CUT,
+    FORGED,
+    GARBAGE,
+    LOST_ANSWER,
+    PAUSE,
+    SLOW_ANSWER,
+    STORE_DOWN,
+    BeliefModel,
+)
 from tests.model.budget_member import GROUP, Job, Memory, date, why_of
 
 SUITE = {
     "cap 1, the store failing": (1, "none", (CUT, STORE_DOWN), True),
-    "cap 1, pauses, crashes, odd records": (1, "none", (PAUSE, CRASH, FORGED, GARBAGE, LOST_ANSWER), False),
+    "cap 1, pauses, crashes, odd records, answers": (1, "none", (PAUSE, CRASH, FORGED, GARBAGE, LOST_ANSWER,
+                                                                SLOW_ANSWER), False),
     "cap 2 spread zone": (2, "zone", (PAUSE, CUT), True),
 }
 """What the suite explores: (cap, spread, the faults, one per path; whether c's last safe moment may come). The
