@@ -217,6 +217,7 @@ class Member:
         b.places = found if isinstance(found, Places) else None
         b.hold = b.mine.hold()
         b._woken.clear()
+        b._stamp.at = float("inf")  # an idle member's stamp (every member_ttl / 3: 20 min) falls past any horizon
         self.lane.sent.clear()
         self._clock.mono, self._clock.wall = self.clock.at(t), EPOCH + timedelta(seconds=t)
         return b
