@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable
 from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -308,10 +307,6 @@ class Member:
         return Outcome(job.action, job.event, error=ERROR)
 
 
-def lease_of(memory: Memory) -> float:
-    return float(thaw(memory.mine).lease_end)
-
-
 def why_of(memory: Memory) -> str | None:
     return memory.mine[_WHY]  # type: ignore[no-any-return]
 
@@ -319,5 +314,3 @@ def why_of(memory: Memory) -> str | None:
 def field_of(memory: Memory, name: str) -> Any:
     return memory.mine[_FIELDS.index(name)]
 
-
-Factory = Callable[[], Member]
