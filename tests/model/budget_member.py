@@ -313,4 +313,3 @@ def why_of(memory: Memory) -> str | None:
 
 def field_of(memory: Memory, name: str) -> Any:
     return memory.mine[_FIELDS.index(name)]
-
