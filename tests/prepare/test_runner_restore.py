@@ -9,10 +9,12 @@ from __future__ import annotations
 from agent.handlers.base import FAILED, OK
 from agent.model.outcomes import RUNNING
 from agent.prepare.run_records import ROUND_KEY, RunKey
-from tests.prepare.test_runner import CALLS, ev, make, spec
+from tests.prepare.test_runner import CALLS, Recorder, ev, make, spec
 
 
 def test_a_restore_after_a_crash_settles_the_cut_run_and_runs_the_rounds_completed_phase(tmp_path, clock):
+    CALLS.clear()  # the runner tests' recorder, shared
+    Recorder.behaviour = {}
     runner, store, _ = make(tmp_path, clock, spec("a"), spec("c", phases=("completed",)))
     store.record("E1", str(RunKey("a", "scheduled")), {"outcome": RUNNING, "attempt": 1})
     store.record("E1", str(RunKey("c", "completed")), {"outcome": RUNNING, "attempt": 1})
