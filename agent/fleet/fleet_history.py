@@ -32,7 +32,7 @@ from agent.fleet.history_protocol import (
     with_approval,
 )
 from agent.lanes import Lanes
-from agent.model.timefmt import iso_z
+from agent.model.timefmt import instant_or_none, iso_z
 from agent.telemetry import logs
 
 HISTORY_KEY = "history"
@@ -93,11 +93,8 @@ def due(note: dict[str, Any] | None, now: datetime, sent: int | None) -> int | N
     if status in (RECORDED, EXISTED) or not isinstance(attempt, int) or attempt >= MAX_ATTEMPTS:
         return None
     if status == FAILED:
-        at = note.get("at")
-        try:
-            waited = (now - datetime.fromisoformat(str(at).replace("Z", "+00:00"))).total_seconds()
-        except (ValueError, TypeError):
-            waited = RETRY_AFTER
+        at = instant_or_none(note.get("at"))
+        waited = RETRY_AFTER if at is None else (now - at).total_seconds()
         return attempt + 1 if waited >= RETRY_AFTER else None
     return attempt + 1  # `sending` found after a restart: the request may or may not have landed
 
