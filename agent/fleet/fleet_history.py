@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Final, Literal, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from agent.clock import Clock
 from agent.coordination.store.store_exchange import Store
@@ -32,19 +32,12 @@ from agent.fleet.history_protocol import (
     with_approval,
 )
 from agent.lanes import Lanes
+from agent.model.fleet_records import EXISTED, FAILED, RECORDED, SENDING, HistoryStatus
 from agent.model.timefmt import instant_or_none, iso_z
 from agent.telemetry import logs
 
 HISTORY_KEY = "history"
 """The state store's record, per event, of this VM's history write: {"status", "attempt", "at", "error"}."""
-HistoryStatus = Literal["sending", "recorded", "existed", "failed"]
-"""Where this VM's history write for an event stands (the state store's `history` record)."""
-SENDING: Final = "sending"
-"""Noted (written through) before the create: found after a restart, the write is made once more."""
-RECORDED: Final = "recorded"
-EXISTED: Final = "existed"
-"""The create found the record there (a retry of a write that had landed)."""
-FAILED: Final = "failed"
 
 
 class HistoryNote(TypedDict):
