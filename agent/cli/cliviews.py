@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from agent.cli.clitext import NONE, Row, duration, instant, pairs, section, table, text, when, yes_no
+from agent.model.outcomes import PREPARATION_STARTED
 
 WIDTH = 20
 """Where the values of `maintd status`'s sections start, so that every section lines up."""
@@ -140,7 +141,7 @@ def _plan_cells(event: Mapping[str, Any]) -> tuple[str, str]:
     plan = event.get("plan")
     if not isinstance(plan, Mapping):
         return NONE, NONE
-    prepare = "started" if plan.get("preparation") == "started" else \
+    prepare = PREPARATION_STARTED if plan.get("preparation") == PREPARATION_STARTED else \
         f"{when(plan.get('prepare_at'))} ({text(plan.get('prepare_reason'))})"
     reason = plan.get("approve_reason")
     approve = f"{when(plan.get('approve_not_before'))} (window)" if reason == "window" else text(reason)

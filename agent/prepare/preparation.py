@@ -31,7 +31,7 @@ from agent.loop.tick import Tick
 from agent.model.approval import ApprovalView
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED, Event
-from agent.model.outcomes import PHASE_SCHEDULED
+from agent.model.outcomes import PHASE_SCHEDULED, PREPARATION_HELD, PREPARATION_STARTED
 from agent.model.timefmt import iso_z, parse_iso
 from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
 from agent.policy.approval_policy import NOW, Profile
@@ -206,7 +206,8 @@ class Preparation:
             held = event_id in self._held
         if plan is None:
             return None
-        return {**with_coordination(plan.to_json(), coordination), "preparation": "held" if held else "started"}
+        return {**with_coordination(plan.to_json(), coordination),
+                "preparation": PREPARATION_HELD if held else PREPARATION_STARTED}
 
     # --- inside ---------------------------------------------------------------------------
 

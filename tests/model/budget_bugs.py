@@ -10,7 +10,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 from unittest import mock
 
-from agent.coordination.store import budget, budget_lease, budget_rules
+from agent.fleet import budget, budget_lease, budget_rules
 from agent.fleet.budget_rules import RENEW, TAKE
 
 
