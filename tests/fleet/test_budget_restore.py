@@ -43,7 +43,7 @@ HOOK = "import os, time\nwhile not os.path.exists(os.environ['GO']): time.sleep(
 
 
 def config(state: Path, go: Path, url: str) -> Any:
-    hook = f"type: exec, command: ['{sys.executable}', -c, {HOOK!r}]"
+    hook = f"type: exec, timeout: 900s, command: ['{sys.executable}', -c, {HOOK!r}]"  # fake time runs fast
     return loads(
         f"identity: {{name: vm1}}\nstate: {{dir: {state}}}\nimds: {{endpoint: '{url}'}}\n"
         "probe: {lb_timeout: 11s, lb_interval: 5s, drain_grace: 0s}\n"
@@ -70,12 +70,12 @@ def test_a_restart_after_a_kill_during_a_lost_places_return_to_rotation_finishes
     d, link = daemon(tmp_path / "state", go, imds, clock, places)
     d.start()
     try:
-        wait_for(lambda: (passes(d, clock, 1), d.runner._running.get("E1") == "checkpoint")[1])
+        wait_for(lambda: (passes(d, clock, 1), d.runner._running.get("E1") == "checkpoint")[1], timeout=60)
         assert not d.rotation.verdict().in_rotation, "out of rotation on its place, its checkpoint running"
         link.cut = True  # past its lease: the place is lost, the return to rotation starts with the flush
         flush = str(RunKey("flush", "completed"))
         wait_for(lambda: (passes(d, clock, 5), (d.store.result("E1", flush) or {}).get("outcome") == RUNNING)[1],
-                 timeout=30)
+                 timeout=60)
         shutil.copytree(tmp_path / "state", tmp_path / "killed")  # kill -9 now: what the disk holds
         checkpoint = d.store.result("E1", str(RunKey("checkpoint", "scheduled")))
         assert not d.rotation.verdict().in_rotation, "the undrain comes after the flush"
@@ -90,7 +90,7 @@ def test_a_restart_after_a_kill_during_a_lost_places_return_to_rotation_finishes
     link.cut = True
     again.start()
     try:
-        wait_for(lambda: (passes(again, clock, 1), again.rotation.verdict().in_rotation)[1], timeout=30)
+        wait_for(lambda: (passes(again, clock, 1), again.rotation.verdict().in_rotation)[1], timeout=60)
         results = again.store.results("E1")
         assert results[str(RunKey("flush", "completed"))]["outcome"] == OK
         assert results[str(RunKey("flush", "completed"))]["attempt"] == 2, "the cut flush ran again"
@@ -117,7 +117,7 @@ def test_a_restart_after_an_operator_approved_an_event_without_a_place_keeps_the
         passes(d, clock, 2)
         assert d.rotation.verdict().in_rotation, "no place: it waits in rotation"
         wiring.make_api(d.parts, lambda: d.view).approve("E1", "ops")
-        wait_for(lambda: (passes(d, clock, 1), d.runner._running.get("E1") == "checkpoint")[1])
+        wait_for(lambda: (passes(d, clock, 1), d.runner._running.get("E1") == "checkpoint")[1], timeout=60)
         assert not d.rotation.verdict().in_rotation
         shutil.copytree(tmp_path / "state", tmp_path / "killed")
     finally:
