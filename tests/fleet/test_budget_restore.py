@@ -76,6 +76,7 @@ def test_a_restart_after_a_kill_during_a_lost_places_return_to_rotation_finishes
         flush = str(RunKey("flush", "completed"))
         wait_for(lambda: (passes(d, clock, 5), (d.store.result("E1", flush) or {}).get("outcome") == RUNNING)[1],
                  timeout=60)
+        d.store.flush()  # what the loop saw is on disk (its writer may lag behind it, loaded)
         shutil.copytree(tmp_path / "state", tmp_path / "killed")  # kill -9 now: what the disk holds
         checkpoint = d.store.result("E1", str(RunKey("checkpoint", "scheduled")))
         assert not d.rotation.verdict().in_rotation, "the undrain comes after the flush"
@@ -119,6 +120,7 @@ def test_a_restart_after_an_operator_approved_an_event_without_a_place_keeps_the
         wiring.make_api(d.parts, lambda: d.view).approve("E1", "ops")
         wait_for(lambda: (passes(d, clock, 1), d.runner._running.get("E1") == "checkpoint")[1], timeout=60)
         assert not d.rotation.verdict().in_rotation
+        d.store.flush()  # what the loop saw is on disk (its writer may lag behind it, loaded)
         shutil.copytree(tmp_path / "state", tmp_path / "killed")
     finally:
         (go / "checkpointed").touch()
