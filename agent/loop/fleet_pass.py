@@ -16,6 +16,7 @@ from agent.handlers.spec import HandlerSpec, Settings
 from agent.health.rotation import Rotation
 from agent.loop.event_end import EventEnds
 from agent.loop.tick import Tick
+from agent.model.approval import acts_now
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
@@ -24,6 +25,7 @@ from agent.model.tracker import Tracked
 from agent.policy.approval_policy import NOW, LeadTime
 from agent.prepare.preparation import Preparation
 from agent.prepare.run_order import phase_time
+from agent.state.state_store import Store
 
 if TYPE_CHECKING:  # the store backend's parts load only when the config chooses it (decision 0220)
     from agent.fleet.budget import Budget
@@ -33,11 +35,12 @@ class FleetPass:
     """This VM's disruption budget and fleet history, stepped by the loop's thread once per pass."""
 
     def __init__(self, budget: Budget | None, event_ends: EventEnds | None, preparation: Preparation,
-                 rotation: Rotation, clock: Clock) -> None:
+                 rotation: Rotation, store: Store, clock: Clock) -> None:
         self.budget = budget
         self.event_ends = event_ends
         self.preparation = preparation
         self.rotation = rotation
+        self.store = store
         self.clock = clock
 
     def look_at_budget(self, tracked: Mapping[str, Tracked]) -> None:
@@ -52,8 +55,8 @@ class FleetPass:
             return NO_BUDGET
         from agent.fleet.budget import Want
         wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting(tick.now)]
-        started = [Want(eid, t.event.event_type, t.event.not_before) for eid, t in tick.tracked.items()
-                   if t.names_self and t.event.status == SCHEDULED and self.preparation.started(eid)]
+        started = [Want(eid, t.event.event_type, t.event.not_before, acts_now(t.event.status, self.store.results(eid)))
+                   for eid, t in tick.tracked.items() if t.names_self and self.preparation.started(eid)]
         out = bool(self.rotation.drains() or started) or any(
             t.names_self and t.event.status != SCHEDULED for t in tick.tracked.values())
         gate = self.budget.tick(wants, out, started)

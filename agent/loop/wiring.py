@@ -147,7 +147,8 @@ class Parts:
         self.history, self.event_ends = fleet_history(
             None if backend is None else backend.exchange.store, self.store, self.readiness, clock,
             self.metrics.lane_errors.labels("history").inc, self.history_group, self.budget)
-        self.fleet_pass = FleetPass(self.budget, self.event_ends, self.preparation, self.rotation, clock)
+        self.fleet_pass = FleetPass(self.budget, self.event_ends, self.preparation, self.rotation, self.store,
+                                    clock)
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
         self.identity_lookup = IdentityLookup(clock, self.health, lambda: self.imds.compute_identity(),
                                               lambda: self.config.imds.max_backoff)
