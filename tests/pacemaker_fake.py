@@ -95,6 +95,13 @@ class FakeCluster:
             sets = "".join(f'<cluster_property_set id="{sid}"><nvpair id="{sid}-x" name="{sid}-x" value="{v}"/>'
                            f'</cluster_property_set>' for sid, v in self.config.items())
             return Done(0, f"<crm_config>{sets}</crm_config>")
+        if args[:2] == ["--delete", "--xpath"]:  # //cluster_property_set[@id='X'][nvpair[@id='Y' and @value='V']]
+            m = re.fullmatch(r"//cluster_property_set\[@id='([^']+)'\]\[nvpair\[@id='[^']+' and @value='([^']*)'\]\]",
+                             args[2])
+            assert m, args[2]
+            if self.config.get(m.group(1)) == m.group(2):
+                del self.config[m.group(1)]
+            return Done(0)
         xml = ET.fromstring(args[args.index("--xml-text") + 1])
         if args[0] == "--create":
             sid = xml.get("id", "")
@@ -104,14 +111,6 @@ class FakeCluster:
             return Done(0)
         if args[0] == "--replace":
             self.config[xml.get("id", "")] = xml.find("nvpair").get("value", "")  # type: ignore[union-attr]
-            return Done(0)
-        if args[0] == "--delete":
-            if xml.tag == "cluster_property_set":
-                self.config.pop(xml.get("id", ""), None)
-            else:  # an nvpair: only when its value matches too (cibadmin compares every attribute given)
-                sid = re.sub(r"-holder$", "", xml.get("id", ""))
-                if self.config.get(sid) == xml.get("value"):
-                    del self.config[sid]
             return Done(0)
         return Done(64, "", f"the fake has no cibadmin {args}")
 

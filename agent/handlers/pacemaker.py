@@ -289,7 +289,7 @@ class PacemakerHandler(Handler):
             if clock.monotonic() >= end or clock.wait(cancel or threading.Event(), POLL):
                 return False
         if claim is not None and claim.event == sid:
-            self.cluster.drop_claim(me)
+            self.cluster.drop_claim(claim)
         self._note(eid, state="back", summary=f"{me} back in the cluster")
         self.log.info("pacemaker.back", handler=self.spec.name, event_id=eid, node=me)
         return True
@@ -320,7 +320,7 @@ class PacemakerHandler(Handler):
                                      claim_event=claim.event,
                                      action="its standby cleared and the claim released (its maintd is gone?)")
                     self.cluster.standby(node, False)
-                    self.cluster.drop_claim(node)
+                    self.cluster.drop_claim(claim)
             except CommandError as exc:
                 self.services.metrics.pacemaker_command_failures.labels(self.spec.name, exc.command).inc()
         return KEEP_INTERVAL

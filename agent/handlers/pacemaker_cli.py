@@ -21,10 +21,10 @@ from agent.handlers.pacemaker_state import (
     Claims,
     ClusterView,
     Lock,
-    claim_set_xml,
     claim_xml,
-    lock_match_xml,
+    claim_xpath,
     lock_xml,
+    lock_xpath,
     parse_claims,
     parse_mon,
 )
@@ -110,8 +110,8 @@ class Cluster:
         return self.create(lock_xml(lock))
 
     def drop_lock(self, lock: Lock) -> None:
-        """Delete this lock (only if it is still this one: cibadmin compares every attribute given)."""
-        self._call(["cibadmin", "--delete", "--xml-text", lock_match_xml(lock)])
+        """Delete this lock, only if it is still this one."""
+        self._call(["cibadmin", "--delete", "--xpath", lock_xpath(lock)])
 
     def put_claim(self, claim: Claim) -> bool:
         return self.create(claim_xml(claim))
@@ -119,8 +119,9 @@ class Cluster:
     def renew_claim(self, claim: Claim) -> None:
         self._call(["cibadmin", "--replace", "--scope", "crm_config", "--xml-text", claim_xml(claim)])
 
-    def drop_claim(self, node: str) -> None:
-        self._call(["cibadmin", "--delete", "--xml-text", claim_set_xml(node)])
+    def drop_claim(self, claim: Claim) -> None:
+        """Delete this claim, only if it was not renewed or made again since it was read."""
+        self._call(["cibadmin", "--delete", "--xpath", claim_xpath(claim)])
 
     def standby(self, node: str, on: bool) -> None:
         """Standby for this boot of the node (the status section: gone when the node leaves the cluster)."""

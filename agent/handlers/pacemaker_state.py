@@ -190,19 +190,26 @@ def lock_xml(lock: Lock) -> str:
             f'value="{lock.value}"/></cluster_property_set>')
 
 
-def lock_match_xml(lock: Lock) -> str:
-    """What deletes this very lock and no later one: cibadmin deletes only when every attribute matches."""
-    return f'<nvpair id="{LOCK_ID}-holder" name="{LOCK_ID}-holder" value="{lock.value}"/>'
+def _set_xpath(set_id: str, pair_id: str, value: str) -> str:
+    return f"//cluster_property_set[@id='{set_id}'][nvpair[@id='{pair_id}' and @value='{value}']]"
+
+
+def lock_xpath(lock: Lock) -> str:
+    """What deletes this very lock and no later one (the whole set, only while it holds this value: one CIB
+    operation; deleting the nvpair alone would leave an empty set that no `--create` could get past)."""
+    return _set_xpath(LOCK_ID, f"{LOCK_ID}-holder", lock.value)
+
+
+def claim_xpath(claim: Claim) -> str:
+    """What deletes this claim and not one renewed or remade since."""
+    cid = claim_id(claim.node)
+    return _set_xpath(cid, f"{cid}-event", f"{claim.event} {claim.expires:.0f}")
 
 
 def claim_xml(claim: Claim) -> str:
     cid = claim_id(claim.node)
     return (f'<cluster_property_set id="{cid}"><nvpair id="{cid}-event" name="{cid}-event" '
             f'value="{claim.event} {claim.expires:.0f}"/></cluster_property_set>')
-
-
-def claim_set_xml(node: str) -> str:
-    return f'<cluster_property_set id="{claim_id(node)}"/>'
 
 
 def claim_expiry(not_before: float | None, now: float, impact: float) -> float:

@@ -48,6 +48,13 @@ class ClusterImds(Emulator):
             server.serve_in_thread()
         threading.Thread(target=self._tick_loop, name="emulator-tick", daemon=True).start()
 
+    def clear_events(self) -> None:
+        """End every event (a test's leftovers)."""
+        with self.model.lock:
+            ids = list(self.model._events)
+        for eid in ids:
+            self.complete_event(eid)
+
     def when(self, name: str, event_id: str) -> float | None:
         """Monotonic time the model first did `name` (e.g. emulator.event_completed) for the event."""
         return next((t for t, n, f in self.timeline if n == name and f.get("event_id") == event_id), None)
@@ -156,9 +163,10 @@ class Sampler:
     def _run(self) -> None:
         next_at = time.monotonic()
         while not self._stop.is_set():
+            at = time.monotonic()  # a sample is stamped when crm_mon was asked: the state it shows is no older
             mon = self.cluster.mon()
             if mon is not None:
-                self.samples.append(_sample(mon, self.rsc))
+                self.samples.append(_sample(at, mon, self.rsc))
             next_at += self.interval
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
@@ -178,6 +186,6 @@ class Sampler:
         return out
 
 
-def _sample(mon: Mon, rsc: str) -> Sample:
-    return Sample(time.monotonic(), mon.where(rsc), tuple(n for n, v in mon.nodes.items() if v.standby),
+def _sample(at: float, mon: Mon, rsc: str) -> Sample:
+    return Sample(at, mon.where(rsc), tuple(n for n, v in mon.nodes.items() if v.standby),
                   tuple(n for n, v in mon.nodes.items() if v.online))
