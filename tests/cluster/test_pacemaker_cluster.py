@@ -4,6 +4,7 @@ node's IMDS received."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -117,7 +118,11 @@ def test_the_other_node_in_standby_holds_with_a_warning_and_no_standby(rig: Rig)
         rig.agents[here].wait_log("pacemaker.hold", 30, event_id=eid)
         t_warn = time.monotonic()
         wait_until(lambda: s.first(lambda x: True, after=t_warn + 3), 30, "3 s of samples while holding")
+        status = rig.node(here).run([sys.executable, "-m", "agent", "status", "--config",
+                                     str(rig.agents[here].config_path)], check=False)
     assert "min_online 1" in warning["Description"] and f"{there} in standby" in warning["Description"]
+    assert "Cluster" in status.stdout and "cluster/hold" in status.stdout, status.stdout + status.stderr
+    assert f"{here}: online; resources here: dummy" in status.stdout
     assert all(here not in x.standby and x.where == here for x in s.samples), "the node stayed in, the resource too"
     assert _posts(rig, here, eid) == []
 
@@ -181,3 +186,18 @@ def test_one_event_naming_both_nodes_is_an_error_and_no_node_goes_into_standby(r
     assert all("takes the whole cluster down" in e["Description"] for e in errors)
     assert all(not x.standby and x.where is not None for x in s.samples)
     assert _posts(rig, a, eid) == [] and _posts(rig, b, eid) == []
+
+
+def test_after_a_reboot_a_restarted_maintd_sees_the_event_gone_and_brings_the_node_back(rig: Rig) -> None:
+    here = _settled(rig)
+    agent = rig.agents[here]
+    eid = rig.imds.add_event("Reboot", [here], notice=120, duration_seconds=30)
+    wait_until(lambda: _posts(rig, here, eid), 60, "the POST")
+    agent.stop()  # the VM goes down for its reboot (maintd stopped), the maintenance ends while it is down
+    rig.imds.complete_event(eid)
+    assert here in rig.cluster.mon().nodes and rig.cluster.mon().nodes[here].standby
+    agent.start()
+    agent.wait_log("pacemaker.back", 30, event_id=eid)
+    mon = rig.cluster.wait(lambda m: m is not None and not m.nodes[here].standby, 30, f"{here} out of standby")
+    assert mon.nodes[here].online
+    assert len(_posts(rig, here, eid)) == 1
