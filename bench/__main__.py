@@ -11,7 +11,7 @@ from bench.common import write_summary
 
 ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "probe_flood", "server_cost",
        "fleet", "silence", "cli_watch", "model",
-       "store_chaos", "fleet_history", "budget")
+       "store_chaos", "fleet_history", "budget", "pacemaker")
 
 MODULES = {"model": "model_check"}
 """Benchmarks whose module is not named after them."""

@@ -317,6 +317,7 @@ class NodeState:
     online: bool = False
     standby: bool = False
     resources: int = 0
+    health: str = "green"
 
 
 @dataclass(frozen=True)
@@ -337,12 +338,13 @@ def parse_mon(text: str) -> Mon | None:
     except ET.ParseError:
         return None
     nodes = {n.get("name", ""): NodeState(n.get("online") == "true", n.get("standby") == "true",
-                                          int(n.get("resources_running", "0") or 0))
+                                          int(n.get("resources_running", "0") or 0), n.get("health", "green"))
              for n in root.iter("node") if n.get("id") is not None and n.get("online") is not None}
     resources: dict[str, tuple[str, ...]] = {}
     for r in root.iter("resource"):
-        if r.get("active") == "true" and r.get("role") == "Started":
-            resources[r.get("id", "")] = tuple(n.get("name", "") for n in r.iter("node"))
+        if r.get("active") == "true" and r.get("role") == "Started":  # a clone's instances: one entry each
+            rid = r.get("id", "")
+            resources[rid] = resources.get(rid, ()) + tuple(n.get("name", "") for n in r.iter("node"))
     summary = root.find("summary/current_dc")
     return Mon(nodes, resources, summary is not None and summary.get("present") == "true")
 

@@ -136,6 +136,8 @@ class Sample:
     where: str | None
     standby: tuple[str, ...]
     online: tuple[str, ...]
+    healthy: dict[str, bool] = field(default_factory=dict)
+    """Per node: online, out of standby, and its node health (azure-events-az's #health-azure) not red."""
 
 
 @dataclass
@@ -188,4 +190,5 @@ class Sampler:
 
 def _sample(at: float, mon: Mon, rsc: str) -> Sample:
     return Sample(at, mon.where(rsc), tuple(n for n, v in mon.nodes.items() if v.standby),
-                  tuple(n for n, v in mon.nodes.items() if v.online))
+                  tuple(n for n, v in mon.nodes.items() if v.online),
+                  {n: v.online and not v.standby and v.health != "red" for n, v in mon.nodes.items()})
