@@ -128,6 +128,7 @@ def test_held_until_notbefore_it_never_standbys_and_says_the_platform_goes_ahead
     assert "node-b offline" in result.detail
     assert fake.standbys("node-a") == 0 and fake.claim("node-a") is None and fake.lock is None
     assert report(svc, "cluster/hold").state == HealthState.WARNING
+    assert not any(c[:2] == ["cibadmin", "--create"] for c in fake.commands), "a hold writes nothing to the CIB"
 
 
 def test_a_node_another_maintd_is_taking_out_does_not_count_as_online(tmp_path, clock):
@@ -284,3 +285,14 @@ def test_crm_mon_xml_of_groups_and_clones():
     assert set(view.nodes) == {"n1", "n2"} and view.dc == "n1"
     assert view.on("n1") == ("ip", "health")
     assert [r.clone for r in view.resources] == [None, "health-clone", "health-clone"]
+
+
+def test_maintd_status_shows_the_node_in_its_cluster():
+    from agent.cliviews import status_text
+    text = status_text({"version": "0", "vm_name": "node-a", "cluster": {
+        "cluster/node": "Ok: node-a: online, in standby; resources here: none; other nodes online: node-b",
+        "cluster/hold": "Warning: event E1: holding, not in standby"}})
+    lines = text.splitlines()
+    at = lines.index("Cluster")
+    assert "cluster/node" in lines[at + 1] and "in standby; resources here: none" in lines[at + 1]
+    assert "Other" not in lines

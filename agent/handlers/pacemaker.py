@@ -172,15 +172,20 @@ class PacemakerHandler(Handler):
         self._note(eid, state="holding", summary=f"holding: {reason}")
 
     def _try_take(self, ctx: Context, me: str) -> tuple[Verdict, tuple[str, ...]] | None:
-        """One try under the cluster's lock; None when another node holds the lock now."""
+        """One try under the cluster's lock; None when another node holds the lock now. A look without the lock
+        comes first: a hold writes nothing to the CIB (every change in crm_config makes the scheduler run)."""
         wall = self.services.clock.now().timestamp()
+        ev = ctx.event
+        first = decide(self.cluster.view(), self.cluster.claims(), me, safe_event_id(ev.event_id), ev.resources,
+                       self.options.min_online, wall)
+        if first.action in ("hold", "whole_cluster"):
+            return first, ()
         lock = Lock(me, secrets.token_hex(4), wall + LOCK_TTL)
         if not self.cluster.take_lock(lock):
             self._sweep_lock(wall)
             return None
         try:
             view, claims = self.cluster.view(), self.cluster.claims()
-            ev = ctx.event
             sid = safe_event_id(ev.event_id)
             verdict = decide(view, claims, me, sid, ev.resources, self.options.min_online, wall)
             if verdict.action == "resume":
