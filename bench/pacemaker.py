@@ -95,6 +95,9 @@ def _az_setup(cluster: Cluster) -> None:
                '<primitive id="health-azure-events" class="ocf" provider="heartbeat" type="azure-events-az">'
                '<operations><op id="hae-mon" name="monitor" interval="10s"/>'
                '<op id="hae-start" name="start" interval="0s" timeout="60s"/></operations></primitive></clone>'])
+    for node in cluster.nodes:  # what the agent's putNodeOnline sets; unset, the rule below bans the resource
+        first.run(["crm_attribute", "--node", node.name, "--name", "#health-azure", "--update", "0",
+                   "--lifetime", "forever"])
     first.run(["cibadmin", "--create", "--scope", "constraints", "--xml-text",
                '<rsc_location id="loc-dummy-health" rsc="dummy"><rule id="loc-dummy-health-rule" '
                'score-attribute="#health-azure"><expression id="loc-dummy-health-e" attribute="#uname" '

@@ -303,7 +303,13 @@ class PacemakerHandler(Handler):
 
     def keep(self) -> float | None:
         """The node's state in health and metrics; our claim renewed while its event lasts, or the node brought
-        back when the event is gone (maintd was down when it ended); another node's lapsed claim swept."""
+        back when the event is gone (maintd was down when it ended); another node's lapsed claim swept. Called
+        right after each run too, when the approval is under way: a look less than KEEP_INTERVAL after the last
+        waits (the runs show the node's state themselves), so it never competes with the POST."""
+        mono = self.services.clock.monotonic()
+        if mono - self._last_keep < KEEP_INTERVAL:
+            return self._last_keep + KEEP_INTERVAL - mono
+        self._last_keep = mono
         try:
             me = self.me()
             view, claims = self.cluster.view(), self.cluster.claims()

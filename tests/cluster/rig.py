@@ -24,7 +24,7 @@ import yaml
 
 from agent.emulator import Emulator
 from agent.emulator.server import VmServer
-from tests.cluster.netns import IMDS, Cluster, Mon, Node
+from tests.cluster.netns import IMDS, LAUNCH, Cluster, Mon, Node
 from tests.e2e.harness import CLEAN_ENV, Process, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,8 +97,8 @@ class NodeAgent(Process):
 
     def start(self) -> None:
         env = {**CLEAN_ENV, "PYTHONPATH": str(ROOT)}
-        super().__init__(self.node.enter([sys.executable, "-m", "agent", "run", "--config", str(self.config_path)]),
-                         env)
+        argv = [sys.executable, "-c", LAUNCH, sys.executable, "-m", "agent", "run", "--config", str(self.config_path)]
+        super().__init__(self.node.enter(argv), env)  # LAUNCH: it ends with the test process, however that ends
         wait_until(lambda: self._up(), 60, lambda: f"maintd on {self.node.name}; stderr: " + "".join(self.raw[-10:]))
 
     def _up(self) -> bool:
