@@ -176,13 +176,15 @@ class PacemakerHandler(Handler):
         comes first: a hold writes nothing to the CIB (every change in crm_config makes the scheduler run)."""
         wall = self.services.clock.now().timestamp()
         ev = ctx.event
-        first = decide(self.cluster.view(), self.cluster.claims(), me, safe_event_id(ev.event_id), ev.resources,
+        seen = self.cluster.view()
+        show(self.services, self.spec.name, me, seen)
+        first = decide(seen, self.cluster.claims(), me, safe_event_id(ev.event_id), ev.resources,
                        self.options.min_online, wall)
         if first.action in ("hold", "whole_cluster"):
             return first, ()
         lock = Lock(me, secrets.token_hex(4), wall + LOCK_TTL)
         if not self.cluster.take_lock(lock):
-            self._sweep_lock(wall)
+            sweep_lock(self.cluster, self.log, self.spec.name, wall)
             return None
         try:
             view, claims = self.cluster.view(), self.cluster.claims()
@@ -207,14 +209,6 @@ class PacemakerHandler(Handler):
             return verdict, before
         finally:
             self.cluster.drop_lock(lock)
-
-    def _sweep_lock(self, wall: float) -> None:
-        """A lock whose holder is gone past its time is removed (only that very lock)."""
-        held = self.cluster.claims().lock
-        if held is not None and held.expires < wall:
-            self.log.warning("pacemaker.stale_lock", handler=self.spec.name, holder=held.holder,
-                             reason="the lock's holder did not release it in time (crashed?)")
-            self.cluster.drop_lock(held)
 
     def _wait_moved(self, ctx: Context, me: str, before: tuple[str, ...], end: float) -> Result:
         eid, clock = ctx.event.event_id, self.services.clock
@@ -363,3 +357,12 @@ def show(services: Services, name: str, me: str, view: ClusterView) -> None:
     m.pacemaker_nodes_online.labels(name).set(sum(1 for v in view.nodes.values() if v.online and not v.standby))
     state = HealthState.OK if node is not None and node.online else HealthState.WARNING
     services.health.set(SOURCE, f"{name}/node", state, summary(view, me))
+
+
+def sweep_lock(cluster: Cluster, log: Any, name: str, wall: float) -> None:
+    """A lock whose holder is gone past its time is removed (only that very lock)."""
+    held = cluster.claims().lock
+    if held is not None and held.expires < wall:
+        log.warning("pacemaker.stale_lock", handler=name, holder=held.holder,
+                    reason="the lock's holder did not release it in time (crashed?)")
+        cluster.drop_lock(held)
