@@ -29,8 +29,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent.clock import FakeClock
-from agent.coordination.store.budget import Outcome, step
-from agent.coordination.store.budget_rules import (
+from agent.fleet.budget import Outcome, step
+from agent.fleet.budget_rules import (
     FORCE,
     RELEASE,
     RENEW,
@@ -42,7 +42,7 @@ from agent.coordination.store.budget_rules import (
     parse_places,
     places_blob,
 )
-from agent.coordination.store.budget_wake import HINT_TIMEOUT, RETRY_AFTER
+from agent.fleet.budget_wake import HINT_TIMEOUT, RETRY_AFTER
 from bench.common import percentile, write
 from tests.budget_fakes import CasStore
 

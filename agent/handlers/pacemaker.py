@@ -26,7 +26,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from agent import logs
 from agent.errors import kept_in_memory
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result, Services, Settings
 from agent.handlers.pacemaker_cli import Cluster, CommandError
@@ -47,6 +46,7 @@ from agent.handlers.pacemaker_state import (
 from agent.handlers.silences import impact
 from agent.health.health_store import HealthState
 from agent.model.config_schema import duration, integer, opt, text
+from agent.telemetry import logs
 
 SOURCE = "pacemaker"
 """The health SourceId of the handler's reports (`maintd health`, `maintd status`)."""

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent import logs
 from agent.clock import Clock, Waitable
 from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
@@ -35,24 +34,27 @@ from agent.imds.imds_client import ImdsClient, is_transient
 from agent.loop.api import LocalApi, LoopView
 from agent.loop.event_end import fleet_history
 from agent.loop.inbox import Inbox
-from agent.metrics import Metrics
+from agent.loop.tick import Tick
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
 from agent.model.outcomes import PHASE_SCHEDULED
+from agent.model.tracker import Tracked
+from agent.policy.approval_policy import NOW, Profile
 from agent.prepare.handler_runner import Runner
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
+from agent.prepare.run_order import phase_time
 from agent.retry import retrying as retrying_on
-from agent.secretfile import SecretFiles
 from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
-from agent.windows.approval_policy import NOW, Profile
-from agent.windows.tick import Tick
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
+from agent.trust.secretfile import SecretFiles
 
 if TYPE_CHECKING:  # the store backend's parts load only when the config chooses it (decision 0220)
-    from agent.coordination.store.budget import Budget
     from agent.coordination.store.store_backend import StoreBackend
+    from agent.fleet.budget import Budget
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 STOP_DRAIN = "stop"
@@ -63,7 +65,7 @@ RESTART_KEYS: tuple[str, ...] = (
 """Keys a reload cannot apply to a running daemon (the listening sockets, the route table, the state dir,
 the peer pools' size, the coordination backend — two protocols must never meet within one event): they
 keep their running values until a restart. Every other key is applied by `Parts.reconfigure`
-(tests/test_reload.py holds every key of `Config` to one or the other)."""
+(tests/loop/test_reload.py holds every key of `Config` to one or the other)."""
 
 
 def value_at(config: Any, key: str) -> Any:
@@ -139,7 +141,8 @@ class Parts:
         if self.budget is not None and self.vm_name is not None:  # named in the config: no IMDS topology
             self.budget.identify(self.vm_name, "", "", "")
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
-                                       profiles=config.profiles, prepare=config.prepare, budget=self.budget is not None)
+                                       profiles=config.profiles, prepare=config.prepare, budget=self.budget is not None,
+                                       restore=self.runner.restore)
         self.coordinator = Coordinator(
             config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store, clock=clock,
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,
@@ -173,23 +176,30 @@ class Parts:
         lead = self.config.prepare.lead_time
         return 0.0 if lead == NOW else float(lead)
 
+    def look_at_budget(self, tracked: Mapping[str, Tracked]) -> None:
+        """B2, first in every loop pass: a place whose lease ended is lost before anything acts on it."""
+        if self.budget is not None:
+            self.preparation.revoke(self.budget.look(), tracked, self.clock.now())
+
     def leave_gate(self, tick: Tick) -> LeaveGate:
         """The disruption budget's word to preparation (the loop's thread): which due events may leave rotation.
         This VM is out while drained, or while an event naming it is prepared or Started."""
         if self.budget is None:
             return NO_BUDGET
-        from agent.coordination.store.budget import Want
+        from agent.fleet.budget import Want
         wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting(tick.now)]
-        out = bool(self.rotation.drains()) or any(
-            t.names_self and (t.event.status != SCHEDULED or self.preparation.started(eid))
-            for eid, t in tick.tracked.items())
-        gate = self.budget.tick(wants, out)
+        started = [Want(eid, t.event.event_type, t.event.not_before) for eid, t in tick.tracked.items()
+                   if t.names_self and t.event.status == SCHEDULED and self.preparation.started(eid)]
+        out = bool(self.rotation.drains() or started) or any(
+            t.names_self and t.event.status != SCHEDULED for t in tick.tracked.values())
+        gate = self.budget.tick(wants, out, started)
         self.budget.publish()
         return gate
 
     def preparation_needs(self) -> float:
-        """What this VM's preparation needs before NotBefore: its drain wait plus its hooks' timeouts."""
-        return self.services.settings.drain_wait + sum(h.timeout for h in self.config.handlers
+        """What this VM's preparation needs before NotBefore: its drain wait plus its hooks' timeouts (a non-holding
+        one's first try only: the rest of its run goes on in the background)."""
+        return self.services.settings.drain_wait + sum(phase_time(h) for h in self.config.handlers
                                                        if PHASE_SCHEDULED in h.phases and h.type != "drain")
 
     def record_ended(self, vm_name: str | None) -> None:
@@ -202,7 +212,7 @@ class Parts:
         VM's scale set (learnt from IMDS), else `_`."""
         identity = self.identity
         budget_group = self.budget.group if self.budget is not None else None
-        from agent.coordination.store.history_protocol import group_name
+        from agent.fleet.history_protocol import group_name
         return group_name(budget_group, identity.scale_set if identity is not None else None)
 
     def _handler_finished(self, event_id: str, handler: str, phase: str, result: Result) -> None:
@@ -367,16 +377,19 @@ def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
     c = parts.config.coordination
     if backend is None or c.budget is None:
         return None
-    from agent.coordination.store.budget import Budget
-    from agent.coordination.store.budget_wake import WakeSender, advertised, primary_ip
+    from agent.coordination.peers.peer_addressing import member_url
+    from agent.fleet.budget import Budget
+    from agent.fleet.budget_wake import WakeSender, advertised, primary_ip
 
     states = {"ok": HealthState.OK, "warning": HealthState.WARNING}
     return Budget(c.budget, store=backend.exchange.store, describe=backend.config.describe, clock=parts.clock,
                   on_change=parts.inbox.coordination_changed, metrics=parts.metrics,
                   health=lambda prop, state, text: parts.health.set("coordination", prop, states[state], text),
                   needs=parts.preparation_needs, lead_time=parts.lead_seconds,
-                  wake_sender=WakeSender(parts.peer_token, parts.metrics),
-                  url=advertised(c.budget.advertise, parts.config.server.listen, primary_ip))
+                  wake_sender=None if (wake := c.budget.wake_url) is None else WakeSender(  # B5: hints by name
+                      parts.peer_token, parts.metrics, lambda name: member_url(wake, name, parts.identity)),
+                  url=advertised(c.budget.advertise, parts.config.server.listen, primary_ip),
+                  answers=backend.exchange.answers)
 
 
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:

@@ -14,25 +14,43 @@ from agent.handlers.spec import HandlerSpec, Result
 from agent.model.outcomes import CANCELED, FAILED, INTERRUPTED, OK, PHASES, RUNNING, SKIPPED, TIMED_OUT
 
 _RUN_PREFIX = "handler:"
+_ROUND_MARK = "#"
 
 @dataclass(frozen=True)
 class RunKey:
-    """Where one handler's run in one phase is recorded in the state store: `handler:<name>:<phase>`
-    (the one place that builds or reads these keys)."""
+    """Where one handler's run in one phase of one round is recorded in the state store: `handler:<name>:<phase>`
+    for the first round (the key every maintd wrote before rounds), `handler:<name>:<phase>#<round>` for a later
+    one (the one place that builds or reads these keys). A round is one preparation of the event: a VM that lost
+    its place in the disruption budget returned to rotation and prepares again in the next round."""
 
     handler: str
     phase: str
+    round: int = 1
 
     def __str__(self) -> str:
-        return f"{_RUN_PREFIX}{self.handler}:{self.phase}"
+        suffix = f"{_ROUND_MARK}{self.round}" if self.round > 1 else ""
+        return f"{_RUN_PREFIX}{self.handler}:{self.phase}{suffix}"
 
     @staticmethod
     def parse(key: str) -> RunKey | None:
-        """The run a state-store key names; None for any other record (approval, preparation)."""
+        """The run a state-store key names; None for any other record (approval, preparation, round)."""
         if not key.startswith(_RUN_PREFIX):
             return None
         handler, sep, phase = key[len(_RUN_PREFIX):].rpartition(":")
-        return RunKey(handler, phase) if sep and handler and phase in PHASES else None
+        phase, mark, number = phase.partition(_ROUND_MARK)
+        rnd = 1 if not mark else int(number) if number.isascii() and number.isdigit() and len(number) < 6 else 0
+        return RunKey(handler, phase, rnd) if sep and handler and phase in PHASES and rnd >= 1 else None
+
+
+ROUND_KEY = "round"
+"""The state store's record of an event's round (`{"round": n, "at", "reason"}`); none means the first."""
+
+
+def round_of(results: dict[str, Any]) -> int:
+    """The round an event's records say it is in (1 when they say nothing sensible)."""
+    rec = results.get(ROUND_KEY)
+    value = rec.get("round") if isinstance(rec, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
 class RunRecord(TypedDict):
@@ -49,10 +67,31 @@ class RunRecord(TypedDict):
     exit_code: NotRequired[int]
     output: NotRequired[str]
     """The tail of what the handler printed."""
+    background: NotRequired[bool]
+    """The run of a non-holding handler went on in the background past its first try (kept once it ended)."""
 
 
 DETAIL_SHOWN = 200
 """Characters of a result's detail quoted in a not-ready reason."""
+OUTPUT_TAIL = 4000
+"""Characters of a run's output kept in its record (the tail)."""
+
+
+def finished_record(result: Result, on_failure: str, duration: float, started_at: str, finished_at: str,
+                    previous: dict[str, Any] | None) -> RunRecord:
+    """The record of a run that ended, replacing its `running` one (`previous`: its attempt, and whether it went on
+    in the background, are kept)."""
+    record: RunRecord = {"outcome": result.outcome, "detail": result.detail, "duration_seconds": round(duration, 3),
+                         "started_at": started_at, "finished_at": finished_at, "on_failure": on_failure}
+    if previous is not None and "attempt" in previous:
+        record["attempt"] = previous["attempt"]
+    if previous is not None and previous.get("background") is True:
+        record["background"] = True
+    if result.exit_code is not None:
+        record["exit_code"] = result.exit_code
+    if result.output:
+        record["output"] = result.output[-OUTPUT_TAIL:]
+    return record
 
 
 def run_result(result: Result | None, event_gone: bool, stopping: bool, allowed: float) -> Result | None:
@@ -95,9 +134,13 @@ def interrupted_verdict(spec: HandlerSpec | None, attempt: int, current: bool) -
 
 def blocks(record: dict[str, Any] | None, on_failure: str) -> bool:
     """Whether a scheduled-phase result keeps the VM from being ready: anything but ok, unless it
-    ended and the handler says `on_failure: continue`."""
-    outcome = record.get("outcome") if record else None
-    return not (outcome == OK or (outcome in (FAILED, TIMED_OUT, SKIPPED, CANCELED) and on_failure == "continue"))
+    ended, or goes on in the background past its first try, and the handler says `on_failure: continue`."""
+    rec = record or {}
+    outcome = rec.get("outcome")
+    if on_failure == "continue" and (outcome in (FAILED, TIMED_OUT, SKIPPED, CANCELED)
+                                     or (outcome == RUNNING and rec.get("background") is True)):
+        return False
+    return outcome != OK
 
 
 def why_not_ready(name: str, record: dict[str, Any] | None, max_attempts: int, event_id: str) -> str:

@@ -28,7 +28,7 @@ from agent.coordination.coordinator import RETRY_FAILED_AFTER, Coordinator
 from agent.coordination.peers.peer_backend import PeerBackend
 from agent.model.approval import AUTO, FAILED, SENDING, SENT
 from agent.model.events import SCHEDULED
-from agent.windows.approval_policy import decide
+from agent.policy.approval_policy import decide
 from tests.model.common import (
     CRASH,
     DOWN,
@@ -129,7 +129,7 @@ def _peers(vm: Vm) -> dict[str, PeerState]:
 def peer_inputs(i: int, vm: Vm) -> tuple[list[str], list[str]]:
     """(peers not ready, lower-ranked peers still present) as the real coordinator computes them."""
     peers = _peers(vm)
-    stand_in = SimpleNamespace(settings=lambda: settings, _silent=lambda *args: None, _events={},
+    stand_in = SimpleNamespace(settings=lambda: settings, _silent=lambda *args: None, _events={}, _health=None,
                                peers=SimpleNamespace(run=lambda *args: None, peers_now=lambda exchange: peers))
     event = SimpleNamespace(resources=VMS, status=vm.seen)
     given = PeerBackend.inputs(stand_in, EVENT_ID, event, VMS[i], [] if vm.prepared else ["hook"],  # type: ignore[arg-type]
@@ -142,7 +142,7 @@ def withheld(i: int, know: tuple[Known | None, ...], seen: str, decided: int, st
     """Why the real approver withholds the POST right before a send (`Approver.lapsed`, with the coordinator's
     `still_right` on this VM's last poll and its peer knowledge now), or None: it sends."""
     peers = {VMS[j]: k.real() for j, k in enumerate(know) if k is not None}
-    coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset())
+    coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset(), budget=None)
     backend = SimpleNamespace(published={EVENT_ID: object()}, settings=lambda: settings, clock=ModelClock(),
                               peers=SimpleNamespace(peers_now=lambda exchange: peers))
     check = SimpleNamespace(right_to_post=lambda *args: PeerBackend.right_to_post(backend, *args))  # type: ignore[arg-type]
