@@ -147,6 +147,8 @@ class Sampler:
     cluster: Cluster
     rsc: str = "dummy"
     interval: float = 0.2
+    node: Node | None = None
+    """The node crm_mon is asked on (the first by default)."""
     samples: list[Sample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -166,7 +168,7 @@ class Sampler:
         next_at = time.monotonic()
         while not self._stop.is_set():
             at = time.monotonic()  # a sample is stamped when crm_mon was asked: the state it shows is no older
-            mon = self.cluster.mon()
+            mon = self.cluster.mon(self.node)
             if mon is not None:
                 self.samples.append(_sample(at, mon, self.rsc))
             next_at += self.interval

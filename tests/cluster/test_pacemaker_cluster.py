@@ -201,3 +201,26 @@ def test_after_a_reboot_a_restarted_maintd_sees_the_event_gone_and_brings_the_no
     mon = rig.cluster.wait(lambda m: m is not None and not m.nodes[here].standby, 30, f"{here} out of standby")
     assert mon.nodes[here].online
     assert len(_posts(rig, here, eid)) == 1
+
+
+def test_the_other_node_offline_holds_with_a_warning_and_no_standby(rig: Rig) -> None:
+    here = _settled(rig)
+    there = rig.node(rig.other(here))
+    pacemakerd = there.procs["pacemakerd"]
+    pacemakerd.terminate()  # a clean stop: the node leaves the cluster
+    pacemakerd.wait(60)
+    try:
+        rig.cluster.wait(lambda m: m is not None and not m.nodes[there.name].online and m.where("dummy") == here,
+                         60, f"{there.name} offline", node=rig.node(here))
+        with Sampler(rig.cluster, node=rig.node(here)) as s:
+            eid = rig.imds.add_event("Reboot", [here], notice=120)
+            warning = wait_until(lambda: (r := _report(rig, here, "cluster/hold")) and r["HealthState"] == "Warning"
+                                 and r, 30, "the Warning")
+        assert f"{there.name} offline" in warning["Description"]
+        assert all(here not in x.standby for x in s.samples)
+        assert _posts(rig, here, eid) == []
+    finally:
+        rig.imds.clear_events()
+        there.spawn("pacemakerd", ["pacemakerd", "-f"])
+        rig.cluster.wait(lambda m: m is not None and all(v.online for v in m.nodes.values()), 120,
+                         f"{there.name} back in the cluster", node=rig.node(here))
