@@ -174,7 +174,8 @@ def parse_claims(text: str) -> Claims:
             lock = Lock(parts[0], parts[1], float(parts[2]))
         elif sid.startswith(CLAIM_PREFIX) and len(parts) == 2 and _number(parts[1]) is not None:
             node = sid[len(CLAIM_PREFIX):]
-            claims[node] = Claim(node, parts[0], float(parts[1]))
+            if re.fullmatch(NODE_NAME, node):  # it may reach a command line (a lapsed claim's standby cleared)
+                claims[node] = Claim(node, parts[0], float(parts[1]))
     return Claims(lock, claims)
 
 

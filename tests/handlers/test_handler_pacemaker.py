@@ -296,3 +296,11 @@ def test_maintd_status_shows_the_node_in_its_cluster():
     at = lines.index("Cluster")
     assert "cluster/node" in lines[at + 1] and "in standby; resources here: none" in lines[at + 1]
     assert "Other" not in lines
+
+
+def test_a_claim_with_a_node_name_maintd_would_not_accept_is_ignored():
+    from agent.handlers.pacemaker_state import parse_claims
+    claims = parse_claims('<crm_config><cluster_property_set id="maintd-claim--rf x"><nvpair id="a" name="a" '
+                          'value="E1 100"/></cluster_property_set><cluster_property_set id="maintd-claim-node-b">'
+                          '<nvpair id="b" name="b" value="E2 200"/></cluster_property_set></crm_config>')
+    assert list(claims.by_node) == ["node-b"] and claims.by_node["node-b"].expires == 200
