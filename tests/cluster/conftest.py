@@ -5,6 +5,7 @@ run is interrupted (the processes also die with the test process: PR_SET_PDEATHS
 
 from __future__ import annotations
 
+import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -68,3 +69,4 @@ def rig() -> Iterator[Rig]:
             imds.stop()
         cluster.stop()
         signal.signal(signal.SIGTERM, previous)
+        shutil.rmtree(base, ignore_errors=True)  # a failing scenario prints each maintd's lines itself
