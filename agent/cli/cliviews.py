@@ -297,6 +297,12 @@ def budget_lines(b: Any) -> list[str]:
                  f"{text(b.get('members_known'))} members known"]
     if b.get("store_error"):
         lines.append(f"  store: {text(b['store_error'])}")
+    lines += [f"  this VM lost its place for {text(x.get('event_id'))} at {when(x.get('at'))}: "
+              f"{text(x.get('reason'))}; back in rotation, queued again" for x in b.get("lost") or []
+              if isinstance(x, Mapping)]
+    if b.get("odd_records"):
+        lines.append(f"  odd records: {text(b['odd_records'])} found and ignored "
+                     "(the Warning coordination/budget_records)")
     rows = [(text(h.get("vm")), "out", text(h.get("why")), when(h.get("since")), text(h.get("event_id")))
             for h in holders] + [(text(w.get("vm")), "waits", "-", when(w.get("since")), text(w.get("event_id")))
                                  for w in waiting]
