@@ -97,6 +97,10 @@ class PacemakerHandler(Handler):
     def minimum_timeout(self, settings: Settings) -> float:
         return float(self.options.move_timeout) + 5.0
 
+    def wanted_timeout(self, settings: Settings, configured: float) -> float:
+        """A hold may last until NotBefore: only a budget under the move's own time is short."""
+        return self.minimum_timeout(settings)
+
     # --- who and what -------------------------------------------------------------------------
 
     def me(self) -> str:
