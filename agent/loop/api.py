@@ -110,6 +110,13 @@ class StatusAnswer(BackendStatus):
     profile_next_change: str | None
     restart_needed: list[str]
     notes: dict[str, str]
+    cluster: dict[str, str]
+    """This node in its HA cluster, by the `pacemaker` handlers' health reports: `<handler>/node` (online, standby,
+    the resources on it), `<handler>/hold`, `<handler>/event` -> "State: description"; empty without one."""
+
+
+CLUSTER_SOURCE = "pacemaker"
+"""The SourceId the `pacemaker` handler reports under (`agent.handlers.pacemaker.SOURCE`)."""
 
 
 class EventDetail(EventJson, CoordinationView):
@@ -252,6 +259,8 @@ class LocalApi:
             "profile_next_change": iso_z_or_none(nxt),
             "restart_needed": list(lv.restart_needed),
             "notes": self._notes(lv.tracked),
+            "cluster": {e.report.property: f"{e.report.state.label}: {e.report.description}"
+                        for e in self.health_store.snapshot() if e.report.source_id == CLUSTER_SOURCE},
             **self.coordinator.status(lv.tracked, lv.vm_name),
         }
 

@@ -236,7 +236,7 @@ class Runner:
         base = max(spec.timeout, handler.minimum_timeout(settings))
         allowed = budget(base, phase, event.not_before, now)
         fields = {"event_id": event.event_id, "event_type": event.event_type, "handler": spec.name, "phase": phase}
-        if (short := short_budget(allowed, base)) is not None:
+        if (short := short_budget(allowed, handler.wanted_timeout(settings, base))) is not None:
             self.metrics.deadline_short.inc()
             self.log.warning("deadline.short", **fields, **short)
         if allowed <= 0:

@@ -280,6 +280,31 @@ def test_budget_is_capped_by_not_before_and_too_late_is_skipped(tmp_path, clock)
     assert sample(services.metrics, "maintd_deadline_short_total") == 2
 
 
+class UntilNotBefore(Recorder):
+    """A handler whose run may last until NotBefore by design (a hold): it needs only its floor."""
+
+    def wanted_timeout(self, settings, configured):
+        return 30.0
+
+
+def test_a_handler_that_may_hold_until_not_before_is_short_only_below_what_it_needs(tmp_path, clock):
+    """A 1 h timeout cut to the 15 min before NotBefore is no shortfall for a hold that needs 30 s (no
+    `deadline.short`); with 20 s left it is one."""
+    Recorder.behaviour = {"a": "budget"}
+    store = Store(tmp_path, clock)
+    health = HealthStore(clock)
+    services = Services(clock=clock, store=store, metrics=Metrics(), rotation=Rotation(store, health, ["*"]),
+                        health=health, settings=Settings(vm_name="vm1"))
+    runner = Runner([UntilNotBefore(spec("a", timeout=3600.0), services)], services)
+    runner.submit(appeared(ev("E1", clock=clock)))
+    runner.wait_idle(5)
+    assert sample(services.metrics, "maintd_deadline_short_total") == 0
+    soon = clock.now() + timedelta(seconds=25)
+    runner.submit(appeared(Event("E2", "Reboot", "Scheduled", ("vm1",), not_before=soon)))
+    runner.wait_idle(5)
+    assert sample(services.metrics, "maintd_deadline_short_total") == 1
+
+
 def test_dry_run_runs_only_opted_in_handlers(tmp_path, clock):
     """In dry-run mode only handlers with dry_run: true run, and readiness does not wait for the rest."""
     runner, _, _ = make(tmp_path, clock, spec("a"), spec("b", dry_run=True), dry_run=True)
