@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from agent.coordination.peers.peer_addressing import template_fields
+from agent.coordination.member_urls import template_fields
 from agent.errors import ConfigValueError
 from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, section, text
 

@@ -35,6 +35,9 @@ from agent.lanes import Lanes
 from agent.model.timefmt import iso_z
 from agent.telemetry import logs
 
+HistoryUnreadable = StoreError
+"""What `FleetHistory.read` raises when the store cannot answer (the API answers 503)."""
+
 HISTORY_KEY = "history"
 """The state store's record, per event, of this VM's history write: {"status", "attempt", "at", "error"}."""
 HistoryStatus = Literal["sending", "recorded", "existed", "failed"]
