@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from agent.coordination.backend import Backend, BackendParts
+from agent.errors import ConfigValueError
+from agent.model.config_schema import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,10 @@ class BackendKind:
     shared_store: bool = False
     section: str | None = None
     """Its own section of the config (`coordination.<section>`), if it has one: a reload does not apply it."""
+    doc: str = ""
+    """What it does, for the config reference (`coordination.backend`)."""
+    check: Callable[[Any], None] = lambda settings: None
+    """What it needs of the `coordination:` settings when chosen (ConfigValueError, key relative to them)."""
 
 
 def _peers(parts: BackendParts) -> Backend:
@@ -40,9 +47,17 @@ def _azure_blob(parts: BackendParts) -> Backend:
     return build(parts)
 
 
-_KINDS: dict[str, BackendKind] = {k.name: k for k in (BackendKind("peers", _peers),
-                                                       BackendKind("azure_blob", _azure_blob, shared_store=True,
-                                                                   section="azure_blob"))}
+def _azure_blob_check(settings: Any) -> None:
+    if settings.azure_blob is None:
+        raise ConfigValueError("azure_blob", "backend azure_blob needs the store: azure_blob: {account_url: "
+                                             "https://ACCOUNT.blob.core.windows.net, container: maintd}")
+
+
+_KINDS: dict[str, BackendKind] = {k.name: k for k in (
+    BackendKind("peers", _peers, doc="VMs ask each other on port 8088"),
+    BackendKind("azure_blob", _azure_blob, shared_store=True, section="azure_blob", check=_azure_blob_check,
+                doc="they coordinate through a blob container (no addressing, no inbound port; see Coordinating "
+                    "through Azure Storage)"))}
 
 
 def register(kind: BackendKind) -> None:
@@ -76,6 +91,25 @@ def kind(name: str) -> BackendKind:
     if found is None:
         raise ValueError(f"no coordination backend {name!r}; known: {', '.join(_KINDS)}")
     return found
+
+
+def described() -> str:
+    """Each backend and what it does, as the config reference shows `coordination.backend`."""
+    return "; ".join(f"{kind.name}: {kind.doc}" for kind in _KINDS.values())
+
+
+def check(settings: Any) -> None:
+    """The `coordination:` settings (`CoordinationConfig`) name a known backend, with what it needs; a budget only
+    on one with a shared store. ConfigValueError, its key relative to the section."""
+    found = _KINDS.get(settings.backend)
+    if found is None:
+        raise ConfigValueError("backend", f"{settings.backend!r} is not allowed; use one of: {', '.join(_KINDS)}"
+                                          f"{did_you_mean(settings.backend, tuple(_KINDS))}")
+    found.check(settings)
+    if settings.budget is not None and not found.shared_store:
+        raise ConfigValueError("budget", "a disruption budget needs the shared store: set backend: "
+                                         f"{' or '.join(shared_store_names())} (the {found.name} backend has no "
+                                         "place where a whole group can agree)")
 
 
 def build(parts: BackendParts) -> Backend:
