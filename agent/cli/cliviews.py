@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from agent.cli.clitext import NONE, Row, duration, instant, pairs, section, table, text, when, yes_no
+from agent.model.outcomes import PREPARATION_STARTED
 
 WIDTH = 20
 """Where the values of `maintd status`'s sections start, so that every section lines up."""
@@ -143,7 +144,7 @@ def _plan_cells(event: Mapping[str, Any]) -> tuple[str, str]:
     plan = event.get("plan")
     if not isinstance(plan, Mapping):
         return NONE, NONE
-    prepare = "started" if plan.get("preparation") == "started" else \
+    prepare = PREPARATION_STARTED if plan.get("preparation") == PREPARATION_STARTED else \
         f"{when(plan.get('prepare_at'))} ({text(plan.get('prepare_reason'))})"
     reason = plan.get("approve_reason")
     approve = f"{when(plan.get('approve_not_before'))} (window)" if reason == "window" else text(reason)
@@ -296,6 +297,12 @@ def budget_lines(b: Any) -> list[str]:
                  f"{text(b.get('members_known'))} members known"]
     if b.get("store_error"):
         lines.append(f"  store: {text(b['store_error'])}")
+    lines += [f"  this VM lost its place for {text(x.get('event_id'))} at {when(x.get('at'))}: "
+              f"{text(x.get('reason'))}; back in rotation, queued again" for x in b.get("lost") or []
+              if isinstance(x, Mapping)]
+    if b.get("odd_records"):
+        lines.append(f"  odd records: {text(b['odd_records'])} found and ignored "
+                     "(the Warning coordination/budget_records)")
     rows = [(text(h.get("vm")), "out", text(h.get("why")), when(h.get("since")), text(h.get("event_id")))
             for h in holders] + [(text(w.get("vm")), "waits", "-", when(w.get("since")), text(w.get("event_id")))
                                  for w in waiting]

@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from agent.cli.clitext import NONE, duration, fit, instant, relative, text, when, yes_no
+from agent.model.events import STARTED
+from agent.model.outcomes import PHASE_SCHEDULED
 
 ENTER = "\x1b[?1049h\x1b[?25l"
 """The alternate screen, cursor hidden."""
@@ -79,7 +81,7 @@ def _event(e: Mapping[str, Any], fleet: Mapping[str, Any] | None, now: datetime)
     if not e.get("names_self"):
         return [head, f"  names {text(e.get('Resources'))}, not this VM"]
     why = e.get("not_ready") or []
-    ready = "maintenance under way" if e.get("EventStatus") == "Started" else f"ready {yes_no(e.get('ready'))}" \
+    ready = "maintenance under way" if e.get("EventStatus") == STARTED else f"ready {yes_no(e.get('ready'))}" \
         + (f": {text(why[0])}" + (f" (+{len(why) - 1} more)" if len(why) > 1 else "") if why else "")
     lines = [head, f"  this VM   rank {text(e.get('rank'))}, {ready}"]
     runs = []
@@ -90,7 +92,8 @@ def _event(e: Mapping[str, Any], fleet: Mapping[str, Any] | None, now: datetime)
             started = instant(r.get("started_at"))
             spent = duration(took) if isinstance(took, (int, float)) else \
                 duration((now - started).total_seconds()) if started else ""
-            runs.append(f"{name}{'' if phase == 'scheduled' else '/' + phase} {text(r.get('outcome'))} {spent}".strip())
+            label = name if phase == PHASE_SCHEDULED else f"{name}/{phase}"
+            runs.append(f"{label} {text(r.get('outcome'))} {spent}".strip())
     lines.append(f"  handlers  {' | '.join(runs) if runs else 'none run yet'}")
     lines.append(f"  approval  {_approval(e)}")
     vms = [v for v in (fleet or {}).get("vms") or [] if isinstance(v, Mapping)]

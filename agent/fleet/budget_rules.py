@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from agent.model.timefmt import iso_z, parse_iso
+from agent.model.timefmt import instant_or_none, iso_z
 
 Why = Literal["chosen", "forced", "waiting"]
 """Why a member is listed: out by maintd's choice, out over budget (the platform's deadline), or waiting."""
@@ -117,14 +117,6 @@ class Me:
 
 # --- the record ------------------------------------------------------------------------------------
 
-def _instant(text: object) -> datetime | None:
-    try:
-        at = parse_iso(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-    return at if at is not None and at.utcoffset() is not None else None
-
-
 def _entry(raw: object, holder: bool) -> Entry | str:
     if not isinstance(raw, dict):
         return f"an entry is {type(raw).__name__}, not a mapping"
@@ -134,7 +126,7 @@ def _entry(raw: object, holder: bool) -> Entry | str:
     allowed: tuple[str, ...] = (CHOSEN, FORCED) if holder else (WAITING,)
     if values["why"] not in allowed:
         return f"an entry says why {str(values['why'])[:16]!r}"
-    since, renewed = _instant(values["since"]), _instant(values["renewed"])
+    since, renewed = instant_or_none(values["since"]), instant_or_none(values["renewed"])
     if since is None or renewed is None:
         return "an entry has no readable instant"
     why = WHYS[allowed.index(str(values["why"]))] if holder else WAITING
@@ -167,7 +159,7 @@ def parse_places(body: bytes) -> Places | str:
             parsed[i].append(entry)
     seen: dict[str, datetime] = {}
     for vm, at in members.items():
-        when = _instant(at)
+        when = instant_or_none(at)
         if not isinstance(vm, str) or when is None:
             return "a member has no readable instant"
         seen[vm[:128]] = when

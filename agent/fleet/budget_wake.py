@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from agent.fleet.budget_rules import Entry
 from agent.lanes import Lanes
+from agent.model.fleet_records import FAILED, SENT
 from agent.net.addresses import is_loopback_url, parse_listen
 from agent.net.httpdates import transient_status
 from agent.telemetry import logs
@@ -117,7 +118,7 @@ class WakeSender:
             tries += 1
             if error is None or not transient:
                 break
-        self.metrics.budget_wake.labels("failed" if error else "sent").inc()
+        self.metrics.budget_wake.labels(FAILED if error else SENT).inc()
         if error:
             self.log.debug("budget.wake_failed", vm=vm, url=url, error=error, tries=tries,
                            effect="the member reads the record on its fallback poll")

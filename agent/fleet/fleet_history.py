@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Final, Literal, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from agent.clock import Clock
 from agent.coordination.store.store_exchange import Store
@@ -32,7 +32,8 @@ from agent.fleet.history_protocol import (
     with_approval,
 )
 from agent.lanes import Lanes
-from agent.model.timefmt import iso_z
+from agent.model.fleet_records import EXISTED, FAILED, RECORDED, SENDING, HistoryStatus
+from agent.model.timefmt import instant_or_none, iso_z
 from agent.telemetry import logs
 
 HistoryUnreadable = StoreError
@@ -40,14 +41,6 @@ HistoryUnreadable = StoreError
 
 HISTORY_KEY = "history"
 """The state store's record, per event, of this VM's history write: {"status", "attempt", "at", "error"}."""
-HistoryStatus = Literal["sending", "recorded", "existed", "failed"]
-"""Where this VM's history write for an event stands (the state store's `history` record)."""
-SENDING: Final = "sending"
-"""Noted (written through) before the create: found after a restart, the write is made once more."""
-RECORDED: Final = "recorded"
-EXISTED: Final = "existed"
-"""The create found the record there (a retry of a write that had landed)."""
-FAILED: Final = "failed"
 
 
 class HistoryNote(TypedDict):
@@ -96,11 +89,8 @@ def due(note: dict[str, Any] | None, now: datetime, sent: int | None) -> int | N
     if status in (RECORDED, EXISTED) or not isinstance(attempt, int) or attempt >= MAX_ATTEMPTS:
         return None
     if status == FAILED:
-        at = note.get("at")
-        try:
-            waited = (now - datetime.fromisoformat(str(at).replace("Z", "+00:00"))).total_seconds()
-        except (ValueError, TypeError):
-            waited = RETRY_AFTER
+        at = instant_or_none(note.get("at"))
+        waited = RETRY_AFTER if at is None else (now - at).total_seconds()
         return attempt + 1 if waited >= RETRY_AFTER else None
     return attempt + 1  # `sending` found after a restart: the request may or may not have landed
 

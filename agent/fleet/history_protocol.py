@@ -18,7 +18,7 @@ from datetime import date, datetime, timedelta
 from typing import Any, TypedDict
 
 from agent.coordination.store.store_protocol import APPROVED, Item
-from agent.model.timefmt import iso_z, iso_z_or_none, parse_iso
+from agent.model.timefmt import iso_z, iso_z_or_none, optional_aware, parse_day
 
 ROOT = "history/"
 VERSION = "1"
@@ -126,15 +126,6 @@ def to_metadata(outcome: VmOutcome) -> dict[str, str]:
             "chosen": outcome.chosen or "", "handlers": _ascii(handlers), "ended_at": _when(outcome.ended_at)}
 
 
-def _instant(value: str) -> datetime | None:
-    if not value:
-        return None
-    t = parse_iso(value)
-    if t.tzinfo is None:
-        raise ValueError("an instant without an offset")
-    return t
-
-
 def _handlers(text: str) -> tuple[tuple[str, str, str], ...]:
     out = []
     for part in filter(None, text.split(";")):
@@ -155,15 +146,15 @@ def parse_record(item: Item) -> VmOutcome | None:
                 or meta["kind"] != "history" or not meta["event"] or not meta["vm"]:
             return None
         folder = item.name.split("/")
-        ended = _instant(meta["ended_at"])
+        ended = optional_aware(meta["ended_at"])
         if ended is None or meta["chosen"] not in ("", "chosen", "forced") or len(folder) != 5:
             return None
         return VmOutcome(event_id=meta["event"], event_type=meta["type"], vm=meta["vm"],
-                         not_before=_instant(meta["not_before"]), out_at=_instant(meta["out_at"]),
-                         back_at=_instant(meta["back_at"]), ready_at=_instant(meta["ready_at"]),
-                         started_at=_instant(meta["started_at"]), approved_by=meta["approved_by"] or None,
-                         approved_at=_instant(meta["approved_at"]), handlers=_handlers(meta["handlers"]),
-                         chosen=meta["chosen"] or None, ended_at=ended, day=date.fromisoformat(folder[2]))
+                         not_before=optional_aware(meta["not_before"]), out_at=optional_aware(meta["out_at"]),
+                         back_at=optional_aware(meta["back_at"]), ready_at=optional_aware(meta["ready_at"]),
+                         started_at=optional_aware(meta["started_at"]), approved_by=meta["approved_by"] or None,
+                         approved_at=optional_aware(meta["approved_at"]), handlers=_handlers(meta["handlers"]),
+                         chosen=meta["chosen"] or None, ended_at=ended, day=parse_day(folder[2]))
     except (ValueError, TypeError, AttributeError, KeyError, IndexError):
         return None
 

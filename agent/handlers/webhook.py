@@ -40,6 +40,7 @@ from agent.model.approval import APPROVAL_KEY, approved_by
 from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, text
 from agent.model.outcomes import PHASE_SCHEDULED, PHASE_STARTED
 from agent.model.timefmt import iso_z
+from agent.model.tracker import CANCELED
 from agent.net import boundedhttp
 from agent.net.boundedhttp import Reply
 from agent.net.httpdates import retry_after, transient_status
@@ -135,7 +136,7 @@ def readable(ctx: Context, now: datetime, approved_by: str | None) -> str:
     elif ctx.phase == PHASE_STARTED:
         line = f"{who} has started"
     else:
-        line = f"{who} was canceled" if ctx.outcome == "canceled" else f"{who} is over"
+        line = f"{who} was canceled" if ctx.outcome == CANCELED else f"{who} is over"
     if approved_by:
         line += f", approved by {approved_by}"
     if e.description and ctx.phase == PHASE_SCHEDULED:

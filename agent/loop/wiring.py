@@ -37,6 +37,7 @@ from agent.loop.api import LocalApi, LoopView
 from agent.loop.event_end import fleet_history
 from agent.loop.inbox import Inbox
 from agent.loop.tick import Tick
+from agent.model.approval import acts_now
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
@@ -186,8 +187,8 @@ class Parts:
             return NO_BUDGET
         from agent.fleet.budget import Want
         wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting(tick.now)]
-        started = [Want(eid, t.event.event_type, t.event.not_before) for eid, t in tick.tracked.items()
-                   if t.names_self and t.event.status == SCHEDULED and self.preparation.started(eid)]
+        started = [Want(eid, t.event.event_type, t.event.not_before, acts_now(t.event.status, self.store.results(eid)))
+                   for eid, t in tick.tracked.items() if t.names_self and self.preparation.started(eid)]
         out = bool(self.rotation.drains() or started) or any(
             t.names_self and t.event.status != SCHEDULED for t in tick.tracked.values())
         gate = self.budget.tick(wants, out, started)

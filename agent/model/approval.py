@@ -30,6 +30,11 @@ SENDING: Final = "sending"
 SENT: Final = "sent"
 FAILED: Final = "failed"
 
+ApprovalOutcome = Literal["sent", "failed", "skipped"]
+"""How an approval POST ended (the `maintd_approvals_total` label): sent, failed, or not made (SKIPPED)."""
+SKIPPED: Final = "skipped"
+APPROVAL_OUTCOMES: tuple[ApprovalOutcome, ...] = (SENT, FAILED, SKIPPED)
+
 
 class ApprovalRecord(TypedDict, total=False):
     """The approval record as the approver writes it (`status`, `by` and `at` always)."""
@@ -64,6 +69,15 @@ class ApprovalView(TypedDict):
 def has_status(record: Mapping[str, Any] | None, status: ApprovalStatus) -> bool:
     """The record (as read back from the state store: any shape) has this status."""
     return record is not None and record.get("status") == status
+
+
+def acts_now(status: str, results: Mapping[str, Any]) -> bool:
+    """Whether the platform acts on an event now, whatever a disruption budget says: it is Started, this VM's
+    approval was sent (or is being sent: the POST may have gone), or an operator ordered it (`maintd approve`).
+    `status`: the event's, in IMDS's words (this module imports nothing of `agent`)."""
+    rec = results.get(APPROVAL_KEY)
+    return status != "Scheduled" or MANUAL_APPROVAL_KEY in results or (
+        isinstance(rec, Mapping) and (has_status(rec, SENT) or has_status(rec, SENDING)))
 
 
 def approved_by(record: Mapping[str, Any] | None) -> str | None:

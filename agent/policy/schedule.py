@@ -47,7 +47,7 @@ from agent.model.config_schema import (
     section,
     text,
 )
-from agent.model.timefmt import iso_z
+from agent.model.timefmt import iso_z, parse_iso
 
 if TYPE_CHECKING:
     from zoneinfo import ZoneInfo
@@ -73,7 +73,7 @@ def _datetime(value: Any) -> datetime:
         return datetime.combine(value, time())
     if isinstance(value, str):
         try:
-            return datetime.fromisoformat(value.strip())
+            return parse_iso(value.strip())
         except ValueError:
             pass
     raise ConfigValueError("", f"{value!r} is not a date and time; write e.g. 2026-01-05T09:00:00 "

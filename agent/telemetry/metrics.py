@@ -18,6 +18,7 @@ deferred.defer("prometheus_client")
 from prometheus_client.metrics import Counter, Gauge, Histogram  # noqa: E402
 from prometheus_client.registry import CollectorRegistry  # noqa: E402
 
+from agent.model.approval import APPROVAL_OUTCOMES  # noqa: E402
 from agent.model.events import KNOWN_TYPES  # noqa: E402
 from agent.model.outcomes import OUTCOMES  # noqa: E402
 from agent.telemetry.metrics_text import exposition  # noqa: E402
@@ -26,7 +27,6 @@ EVENT_TYPES = (*KNOWN_TYPES, "Other")
 IMDS_ENDPOINTS = ("scheduledevents", "compute", "approve", "identity")
 STORE_OPS = ("put", "list", "create", "replace", "read")
 """Requests to the coordination store (backend azure_blob): see agent.coordination.store.blob_store."""
-APPROVAL_OUTCOMES = ("sent", "failed", "skipped")
 PEER_OUTCOMES = ("ready", "not_ready", "unreachable", "invalid", "pushed", "push_failed")
 GATE_NAMES = ("fleet", "prometheus")
 
@@ -162,8 +162,8 @@ class Metrics:
     def _initialise(self) -> None:
         for endpoint in IMDS_ENDPOINTS:
             self.imds_requests.labels(endpoint, "200")
-        for outcome in APPROVAL_OUTCOMES:
-            self.approvals.labels(outcome)
+        for approval in APPROVAL_OUTCOMES:
+            self.approvals.labels(approval)
         for outcome in PEER_OUTCOMES:
             self.peer_requests.labels(outcome)
         for gate in GATE_NAMES:
