@@ -96,15 +96,16 @@ def _notes(rows: list[Row], width: int = 0) -> list[str]:
 
 
 def _coordination(c: Mapping[str, Any]) -> list[str]:
-    """The backend and its sources (peers) or the store and its last answer (azure_blob)."""
+    """The backend, then what it publishes: a store and its last answer, or the peers' sources; any other field
+    as it comes (a backend this view does not know shows its own fields)."""
     backend = c.get("backend")
-    if backend == "azure_blob":
+    if "store" in c:
         ago = c.get("store_last_answer_seconds_ago")
         rows: list[Row] = [("store", text(c.get("store"))),
                            ("last answer", f"{text(c.get('store_last_answer'))}"
                                            + (f", {duration(ago)} ago" if ago is not None else ""))]
         shown = {"backend", "store", "store_last_answer", "store_last_answer_seconds_ago"}
-    else:
+    elif "peer_url" in c:
         me = c.get("identity")
         rows = [("peer URL template", text(c.get("peer_url"))),
                 ("static peers", text(c.get("peers_static"))),
@@ -115,6 +116,8 @@ def _coordination(c: Mapping[str, Any]) -> list[str]:
                  if isinstance(me, Mapping) else "- (not learnt from IMDS; identity.name is used)")]
         shown = {"backend", "peer_url", "peers_static", "peers_file", "peers_file_entries", "peers_file_problem",
                  "identity"}
+    else:
+        rows, shown = [], {"backend"}
     rows += [(name, value) for key, value in c.items() if key not in shown for name, value in pairs({key: value})]
     return section(f"Coordination (backend {text(backend)})", rows, width=WIDTH)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 from agent import __version__
 from agent.clock import Clock
 from agent.config.config import Config
+from agent.coordination import backend_registry
 from agent.coordination.backend import BackendStatus, CoordinationView, FleetEvent
 from agent.coordination.coordinator import Coordinator
 from agent.handlers.base import NOTE_PREFIX
@@ -288,18 +289,20 @@ class LocalApi:
     def fleet_history(self, since: str | None) -> FleetHistoryAnswer:
         """The group's past events from the store (`maintd fleet --history`); 409 on the peer backend."""
         if self.history is None:
-            raise ApiError(409, "fleet history needs the store backend (coordination.backend: azure_blob); "
+            raise ApiError(409, "fleet history needs the store backend (coordination.backend: "
+                                f"{' or '.join(backend_registry.shared_store_names())}); "
                                 "`maintd events --history` shows this VM's own past events from its audit journal")
         now = self.clock.now()
         try:
             start = since_instant(since or HISTORY_SINCE, now)
         except ValueError as exc:
             raise ApiError(400, f"since: {exc}") from None
-        from agent.coordination.store.store_protocol import StoreError
+        from agent.fleet.fleet_history import HistoryUnreadable
 
         try:
-            return {"backend": "azure_blob", **self.history.read(self.history_group(), start, now)}
-        except StoreError as exc:
+            return {"backend": self.view().config.coordination.backend,
+                    **self.history.read(self.history_group(), start, now)}
+        except HistoryUnreadable as exc:
             raise ApiError(503, f"the store did not answer: {exc}") from None
 
     def _ready(self, tracked: Tracked | None) -> bool:
@@ -383,9 +386,10 @@ class LocalApi:
         return {"event_id": event_id, "asked_again": self.coordinator.hint(event_id, vm)}
 
     def budget_wake(self, body: Any) -> WakeAnswer:
-        """A wake hint of the disruption budget (`store/budget.Budget.wake`); 409 when this VM has no budget."""
+        """A wake hint of the disruption budget (`fleet/budget.Budget.wake`); 409 when this VM has no budget."""
         if self._budget_wake is None:
-            raise ApiError(409, "no disruption budget here (coordination.budget with backend azure_blob)")
+            raise ApiError(409, "no disruption budget here (coordination.budget with backend "
+                                f"{' or '.join(backend_registry.shared_store_names())})")
         try:
             return self._budget_wake(body)
         except ValueError as exc:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from agent.clock import Clock, Waitable
 from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
+from agent.coordination import backend_registry
+from agent.coordination.backend import Backend, BackendParts, Carrier
 from agent.coordination.coordinator import Coordinator
 from agent.errors import ConfigError, kept_in_memory
 from agent.handlers.base import Result, Services
@@ -46,8 +48,7 @@ from agent.telemetry import logs
 from agent.telemetry.metrics import Metrics
 from agent.trust.secretfile import SecretFiles
 
-if TYPE_CHECKING:  # the store backend's parts load only when the config chooses it (decision 0220)
-    from agent.coordination.store.store_backend import StoreBackend
+if TYPE_CHECKING:  # the budget's parts load only when the config asks for one (decision 0220)
     from agent.fleet.budget import Budget
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -55,7 +56,7 @@ STOP_DRAIN = "stop"
 """The rotation drain key maintd holds while it stops (removed when it starts again)."""
 RESTART_KEYS: tuple[str, ...] = (
     "state.dir", *(f"server.{f.name}" for f in fields(ServerConfig)), "probe.path", "probe.mode", "probe.listen",
-    "coordination.max_concurrency", "coordination.backend", "coordination.azure_blob", "coordination.budget")
+    "coordination.max_concurrency", "coordination.backend", *backend_registry.sections(), "coordination.budget")
 """Keys a reload cannot apply to a running daemon (the listening sockets, the route table, the state dir,
 the peer pools' size, the coordination backend — two protocols must never meet within one event): they
 keep their running values until a restart. Every other key is applied by `Parts.reconfigure`
@@ -131,8 +132,9 @@ class Parts:
                              on_result=self._handler_finished)
         self.readiness = Readiness.of(self.runner)
         self.keeper = Keeper(lambda: self.runner.handlers, clock)
-        backend = self._store_backend()
-        self.budget = make_budget(self, backend)
+        backend = self._backend()
+        carrier = backend.carrier()
+        self.budget = make_budget(self, carrier)
         if self.budget is not None and self.vm_name is not None:  # named in the config: no IMDS topology
             self.budget.identify(self.vm_name, "", "", "")
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
@@ -145,7 +147,7 @@ class Parts:
             warning_as_error=config.health.consider_warning_as_error, health=self.health,
             backend=backend, budget=self.budget)
         self.history, self.event_ends = fleet_history(
-            None if backend is None else backend.exchange.store, self.store, self.readiness, clock,
+            None if carrier is None else carrier.store, self.store, self.readiness, clock,
             self.metrics.lane_errors.labels("history").inc, self.history_group, self.budget)
         self.fleet_pass = FleetPass(self.budget, self.event_ends, self.preparation, self.rotation, self.store,
                                     clock)
@@ -154,20 +156,16 @@ class Parts:
                                               lambda: self.config.imds.max_backoff)
         self.restart_needed: tuple[str, ...] = ()
 
-    def _store_backend(self) -> StoreBackend | None:
-        """The blob store backend, when the config chooses it (the peers otherwise; never both in one run)."""
-        c = self.config.coordination
-        if c.backend != "azure_blob" or c.azure_blob is None:
-            return None
-        from agent.coordination.store.store_backend import StoreBackend  # the peers backend never loads it
-
-        return StoreBackend(c.azure_blob,
-                            token=lambda resource, client_id: self.imds.identity_token(resource, client_id),
-                            clock=self.clock, metrics=self.metrics, health=self.health, secret=self.secrets.read,
-                            on_change=self.inbox.coordination_changed,
-                            takeover_after=lambda: self.config.coordination.takeover_after,
-                            local_health=self.health_json,
-                            warning_as_error=lambda: self.config.health.consider_warning_as_error)
+    def _backend(self) -> Backend:
+        """The coordination backend the config chooses (`backend_registry`; only its code loads), from the parts
+        any backend may need."""
+        return backend_registry.build(BackendParts(
+            lambda: self.config.coordination, self.clock, self.metrics, self.health,
+            on_change=self.inbox.coordination_changed, poll_interval=lambda: self.config.imds.poll_interval,
+            token_reader=self.peer_token, identity=lambda: self.coordinator.identity, local_health=self.health_json,
+            warning_as_error=lambda: self.config.health.consider_warning_as_error,
+            identity_token=lambda resource, client_id: self.imds.identity_token(resource, client_id),
+            secret=self.secrets.read))
 
     def history_group(self) -> str:
         """The fleet history's group (read by the history and the API on each use)."""
@@ -299,17 +297,18 @@ class Parts:
             self.store.flush()
 
 
-def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
-    """The disruption budget, when the config asks for one (the store backend only: refused otherwise)."""
+def make_budget(parts: Parts, carrier: Carrier | None) -> Budget | None:
+    """The disruption budget, when the config asks for one (on a backend with a shared store only: refused
+    otherwise)."""
     c = parts.config.coordination
-    if backend is None or c.budget is None:
+    if carrier is None or c.budget is None:
         return None
-    from agent.coordination.peers.peer_addressing import member_url
+    from agent.coordination.member_urls import member_url
     from agent.fleet.budget import Budget
     from agent.fleet.budget_wake import WakeSender, advertised, primary_ip
 
     states = {"ok": HealthState.OK, "warning": HealthState.WARNING}
-    return Budget(c.budget, store=backend.exchange.store, describe=backend.config.describe, clock=parts.clock,
+    return Budget(c.budget, store=carrier.store, describe=carrier.describe, clock=parts.clock,
                   on_change=parts.inbox.coordination_changed, metrics=parts.metrics,
                   health=lambda prop, state, text: parts.health.set("coordination", prop, states[state], text),
                   needs=lambda: preparation_needs(parts.services.settings, parts.config.handlers),
@@ -317,7 +316,7 @@ def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
                   wake_sender=None if (wake := c.budget.wake_url) is None else WakeSender(  # B5: hints by name
                       parts.peer_token, parts.metrics, lambda name: member_url(wake, name, parts.identity)),
                   url=advertised(c.budget.advertise, parts.config.server.listen, primary_ip),
-                  answers=backend.exchange.answers)
+                  answers=carrier.answers)
 
 
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:
