@@ -158,7 +158,22 @@ def _store(c: CoordinationConfig) -> str:
     assert store is not None
     how = (f"connection string in {store.connection_string_file}" if store.connection_string_file else
            f"managed identity{' ' + store.client_id if store.client_id else ' (system-assigned)'}, token from IMDS")
-    return f"coordination through Azure Blob Storage: {store.describe}; {how}"
+    line = f"coordination through Azure Blob Storage: {store.describe}; {how}"
+    return line + "".join(f"\n{x}" for x in _budget(c))
+
+
+def _budget(c: CoordinationConfig) -> list[str]:
+    """Where the budget's wake hints go, and a warning where `advertise` would once have been relied on."""
+    b = c.budget
+    if b is None:
+        return []
+    lines = [f"budget wake hints: {'to ' + b.wake_url if b.wake_url else 'none'} (an accelerator: the members next "
+             "in line read the record every second)"]
+    if b.advertise not in ("auto", "none") and b.wake_url is None:
+        lines.append(f"warning: coordination.budget.advertise ({b.advertise}) is shown in the fleet view only: no "
+                     "hint is sent to an address read from the record; set coordination.budget.wake_url (a template "
+                     "such as http://{name}:8088) for hints")
+    return lines
 
 
 def _summary(cfg: config_mod.Config) -> str:

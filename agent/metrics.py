@@ -89,7 +89,8 @@ class Metrics:
                                      ["outcome"], registry=r)
         self.store_requests = Counter("maintd_store_requests_total",
                                       "Requests to the coordination store (backend azure_blob) by operation and "
-                                      "outcome (ok; conflict and absent are expected answers; the rest failures)",
+                                      "outcome (ok; conflict, absent and not_modified are expected answers; the rest "
+                                      "failures)",
                                       ["op", "outcome"], registry=r)
         self.budget_members = Gauge("maintd_budget_members",
                                     "Members of this VM's disruption budget group as the store last said: out (a "
@@ -98,6 +99,10 @@ class Metrics:
                                      "How long this VM waited for a place in its disruption budget (until it took one "
                                      "or was forced)", buckets=(0, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600),
                                      registry=r)
+        self.budget_lost = Counter("maintd_budget_lost_total",
+                                   "Places in the disruption budget this VM lost (B2): its lease ended without a "
+                                   "renewal (lease_ended), or the record no longer listed it (dropped); it returned "
+                                   "to rotation and queued again", ["reason"], registry=r)
         self.budget_wake = Counter("maintd_budget_wake_hints_total",
                                    "Wake hints of the disruption budget: sent to a member a release handed a place, "
                                    "failed to send (the member reads on its fallback poll), received", ["outcome"],
@@ -159,6 +164,8 @@ class Metrics:
             self.config_reloads.labels(outcome)
         for reason in ("per_client", "evicted", "memory", "request_timeout", "internal_error"):
             self.http_dropped.labels(reason)
+        for reason in ("lease_ended", "dropped"):
+            self.budget_lost.labels(reason)
         self.in_rotation.set(1)
 
     def follow_verdict(self, in_rotation: Callable[[], bool], health_state: Callable[[], int]) -> None:

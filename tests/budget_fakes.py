@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +12,7 @@ from agent.coordination.coordination_settings import BudgetConfig
 from agent.coordination.store.budget import Budget, Want
 from agent.coordination.store.budget_rules import Entry
 from agent.coordination.store.budget_wake import Hinter
-from agent.coordination.store.store_protocol import StoreError
+from agent.coordination.store.store_protocol import Item, StoreError, Unchanged
 from agent.metrics import Metrics
 
 
@@ -26,21 +26,44 @@ class CasStore:
         self.n = 0
         self.down = False
         self.requests = 0
+        self.ops: list[str] = []
+        """Each request's kind: read, read_if_changed (a 200), not_modified (a 304), write."""
+        self.at: list[float] = []
+        """When each of `ops` was sent (the clock's monotonic reading)."""
+        self.throttle_until: float | None = None
+        """While the clock's monotonic reading is below this, every request answers 503 Retry-After 86400."""
 
-    def _check(self) -> None:
+    def _check(self, op: str) -> None:
         self.requests += 1
+        self.ops.append(op)
+        self.at.append(self.clock.monotonic())
         if self.down:
             raise StoreError("unreachable", "store unreachable: connection refused")
+        if self.throttle_until is not None and self.clock.monotonic() < self.throttle_until:
+            raise StoreError("throttled", "store answered 503 ServerBusy, Retry-After 86400s", retry_after=86400.0)
 
     def read_body(self, name: str) -> tuple[bytes, str, datetime] | None:
         with self.lock:
-            self._check()
+            self._check("read")
             found = self.blobs.get(name)
             return None if found is None else (found[0], found[1], self.clock.now())
 
+    def read_if_changed(self, name: str, etag: str) -> tuple[bytes, str, datetime] | Unchanged | None:
+        """If-None-Match: a 304 (`Unchanged`, no body) while the blob is still at `etag`, as Azure answers."""
+        with self.lock:
+            found = self.blobs.get(name)
+            self._check("not_modified" if found is not None and found[1] == etag else "read_if_changed")
+            if found is None:
+                return None
+            return Unchanged(etag, self.clock.now()) if found[1] == etag else (found[0], found[1], self.clock.now())
+
+    def reads(self) -> int:
+        """Reads of any kind (a 304 is a request too: it counts against the blob's rate like any other)."""
+        return sum(op != "write" for op in self.ops)
+
     def write_body(self, name: str, body: bytes, etag: str | None) -> str | None:
         with self.lock:
-            self._check()
+            self._check("write")
             found = self.blobs.get(name)
             if (etag is None and found is not None) or (etag is not None and (found is None or found[1] != etag)):
                 return None
@@ -58,7 +81,8 @@ class Health:
 
 
 class Hints:
-    """Wake hints delivered in-process to the member at the URL (or lost): a `WakeSender`'s stand-in."""
+    """Wake hints delivered in-process to the member of that name (or lost): a `WakeSender`'s stand-in, addressed
+    as the real one is, by the member's name (never by the `url` its entry gives)."""
 
     def __init__(self) -> None:
         self.budgets: dict[str, Budget] = {}
@@ -68,8 +92,8 @@ class Hints:
     def send(self, group: str, targets: Sequence[Entry]) -> None:
         for t in targets:
             self.sent.append(t.vm)
-            if not self.lost and t.url in self.budgets:
-                self.budgets[t.url].wake({"group": group, "vm": t.vm})
+            if not self.lost and t.vm in self.budgets:
+                self.budgets[t.vm].wake({"group": group, "vm": t.vm})
 
     def wait_idle(self, timeout: float) -> bool:
         return True
@@ -80,18 +104,61 @@ class Hints:
 
 def member(store: CasStore, clock: FakeClock, name: str, zone: str = "1", needs: float = 60.0,
            hints: Hinter | None = None, url: str | None = None, **config: Any) -> tuple[Budget, Health]:
-    """A member of group web; with `hints`, its releases' hints go there and it takes hints at `url` (default
-    http://{name}:8088)."""
+    """A member of group web; with `hints`, its releases' hints go there and it takes hints (by its name); `url`
+    (default http://{name}:8088) is what it writes as its own address (shown only)."""
     health = Health()
     url = url if url is not None else f"http://{name}:8088" if hints is not None else ""
     budget = Budget(BudgetConfig(**{"group": "web", **config}), store=lambda: store, describe="fake store",
                     clock=clock, on_change=lambda: None, health=health, metrics=Metrics(), needs=lambda: needs,
                     lead_time=lambda: 0.0, wake_sender=hints, url=url)
     if isinstance(hints, Hints):
-        hints.budgets[url] = budget
+        hints.budgets[name] = budget
     budget.identify(name, zone, "0", "")
     return budget, health
 
 
 def want(event_id: str, not_before: datetime, event_type: str = "Reboot") -> Want:
     return Want(event_id, event_type, not_before)
+
+
+class WholeStore(CasStore):
+    """`CasStore` with the exchange's metadata records too (markers, listings, the claim): every path of one
+    VM's store client (exchange, claim, budget) on one fake, throttled together."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.meta: dict[str, tuple[dict[str, str], str]] = {}
+
+    def _meta(self, name: str, metadata: Mapping[str, str]) -> str:
+        self.n += 1
+        self.meta[name] = (dict(metadata), f"e{self.n}")
+        return f"e{self.n}"
+
+    def put(self, name: str, metadata: Mapping[str, str]) -> str | None:
+        with self.lock:
+            self._check("put")
+            return self._meta(name, metadata)
+
+    def list_folder(self, prefix: str) -> tuple[list[Item], datetime]:
+        with self.lock:
+            self._check("list")
+            now = self.clock.now()
+            return [Item(n, m, e, now) for n, (m, e) in self.meta.items() if n.startswith(prefix)], now
+
+    def create(self, name: str, metadata: Mapping[str, str]) -> str | None:
+        with self.lock:
+            self._check("create")
+            return None if name in self.meta else self._meta(name, metadata)
+
+    def replace(self, name: str, metadata: Mapping[str, str], etag: str) -> str | None:
+        with self.lock:
+            self._check("replace")
+            return self._meta(name, metadata) if name in self.meta and self.meta[name][1] == etag else None
+
+    def read(self, name: str) -> tuple[dict[str, str], str] | None:
+        with self.lock:
+            self._check("read")
+            return self.meta.get(name)
+
+    def close(self) -> None:
+        pass

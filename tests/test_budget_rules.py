@@ -8,11 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from agent.config.config import loads
+from agent.coordination.store.budget_lease import forced_reason, lease_end, lease_margin
 from agent.coordination.store.budget_rules import (
     CHOSEN,
     FORCE_MARGIN,
     FORCED,
     RELEASE,
+    RENEW,
     TAKE,
     Me,
     Places,
@@ -112,11 +114,44 @@ def test_a_handoff_skips_a_waiter_whose_zone_would_break_the_spread_and_seats_th
     assert [h.vm for h in last.holders] == ["b"]  # once zone 1 is all back, zone 2's waiter goes
 
 
-def test_a_member_handed_a_place_finds_it_on_its_next_read_and_a_stale_grant_is_freed() -> None:
+def test_a_member_handed_a_place_confirms_it_with_its_own_write_and_a_stale_grant_is_freed() -> None:
+    """B1: a member seated by another's write (the handoff) is out by choice only on a write of its own: its TAKE
+    rewrites its entry, renewed at its own read (the old rule answered "acquired" without writing)."""
     _, _, places = apply_step(waiters(("b", "1")), RELEASE, me("a"), "ea", 1, "none", T0)
-    result, _, same = apply_step(places, TAKE, me("b"), "eb", 1, "none", T0 + timedelta(seconds=3), 450)
-    assert result == "acquired" and same == places  # a read, no write
+    later = T0 + timedelta(seconds=3)
+    result, _, mine = apply_step(places, TAKE, me("b"), "eb", 1, "none", later, 450)
+    assert result == "acquired" and mine != places
+    held = mine.holder("b")
+    assert held is not None and held.renewed == later and held.why == CHOSEN and held.since == T0
     assert live(places, T0 + timedelta(minutes=30), 1800).holder("b") is None
+
+
+def test_renewing_an_entry_that_is_not_there_is_a_lost_place_never_renewed() -> None:
+    """B2: a holder dropped by another member (it did not renew for release_after) finds its place lost."""
+    held = take(Places(), me("a"), "e1", CHOSEN, T0)
+    dropped = live(held, T0 + timedelta(seconds=1801), 1800)
+    result, why, same = apply_step(dropped, RENEW, me("a"), "e1", 1, "none", T0 + timedelta(seconds=1801))
+    assert result == "lost" and "no longer in the record" in why and same.holder("a") is None
+    result, _, again = apply_step(held, RENEW, me("a"), "e1", 1, "none", T0 + timedelta(seconds=60))
+    assert result == "renewed" and again.holder("a") is not None
+
+
+def test_the_lease_ends_before_others_may_drop_the_entry_by_its_margin() -> None:
+    """B2: on the member's own clock, the place ends release_after less 2 s + 1 % after it sent the read whose
+    Date renewed its entry; an entry renewed earlier than that read leaves less."""
+    assert lease_margin(1800) == pytest.approx(20.0) and lease_margin(12) == pytest.approx(2.12)
+    assert lease_end(100.0, T0, T0, 1800) == pytest.approx(100 + 1800 - 20)
+    assert lease_end(100.0, T0, T0 + timedelta(seconds=60), 1800) == pytest.approx(100 + 1800 - 60 - 20)
+
+
+@pytest.mark.parametrize(("event_type", "not_before", "words"), [
+    ("Preempt", T0, "Preempt: at once"), ("Terminate", T0, "Terminate: at once"),
+    ("Reboot", None, "no NotBefore"), ("Reboot", T0, "no place by its last safe moment"),
+    ("Redeploy", T0, "no place by its last safe moment")])
+def test_the_forced_line_says_why_for_each_kind_of_event(event_type: str, not_before: datetime | None,
+                                                         words: str) -> None:
+    """Finding 7: a Reboot forced at its last safe moment no longer says "Preempt/Terminate: at once"."""
+    assert words in forced_reason(event_type, not_before)
 
 
 def test_forced_members_count_as_out_for_everyone_else() -> None:

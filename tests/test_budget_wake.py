@@ -1,6 +1,7 @@
 """The budget's wake hint over real sockets: a release's hint reaches the member handed a place through
 POST /v1/budget/wake, guarded like the peers' reads (coordination.token_file); bad input is a 400, never a
-crash; a hint nobody takes is only counted; and where a member says it takes hints (`advertise`)."""
+crash; a hint nobody takes is only counted; a hint goes only where this VM's config derives for the member's name,
+never to the `url` the record gives; and what a member writes as its own `url` (`advertise`, shown only)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ def waiting():  # type: ignore[no-untyped-def]
     store = CasStore(clock)
     nb = clock.now() + timedelta(hours=1)
     metrics = Metrics()
-    a, _ = member(store, clock, "a", hints=WakeSender(lambda: "peer-token", metrics), fallback_poll=600)
+    a, _ = member(store, clock, "a", hints=WakeSender(lambda: "peer-token", metrics,
+                                                    lambda name: url(port, "") if name == "b" else None),
+                  fallback_poll=600)
     b, _ = member(store, clock, "b", url=url(port, ""), fallback_poll=600)
     backend.budget = b
     wants = {"a": [want("ea", nb)], "b": [want("eb", nb)]}
@@ -88,10 +91,10 @@ def test_the_wake_endpoint_needs_the_peer_token_and_bad_input_is_a_400(waiting) 
 
 def test_a_hint_nobody_takes_is_counted_and_never_stops_the_sender() -> None:
     metrics = Metrics()
-    sender = WakeSender(lambda: None, metrics, timeout=0.5)
+    sender = WakeSender(lambda: None, metrics, {"gone": "http://127.0.0.1:9"}.get, timeout=0.5)
     now = FakeClock().now()
-    sender.send("web", [Entry("gone", "1", "0", "e", CHOSEN, now, now, "http://127.0.0.1:9"),
-                        Entry("nourl", "1", "0", "e", CHOSEN, now, now)])
+    sender.send("web", [Entry("gone", "1", "0", "e", CHOSEN, now, now),
+                        Entry("nourl", "1", "0", "e", CHOSEN, now, now, "http://127.0.0.1:9")])
     assert sender.wait_idle(15)  # three tries: nobody listens, a transient failure
     assert 'maintd_budget_wake_hints_total{outcome="failed"} 1.0' in metrics.render().decode()
     sender.stop()
@@ -127,10 +130,10 @@ def test_a_hint_that_meets_a_transient_failure_is_sent_again(monkeypatch: pytest
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     metrics = Metrics()
-    sender = WakeSender(lambda: None, metrics)
+    sender = WakeSender(lambda: None, metrics, lambda name: f"http://127.0.0.1:{server.server_port}")
     now = FakeClock().now()
     try:
-        sender.send("web", [Entry("b", "1", "0", "e", CHOSEN, now, now, f"http://127.0.0.1:{server.server_port}")])
+        sender.send("web", [Entry("b", "1", "0", "e", CHOSEN, now, now)])
         assert sender.wait_idle(15)
         assert Flaky.asked == asked
         assert f'maintd_budget_wake_hints_total{{outcome="{outcome}"}} 1.0' in metrics.render().decode()
@@ -150,3 +153,61 @@ def test_a_hint_that_meets_a_transient_failure_is_sent_again(monkeypatch: pytest
 ])
 def test_where_a_member_takes_hints(advertise: str, listen: str, ip: str | None, expected: str) -> None:
     assert advertised(advertise, listen, lambda: ip) == expected
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """A listener that records who POSTed what with which Authorization, and answers 202."""
+
+    seen: list[tuple[int, str, str]]
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.seen.append((self.server.server_port, self.path, self.headers.get("Authorization", "")))  # type: ignore[attr-defined]
+        self.send_response(202)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_url_forged_into_the_record_never_receives_the_token() -> None:
+    """A waiter's entry says its `url` is a listener of the forger's: the release's hint, with the coordination
+    token, goes only to the address wake_url derives for the waiter's name; the forged listener receives nothing.
+    A name that is not a host name gets no hint at all."""
+    from agent.coordination.peers.peer_addressing import member_url
+
+    seen: list[tuple[int, str, str]] = []
+    servers = []
+    for _ in range(2):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+        server.seen = seen  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    forged, honest = (s.server_port for s in servers)
+    clock = FakeClock()
+    store = CasStore(clock)
+    nb = clock.now() + timedelta(hours=1)
+    template = f"http://{{name}}:{honest}"
+    sender = WakeSender(lambda: "peer-token", Metrics(), lambda name: member_url(template, name, None))
+    a, _ = member(store, clock, "a", hints=sender)
+    b, _ = member(store, clock, "localhost", url=f"http://127.0.0.1:{forged}")
+    wants = {"a": [want("ea", nb)], "localhost": [want("eb", nb)]}
+    try:
+        settle([a], wants, {})
+        assert not settle([b], wants, {})["localhost"].allowed
+        assert f"http://127.0.0.1:{forged}" in store.blobs["budget/web/places"][0].decode()  # forged into the record
+        wants.pop("a")
+        settle([a], wants, {})  # back in rotation: the release seats "localhost" and hints it
+        assert sender.wait_idle(15)
+        assert seen == [(honest, "/v1/budget/wake", "Bearer peer-token")]
+        now = clock.now()
+        sender.send("web", [Entry(f"127.0.0.1:{forged}", "1", "0", "e", CHOSEN, now, now,
+                                  f"http://127.0.0.1:{forged}")])  # a name that is no host name: no hint at all
+        assert sender.wait_idle(15)
+        assert [p for p, *_ in seen if p == forged] == [] and len(seen) == 1
+    finally:
+        sender.stop()
+        for server in servers:
+            server.shutdown()
+            server.server_close()

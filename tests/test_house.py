@@ -22,6 +22,7 @@ PURE = ("agent.model", "agent.windows", "agent.coordination.coordination_rules",
         "agent.prepare.prepare_plan", "agent.prepare.run_records",
         "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.jsonsafe",
         "agent.coordination.store.store_protocol", "agent.coordination.store.history_protocol", "agent.clitext",
+        "agent.coordination.store.budget_rules", "agent.coordination.store.budget_lease",
         "agent.cliviews", "agent.handlers.silences")
 """Modules (or whole wings) that decide and compute only: time is a parameter, nothing is read or sent."""
 IO = ("requests", "urllib3", "http.client", "http.server", "socket", "selectors", "subprocess", "os", "pathlib",

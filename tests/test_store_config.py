@@ -47,3 +47,27 @@ def test_check_config_says_where_records_go_and_how_this_vm_authenticates(write_
     assert done.returncode == 0, done.stderr
     assert "https://acct.blob.core.windows.net container maintd" in done.stdout
     assert "managed identity 0f7c6a3e-1111-4a2b-9c3d-123456789abc, token from IMDS" in done.stdout
+
+
+BUDGET = STORE.format(body="    account_url: https://acct.blob.core.windows.net\n") + "  budget:\n{budget}"
+
+
+def test_check_config_warns_that_advertise_no_longer_routes_wake_hints(write_config) -> None:
+    """An operator who set `advertise` to reach members: check-config warns that it is shown only and names
+    wake_url; with wake_url set, it says where hints go and does not warn."""
+    path = write_config(BUDGET.format(budget="    group: web\n    advertise: http://10.0.0.5:8088\n"))
+    done = maintd("check-config", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "warning: coordination.budget.advertise" in done.stdout and "wake_url" in done.stdout
+    path = write_config(BUDGET.format(budget="    group: web\n    advertise: http://10.0.0.5:8088\n"
+                                             "    wake_url: http://{name}:8088\n"))
+    done = maintd("check-config", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "budget wake hints: to http://{name}:8088" in done.stdout and "warning" not in done.stdout
+
+
+@pytest.mark.parametrize("wake_url, says", [("http://{vm}:8088", "{vm}"), ("http://10.0.0.5:8088", "use {name}")])
+def test_a_wake_url_that_is_no_template_of_a_name_is_refused(write_config, wake_url: str, says: str) -> None:
+    path = write_config(BUDGET.format(budget=f"    group: web\n    wake_url: {wake_url}\n"))
+    done = maintd("check-config", str(path))
+    assert done.returncode == 1 and "wake_url" in done.stderr and says in done.stderr, done.stderr

@@ -78,12 +78,28 @@ class BudgetConfig:
                                "a member that never comes back frees its place this long after its last renewal "
                                "(store time)")
     advertise: str = opt(parse_advertise, "auto",
-                         "auto | none | http://HOST:PORT: where this member takes wake hints (POST /v1/budget/wake) "
-                         "when a release hands it a place; auto: this VM's private IP with the server's port "
-                         "when server.listen is not loopback-only, else none")
+                         "auto | none | http://HOST:PORT: the address this member writes into its entry of the "
+                         "places record, shown in the fleet view only (no hint or credential is ever sent to an "
+                         "address read from the record; hints go to wake_url); auto: this VM's private IP with the "
+                         "server's port when server.listen is not loopback-only, else none")
+    wake_url: str | None = opt(optional(text(r"^https?://\S+$", "a URL template such as http://{name}:8088")), None,
+                               "where a release's wake hint goes, derived from the member's name as peer_url is "
+                               "({name}, {computer_name}, {instance_id}; a value in the host part must be a host "
+                               "name); unset: no hints (the head of the line reads the record every second)")
     fallback_poll: float = opt(duration(5, 3600), 120.0,
-                               "a waiting member reads the record this often (at most release_after / 4), only "
-                               "to catch a lost wake hint (its last safe moment needs no read)")
+                               "the longest a waiting member goes between two reads of the record; the members "
+                               "next in line read it every second, the rest less often the further back they are")
+    member_ttl: float = opt(duration(300, 30 * 86400), 3600.0,
+                            "a member counts towards a percentage max_unavailable while its stamp in the record is "
+                            "younger than this; each member refreshes it every member_ttl / 3, even while idle, and "
+                            "every write drops the stale ones")
+
+    def validate(self) -> None:
+        if self.wake_url is not None:
+            try:
+                template_fields(self.wake_url)
+            except ValueError as exc:
+                raise ConfigValueError("wake_url", str(exc)) from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,11 +51,13 @@ from agent.windows.tick import Tick
 
 class ApprovalBudget(Protocol):
     """What the coordinator asks of the disruption budget (`store/budget.Budget`): may this event be approved
-    early (None), or why not; and the group as the API shows it."""
+    early (None), or why not; may it still be sent (the approver's recheck: this VM's own place within its lease,
+    any thread); and the group as the API shows it."""
 
     snapshot: dict[str, Any]
 
     def approval_blocked(self, event_id: str, resources: Sequence[str]) -> str | None: ...
+    def send_blocked(self, event_id: str, resources: Sequence[str]) -> str | None: ...
 
 
 CLAIMS = ("claim", "take_over")
@@ -215,10 +217,11 @@ class Coordinator:
 
     def still_right(self, order: Order) -> str | None:
         """The coordinator's part of the approver's recheck before every send (approver thread): the event is
-        still Scheduled in this VM's last poll (the backend's part follows: `Backend.right_to_post`)."""
+        still Scheduled in this VM's last poll, and under a budget this VM still holds its place (B2: its lease,
+        read from the budget's snapshot); the backend's part follows (`Backend.right_to_post`)."""
         if order.event_id not in self.scheduled:
             return "the event is no longer Scheduled in this VM's last poll"
-        return None
+        return None if self.budget is None else self.budget.send_blocked(order.event_id, order.resources)
 
     def _sent(self, event_id: str) -> bool:
         return has_status(self.store.result(event_id, APPROVAL_KEY), SENT)

@@ -187,10 +187,11 @@ class Daemon:
             self.control.sleeper.sleep(wait)
 
     def tick(self) -> list[Transition]:
-        """One pass: reload if asked, take the inbox, poll if due, build the pass's `Tick` and hand it down
-        (coordinator, preparation), flush pending state."""
+        """One pass: the budget's lease first, reload if asked, take the inbox, poll if due, build the pass's `Tick`
+        and hand it down (coordinator, preparation), flush pending state."""
         began = self.clock.monotonic()
         self.last_tick = began
+        self.parts.look_at_budget(self.tracked)  # B2: a lost place is lost before anything acts on it
         if self.control.reload.is_set():
             self.control.reload.clear()
             self.reload()

@@ -9,8 +9,9 @@ kept and named), `serve` starts the HTTP server (and the TCP probe) over the API
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 from functools import reduce
 from pathlib import Path
@@ -40,6 +41,7 @@ from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
 from agent.model.outcomes import PHASE_SCHEDULED
+from agent.model.tracker import Tracked
 from agent.prepare.handler_runner import Runner
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
@@ -139,7 +141,8 @@ class Parts:
         if self.budget is not None and self.vm_name is not None:  # named in the config: no IMDS topology
             self.budget.identify(self.vm_name, "", "", "")
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
-                                       profiles=config.profiles, prepare=config.prepare, budget=self.budget is not None)
+                                       profiles=config.profiles, prepare=config.prepare, budget=self.budget is not None,
+                                       restore=self.runner.restore)
         self.coordinator = Coordinator(
             config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store, clock=clock,
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,
@@ -172,6 +175,11 @@ class Parts:
     def lead_seconds(self) -> float:
         lead = self.config.prepare.lead_time
         return 0.0 if lead == NOW else float(lead)
+
+    def look_at_budget(self, tracked: Mapping[str, Tracked]) -> None:
+        """B2, first in every loop pass: a place whose lease ended is lost before anything acts on it."""
+        if self.budget is not None:
+            self.preparation.revoke(self.budget.look(), tracked, self.clock.now())
 
     def leave_gate(self, tick: Tick) -> LeaveGate:
         """The disruption budget's word to preparation (the loop's thread): which due events may leave rotation.
@@ -375,8 +383,16 @@ def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
                   on_change=parts.inbox.coordination_changed, metrics=parts.metrics,
                   health=lambda prop, state, text: parts.health.set("coordination", prop, states[state], text),
                   needs=parts.preparation_needs, lead_time=parts.lead_seconds,
-                  wake_sender=WakeSender(parts.peer_token, parts.metrics),
+                  wake_sender=None if c.budget.wake_url is None else WakeSender(
+                      parts.peer_token, parts.metrics, functools.partial(wake_address, c.budget.wake_url, parts)),
                   url=advertised(c.budget.advertise, parts.config.server.listen, primary_ip))
+
+
+def wake_address(template: str, parts: Parts, name: str) -> str | None:
+    """A budget member's address for wake hints: `coordination.budget.wake_url` for its name (B5)."""
+    from agent.coordination.peers.peer_addressing import member_url
+
+    return member_url(template, name, parts.identity)
 
 
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:

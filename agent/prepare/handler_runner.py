@@ -45,6 +45,7 @@ from agent.prepare.run_records import (
     attempt_of,
     blocks,
     interrupted_verdict,
+    round_of,
     run_result,
     why_not_ready,
 )
@@ -136,14 +137,19 @@ class Runner:
         self.log.error("handler.interrupted", **fields, detail=why, action="recorded failed, not run again")
         return False
 
-    def _enqueue(self, phase: str, event: Event, names_self: bool, outcome: str | None) -> None:
-        eid = event.event_id
-        if phase == PHASE_COMPLETED:  # its own lane: never behind the scheduled work it cut
-            cut, lane = self.stopping, (eid, phase)
+    def _enqueue(self, phase: str, event: Event, names_self: bool, outcome: str | None, behind: bool = False) -> None:
+        eid, rnd = event.event_id, round_of(self.store.results(event.event_id))  # a later round changes no record
+        if phase == PHASE_COMPLETED:  # own lane, never behind the cut work (`behind`, a lost place: before a round)
+            cut, lane = self.stopping, (eid, "present" if behind else phase)
         else:
             with self._lock:
                 cut, lane = self._cuts.setdefault(eid, threading.Event()), (eid, "present")
-        self._lanes.submit(lane, lambda: self._run_phase_logged(phase, event, names_self, outcome, cut))
+        self._lanes.submit(lane, lambda: self._run_phase_logged(phase, event, names_self, outcome, cut, rnd))
+
+    def restore(self, event: Event, names_self: bool) -> None:
+        """A lost budget place (B2): the scheduled work cut as a cancel does, then `completed` in its round."""
+        self._preempt(event.event_id, "place lost")
+        self._enqueue(PHASE_COMPLETED, event, names_self, CANCELED, behind=True)
 
     def _preempt(self, event_id: str, outcome: str | None) -> None:
         """Cut the event's scheduled/started work: the run under way ends early, the rest is skipped."""
@@ -158,9 +164,9 @@ class Runner:
                              reason=f"event {outcome or 'gone'}")
 
     def _run_phase_logged(self, phase: str, event: Event, names_self: bool, outcome: str | None,
-                          cut: threading.Event) -> None:
+                          cut: threading.Event, rnd: int = 1) -> None:
         try:
-            self._run_phase(phase, event, names_self, outcome, cut)
+            self._run_phase(phase, event, names_self, outcome, cut, rnd)
         except Exception as exc:  # never lose the lane: log and go on with the event's next phase
             self.log.error("runner.internal_error", event_id=event.event_id, phase=phase, error=repr(exc),
                            exc_info=True)
@@ -174,11 +180,11 @@ class Runner:
                 and (allowed is None or h.spec.name in allowed)]
 
     def _run_phase(self, phase: str, event: Event, names_self: bool, outcome: str | None,
-                   cut: threading.Event) -> None:
+                   cut: threading.Event, rnd: int = 1) -> None:
         for handler in self.selected(phase, event, names_self):
             if self.stopping.is_set():
                 return
-            key = str(RunKey(handler.spec.name, phase))
+            key = str(RunKey(handler.spec.name, phase, rnd))
             rec = self.store.result(event.event_id, key)
             if rec is not None and rec.get("outcome") != INTERRUPTED:
                 continue
@@ -280,9 +286,9 @@ class Runner:
     def _blocking(self, event: Event, names_self: bool) -> list[tuple[Handler, dict[str, Any] | None]]:
         if self.dry_run:
             return []
-        out = []
+        out, rnd = [], round_of(self.store.results(event.event_id))
         for handler in self.selected(PHASE_SCHEDULED, event, names_self):
-            rec = self.store.result(event.event_id, str(RunKey(handler.spec.name, PHASE_SCHEDULED)))
+            rec = self.store.result(event.event_id, str(RunKey(handler.spec.name, PHASE_SCHEDULED, rnd)))
             if blocks(rec, handler.spec.on_failure):
                 out.append((handler, rec))
         return out
@@ -311,7 +317,7 @@ class Runner:
         results = self.store.results(event.event_id)
         if any(r.get("outcome") == RUNNING for k, r in results.items() if RunKey.parse(k)):
             return False
-        return all(str(RunKey(h.spec.name, PHASE_COMPLETED)) in results
+        return all(str(RunKey(h.spec.name, PHASE_COMPLETED, round_of(results))) in results
                    for h in self.selected(PHASE_COMPLETED, event, names_self) if h.spec.dry_run or not self.dry_run)
 
     def wait_idle(self, timeout: float) -> bool:

@@ -12,6 +12,9 @@ API's thread, reads the clock. An event whose preparation started is never held 
 re-planning only updates its approval side. The start is recorded in the state store (result key
 `preparation`), so a restart holds what was held and resumes what had started; a held event that
 starts or vanishes drops its held work. Plans and each change of them go to the audit journal.
+An event the disruption budget revokes (its place was lost, `LeaveGate.revoked`) returns the VM to rotation as
+after a cancel (the runner's `restore`: the completed phase) and is held again in a new round (`run_records`):
+once it may leave again its scheduled phase runs anew.
 Every record and journal line goes through the store's background writer: the loop never waits on
 the disk (a failed write is kept in memory and reported by the loop's `state/write` health).
 """
@@ -33,7 +36,7 @@ from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.timefmt import iso_z, parse_iso
 from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
 from agent.prepare.prepare_plan import Plan, PlanView, PrepareConfig, make_plan, with_coordination
-from agent.prepare.run_records import RunKey
+from agent.prepare.run_records import ROUND_KEY, RunKey, round_of
 from agent.state.state_store import Store
 from agent.windows.approval_policy import NOW, Profile
 from agent.windows.tick import Tick
@@ -55,8 +58,11 @@ class Preparation:
     """Held scheduled-phase work and the plan of every pending event naming this VM; thread-safe views."""
 
     def __init__(self, *, store: Store, clock: Clock, metrics: Metrics, submit: Callable[[Transition], None],
-                 profiles: tuple[Profile, ...], prepare: PrepareConfig, budget: bool = False) -> None:
+                 profiles: tuple[Profile, ...], prepare: PrepareConfig, budget: bool = False,
+                 restore: Callable[[Event, bool], None] = lambda event, names_self: None) -> None:
+        """`restore`: the runner's, for an event whose place in the budget was lost (B2)."""
         self.store = store
+        self.restore = restore
         self.clock = clock
         self.metrics = metrics
         self.forward = submit
@@ -121,8 +127,8 @@ class Preparation:
     def tick(self, tick: Tick, gate: LeaveGate = NO_BUDGET) -> None:
         """Re-plan what changed, release what is due (and, under a disruption budget, let leave rotation by
         `gate`, the budget's word handed from the loop's thread), export the next preparation times."""
-        self._gate = gate
         tracked, now, profile = tick.tracked, tick.now, tick.profile.name
+        self.revoke(gate, tracked, now)
         cause = "reload" if self._reconfigured else "profile" if profile != self._profile and self._profile else None
         self._reconfigured, self._profile = False, profile
         with self._lock:
@@ -147,6 +153,27 @@ class Preparation:
                 self._start(dataclasses.replace(tr, event=tracked[eid].event), plan, "due", now, held=True)
         self._export()
 
+    def revoke(self, gate: LeaveGate, tracked: Mapping[str, Tracked], now: datetime) -> None:
+        """Take the budget's word (the loop's thread, first in every pass, and in `tick`): each event it revokes
+        whose preparation started in this round returns the VM to rotation as after a cancel and is held again,
+        in a new round, until the budget lets it leave again (B2)."""
+        self._gate = gate
+        for eid in sorted(gate.revoked):
+            t = tracked.get(eid)
+            if t is None or not _pending(t.event.status, t.names_self) or not self.started(eid):
+                continue
+            rnd = round_of(self.store.results(eid))
+            self.log.warning("preparation.returned", event_id=eid, round=rnd, reason="its place in the disruption "
+                             "budget was lost", action="back in rotation as after a cancel; prepared again (round "
+                             f"{rnd + 1}) once it may leave")
+            self.restore(t.event, t.names_self)
+            self.store.record(eid, ROUND_KEY, {"round": rnd + 1, "at": iso_z(now), "reason": "place lost"},
+                              journal="preparation.returned", wait=False)
+            with self._lock:
+                self._held[eid] = Transition(APPEARED, t.event, True, t.first_seen)
+        if gate.revoked:
+            self._export()
+
     def release(self, event_id: str, reason: str) -> bool:
         """Start a held event's preparation now (an operator approved it); False when none is held."""
         with self._lock:
@@ -161,10 +188,11 @@ class Preparation:
         return started
 
     def started(self, event_id: str) -> bool:
-        """Whether preparation for the event has started (recorded, or a scheduled handler has run)."""
+        """Whether preparation for the event has started in its round (recorded, or a scheduled handler has run)."""
         results = self.store.results(event_id)
-        return PREPARATION_KEY in results or any((run := RunKey.parse(k)) is not None and run.phase == PHASE_SCHEDULED
-                                                 for k in results)
+        rnd, rec = round_of(results), results.get(PREPARATION_KEY)
+        return (rec is not None and rec.get("round", 1) == rnd) or any(
+            (run := RunKey.parse(k)) is not None and run.phase == PHASE_SCHEDULED and run.round == rnd for k in results)
 
     def view(self, event_id: str, coordination: ApprovalView) -> PlanView | None:
         """The `plan` object of /v1/events/{id}: the plan, whether work is held, what holds the approval."""
@@ -228,7 +256,7 @@ class Preparation:
     def _record_start(self, event_id: str, plan: Plan, reason: str, now: datetime) -> None:
         record = {"status": "started", "at": iso_z(now), "planned_at": iso_z(plan.prepare_at),
                   "reason": plan.prepare_reason, "detail": plan.prepare_detail, "lead_time": plan.lead_time,
-                  "by": reason}
+                  "by": reason, **({"round": rnd} if (rnd := round_of(self.store.results(event_id))) > 1 else {})}
         self.log.info("preparation.started", event_id=event_id, reason=plan.prepare_reason, by=reason,
                       late_seconds=round(max(0.0, (now - plan.prepare_at).total_seconds()), 1))
         self.store.record(event_id, PREPARATION_KEY, record, journal="preparation.started", wait=False)

@@ -14,25 +14,43 @@ from agent.handlers.spec import HandlerSpec, Result
 from agent.model.outcomes import CANCELED, FAILED, INTERRUPTED, OK, PHASES, RUNNING, SKIPPED, TIMED_OUT
 
 _RUN_PREFIX = "handler:"
+_ROUND_MARK = "#"
 
 @dataclass(frozen=True)
 class RunKey:
-    """Where one handler's run in one phase is recorded in the state store: `handler:<name>:<phase>`
-    (the one place that builds or reads these keys)."""
+    """Where one handler's run in one phase of one round is recorded in the state store: `handler:<name>:<phase>`
+    for the first round (the key every maintd wrote before rounds), `handler:<name>:<phase>#<round>` for a later
+    one (the one place that builds or reads these keys). A round is one preparation of the event: a VM that lost
+    its place in the disruption budget returned to rotation and prepares again in the next round."""
 
     handler: str
     phase: str
+    round: int = 1
 
     def __str__(self) -> str:
-        return f"{_RUN_PREFIX}{self.handler}:{self.phase}"
+        suffix = f"{_ROUND_MARK}{self.round}" if self.round > 1 else ""
+        return f"{_RUN_PREFIX}{self.handler}:{self.phase}{suffix}"
 
     @staticmethod
     def parse(key: str) -> RunKey | None:
-        """The run a state-store key names; None for any other record (approval, preparation)."""
+        """The run a state-store key names; None for any other record (approval, preparation, round)."""
         if not key.startswith(_RUN_PREFIX):
             return None
         handler, sep, phase = key[len(_RUN_PREFIX):].rpartition(":")
-        return RunKey(handler, phase) if sep and handler and phase in PHASES else None
+        phase, mark, number = phase.partition(_ROUND_MARK)
+        rnd = 1 if not mark else int(number) if number.isascii() and number.isdigit() and len(number) < 6 else 0
+        return RunKey(handler, phase, rnd) if sep and handler and phase in PHASES and rnd >= 1 else None
+
+
+ROUND_KEY = "round"
+"""The state store's record of an event's round (`{"round": n, "at", "reason"}`); none means the first."""
+
+
+def round_of(results: dict[str, Any]) -> int:
+    """The round an event's records say it is in (1 when they say nothing sensible)."""
+    rec = results.get(ROUND_KEY)
+    value = rec.get("round") if isinstance(rec, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
 class RunRecord(TypedDict):

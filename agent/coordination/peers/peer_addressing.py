@@ -140,6 +140,15 @@ def resolve(name: str, *, peers: Mapping[str, str], peers_file: Mapping[str, str
         return Address(None, "template", f"{exc}; list it in coordination.peers_file")
 
 
+def member_url(template: str, name: str, me: Identity | None) -> str | None:
+    """A disruption budget member's base URL from `coordination.budget.wake_url` and its name (as a peer's from
+    `peer_url`); None when the name is not safe where the template puts it (no hint is sent then)."""
+    try:
+        return from_template(template, peer_fields(name, me))
+    except ValueError:
+        return None
+
+
 def event_url(base: str, event_id: str, suffix: str = "") -> str:
     """`{base}/v1/events/{EventId}{suffix}`; ValueError for an EventId that is not id-shaped."""
     if not EVENT_ID.match(event_id):

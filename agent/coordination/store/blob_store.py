@@ -1,7 +1,8 @@
 """The only code that talks to Azure Blob Storage: the store coordination backend's thin I/O edge.
 
 Five requests, each counted by operation and outcome (and, for the budget, a small record's body read
-and written with a condition): put a marker (unconditional: a VM writes only
+— also with If-None-Match on the ETag last seen, a 304 `Unchanged` counted `not_modified` — and written with a
+condition): put a marker (unconditional: a VM writes only
 its own), list an event's folder with metadata (and the store's Date; one request per PAGE blobs), create a record with
 If-None-Match: * (the claim), replace one with If-Match: <etag>, read one record. What the records
 mean is `store_protocol`'s business; here every failure becomes a `StoreError` with a short outcome
@@ -29,12 +30,13 @@ from azure.core.exceptions import (
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
+    ResourceNotModifiedError,
     ServiceRequestError,
     ServiceResponseError,
 )
 from azure.storage.blob import ContainerClient, LinearRetry
 
-from agent.coordination.store.store_protocol import RETRY_AFTER_MAX, Item, StoreError
+from agent.coordination.store.store_protocol import RETRY_AFTER_MAX, Item, StoreError, Unchanged
 from agent.httpdates import parse_http_date, retry_after
 
 CONNECT_TIMEOUT, READ_TIMEOUT = 5.0, 10.0
@@ -148,7 +150,7 @@ class BlobStore:
             result = fn()
         except Exception as exc:
             if isinstance(exc, expected):
-                self.count(op, label)
+                self.count(op, "not_modified" if isinstance(exc, ResourceNotModifiedError) else label)
                 return exc
             error = outcome_of(exc)
             self.count(op, error.outcome)
@@ -219,6 +221,24 @@ class BlobStore:
         if isinstance(result, BaseException):
             return None
         return result[0], result[1], _server_time(headers, datetime.now(UTC))
+
+    def read_if_changed(self, name: str, etag: str) -> tuple[bytes, str, datetime] | Unchanged | None:
+        """`read_body` with If-None-Match: `etag`: `Unchanged` (a 304, no body) while the record is still at it."""
+        headers: dict[str, str] = {}
+
+        def hook(response: Any) -> None:
+            headers.update(response.http_response.headers)
+
+        def download() -> tuple[bytes, str]:
+            stream = self._blob(name).download_blob(etag=etag, match_condition=MatchConditions.IfModified,
+                                                    raw_response_hook=hook)
+            return stream.readall(), str(stream.properties.etag)
+
+        result = self._call("read", download, (ResourceNotFoundError, ResourceNotModifiedError), "absent")
+        date = _server_time(headers, datetime.now(UTC))
+        if isinstance(result, ResourceNotModifiedError):
+            return Unchanged(etag, date)
+        return None if isinstance(result, BaseException) else (result[0], result[1], date)
 
     def write_body(self, name: str, body: bytes, etag: str | None) -> str | None:
         """Create a small record (etag None: If-None-Match: *) or rewrite it (If-Match: etag): its new ETag, or

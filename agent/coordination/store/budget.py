@@ -5,8 +5,11 @@ One owner: the loop owns everything here (`tick`, `gate`, `approval_blocked`, th
 store step (read the record, decide with the pure rules, write it back with If-Match, again on a conflict)
 runs on a worker lane and hands an immutable `Outcome` back through a queue; the loop takes it in on its
 next tick. The loop hands preparation an immutable `LeaveGate`: which pending events may leave rotation now
-(this VM holds a place, or is forced). The store down means no place: wait, and still prepare at the last
-safe moment (forced), with a Warning naming the store.
+(this VM holds a place, or is forced) and which must return to it (a lost place). The store down means no place:
+wait, and still prepare at the last safe moment (forced), with a Warning naming the store.
+
+A place is held within its lease only, checked first in every loop pass (`look`); a lost one is revoked in the
+gate, and `send_blocked` (the approver's recheck) reads the `hold` the loop publishes (B2, B3: `budget_lease`).
 
 A release hands the freed place to the next waiter in the same write (`budget_rules.grant`); the worker then
 sends that member a wake hint (`budget_wake`), and a hint received here (`wake`, an API thread) only raises a
@@ -20,13 +23,24 @@ import functools
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 from agent import logs
 from agent.clock import Clock
 from agent.coordination.coordination_settings import BudgetConfig
+from agent.coordination.store.budget_lease import (
+    Hold,
+    Mine,
+    approval_held,
+    forced_reason,
+    health_words,
+    lease_end,
+    lease_margin,
+    send_held,
+)
+from agent.coordination.store.budget_lease import Want as Want
 from agent.coordination.store.budget_rules import (
     CHOSEN,
     FORCE,
@@ -40,7 +54,6 @@ from agent.coordination.store.budget_rules import (
     Me,
     Places,
     apply_step,
-    approval_blocked,
     capacity,
     counts,
     forced_now,
@@ -70,15 +83,6 @@ class BudgetStore(Protocol):
 
 
 @dataclass(frozen=True)
-class Want:
-    """A pending event naming this VM whose preparation is due (its plan says so)."""
-
-    event_id: str
-    event_type: str
-    not_before: datetime | None
-
-
-@dataclass(frozen=True)
 class Outcome:
     """What one store step came to (a worker's hand-back to the loop)."""
 
@@ -92,13 +96,19 @@ class Outcome:
     freed: tuple[str, ...] = ()
     granted: tuple[Entry, ...] = ()
     """Members this step's write handed a place (to wake)."""
+    sent_at: float = 0.0
+    """When the read of the step's last try was sent (monotonic): where its lease starts."""
+    date: datetime | None = None
+    """The store's Date of that read."""
 
 
 def step(store: BudgetStore, group: str, action: Action, me: Me, event: str, cap_of: Callable[[int], int],
-         spread: str, release_after: float) -> Outcome:
-    """One budget step against the store: read, decide (pure), write with If-Match; again on a conflict."""
+         spread: str, release_after: float, monotonic: Callable[[], float] = lambda: 0.0) -> Outcome:
+    """One budget step against the store: read, decide (pure), write with If-Match; again on a conflict.
+    `monotonic`: this member's clock, read as each read is sent (the outcome's `sent_at`)."""
     name = places_blob(group)
     for _ in range(CAS_TRIES):
+        sent_at = monotonic()
         found = store.read_body(name)
         if found is None:  # the group's first step: an empty record, read back for the store's clock
             store.write_body(name, render_places(group, Places()), None)
@@ -112,32 +122,11 @@ def step(store: BudgetStore, group: str, action: Action, me: Me, event: str, cap
         result, reason, new = apply_step(places, action, me, event, cap_of(len(places.members) or 1), spread, now,
                                          release_after / 4)
         if new == places and not freed:
-            return Outcome(action, event, result, places, reason, freed=freed)
+            return Outcome(action, event, result, places, reason, freed=freed, sent_at=sent_at, date=now)
         if store.write_body(name, render_places(group, new), etag) is not None:
-            return Outcome(action, event, result, new, reason, freed=freed, granted=granted(places, new, me.vm))
+            return Outcome(action, event, result, new, reason, freed=freed, granted=granted(places, new, me.vm),
+                           sent_at=sent_at, date=now)
     raise StoreError("conflict", f"{name}: rewritten by others {CAS_TRIES} times in a row")
-
-
-@dataclass
-class Mine:
-    """This VM's part in the budget (the loop's own)."""
-
-    why: str | None = None
-    event: str = ""
-    since: float | None = None
-    waiting_since: float | None = None
-    waiting_for: str = ""
-    busy: bool = False
-    due: float = float("-inf")
-    woken: float = float("-inf")
-    """When the last read a wake hint asked for was due (hints cause at most one read per WAKE_GAP)."""
-    renew_at: float = float("inf")
-    look: bool = False
-    """The coordinator waits on other members' places: read the record again soon."""
-    failures: int = 0
-    error: StoreError | None = None
-    forced_local: frozenset[str] = frozenset()
-    reasons: dict[str, str] = field(default_factory=dict)
 
 
 class Budget:
@@ -162,7 +151,9 @@ class Budget:
         self.wake_sender, self.url = wake_sender, url
         self._woken = threading.Event()
         self.snapshot: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self.hold = Hold()
+        """This VM's place for the approver's recheck (`send_blocked`), replaced whole by the loop."""
+        self._wants: tuple[Want, ...] = ()
 
     def identify(self, vm: str, zone: str, fault_domain: str, scale_set: str) -> None:
         """This VM's name and topology, once IMDS told them; the group defaults to the scale set."""
@@ -175,11 +166,21 @@ class Budget:
 
     # --- the loop -----------------------------------------------------------------------------------
 
+    def look(self) -> LeaveGate:
+        """B2, first in every loop pass (a VM resumed from a pause acts on nothing before it looked): the store's
+        answers taken in, a place whose lease ended lost; what may leave rotation and what must return to it."""
+        now = self.clock.monotonic()
+        self._absorb(now)
+        self._check_lease(now)
+        return self._gate(self._wants, now)
+
     def tick(self, wants: Sequence[Want], out: bool) -> LeaveGate:
-        """Take in the store's answers, send the next step, and say which events may leave rotation now.
-        `wants`: events whose preparation is due; `out`: this VM is out of rotation for an event."""
+        """Take in the store's answers, send the next step, and say which events may leave rotation now (and which
+        must return to it). `wants`: events whose preparation is due; `out`: this VM is out of rotation."""
         now, wall = self.clock.monotonic(), self.clock.now()
         self._absorb(now)
+        self._check_lease(now)
+        self._wants = tuple(wants)
         m = self.mine
         if self._woken.is_set():
             self._woken.clear()
@@ -188,37 +189,43 @@ class Budget:
                 if at < m.due:
                     m.due = m.woken = at
         needs, lead = self.needs(), self.lead_time()
-        forced = frozenset(w.event_id for w in wants if forced_now(w.event_type, w.not_before, needs, lead, wall))
-        for eid in forced - m.forced_local:
-            if m.why is None:
-                self._forced_log(eid, "Preempt/Terminate: at once" if eid not in m.reasons else "")
-        m.forced_local = forced | (m.forced_local & frozenset(w.event_id for w in wants))
-        action, event = self._next(wants, forced, out)
+        for w in wants:
+            m.known[w.event_id] = w
+            if w.event_id not in m.forced and forced_now(w.event_type, w.not_before, needs, lead, wall):
+                m.forced[w.event_id] = now  # B3: kept until release, whatever its preparation does
+                if m.why is None:
+                    self.log.warning("budget.forced", event_id=w.event_id, group=self.group,
+                                     reason=forced_reason(w.event_type, w.not_before))
+                    m.due = min(m.due, now)  # the FORCE step at once, ahead of any backoff
+        action, event = self._next(wants, out)
         if action and not m.busy and now >= m.due and self.me is not None and self.group is not None:
             m.busy = True
             job = functools.partial(self._run, self.group, action, self.me, event)
             self._lanes.submit("budget", job, functools.partial(self._crashed, action, event))
         self._health(wants)
-        allowed = frozenset(w.event_id for w in wants) if m.why is not None else m.forced_local
-        for eid in allowed:
-            m.reasons.setdefault(eid, m.why or FORCED)
-        return LeaveGate(True, allowed)
+        return self._gate(wants, now)
 
-    def _next(self, wants: Sequence[Want], forced: frozenset[str], out: bool) -> tuple[Action | None, str]:
+    def _gate(self, wants: Sequence[Want], now: float) -> LeaveGate:
+        gate = self.mine.gate(wants, now)
+        self.hold = self.mine.hold()
+        return gate
+
+    def _next(self, wants: Sequence[Want], out: bool) -> tuple[Action | None, str]:
         m = self.mine
-        if (m.why is not None or m.waiting_since is not None) and not wants and not out:
+        if (m.why is not None or m.waiting_since is not None or m.forced) and not wants and not out:
             if not m.failures:  # not the next poll: at once (a failed step keeps its backoff)
                 m.due = min(m.due, self.clock.monotonic())
-            return RELEASE, m.event or m.waiting_for  # back in rotation, or no longer waiting: leave the record
+            # back in rotation, or no longer waiting: leave the record
+            return RELEASE, m.event or m.waiting_for or min(m.forced, default="")
+        if m.why is None and m.forced:
+            return FORCE, min(m.forced)  # B3: written as forced, again until it lands
         if m.why is not None and self.clock.monotonic() >= m.renew_at:
-            return RENEW, m.event
+            return (FORCE if m.why == FORCED else RENEW), m.event  # a forced holder renews by forcing again
         if m.why is not None:
             look, m.look = m.look, False
             return (READ, m.event) if look else (None, "")
         if self.places is None:
             return READ, ""  # once after a start: be counted among the members, find a place held before it
-        if forced:
-            return FORCE, sorted(forced)[0]
         if wants:
             return TAKE, wants[0].event_id
         return None, ""
@@ -227,7 +234,7 @@ class Budget:
         try:
             done = step(self.open_store(), group, action, me, event,
                         lambda n: capacity(self.config.max_unavailable, n), self.config.spread,
-                        self.config.release_after)
+                        self.config.release_after, self.clock.monotonic)
         except StoreError as exc:
             done = Outcome(action, event, error=exc)
         if done.granted and self.wake_sender is not None:
@@ -248,7 +255,7 @@ class Budget:
                 return
             m.busy = False
             if o.error is not None:
-                m.failures += 1
+                m.failures, m.failed_at = m.failures + 1, now
                 m.due = now + retry_delay(m.failures)
                 if m.error is None or str(m.error) != str(o.error):
                     self.log.warning("budget.store_failed", store=self.describe, outcome=o.error.outcome,
@@ -265,18 +272,25 @@ class Budget:
     def _took(self, o: Outcome, now: float) -> None:
         m = self.mine
         held = o.places.holder(self._name()) if o.places is not None else None
+        lease = lease_end(o.sent_at, held.renewed, o.date, self.config.release_after) \
+            if held is not None and o.date is not None else float("-inf")
         if held is not None and m.why is None and o.result == "read":  # held before a restart: still out
-            m.why, m.event, m.since, m.renew_at = held.why, held.event, now, now
+            m.why, m.event, m.since, m.renew_at, m.lease_end = held.why, held.event, now, now, lease
             m.reasons.setdefault(held.event, held.why)
             return
+        if m.why == FORCED and o.result != "released" and (held is None or held.why != FORCED):
+            m.renew_at = now  # a forced holder no longer listed: written again at once (B3)
+        if m.why == CHOSEN and o.result != "released" and (held is None or held.event != m.event):
+            return self._lose("dropped", "its entry is no longer in the record: another member dropped it after "
+                                         "release_after without a renewal", now)
         if o.result in ("acquired", "forced") and m.why is None:
-            m.why, m.event, m.since = CHOSEN if o.result == "acquired" else FORCED, o.event, now
             waited = now - m.waiting_since if m.waiting_since is not None else 0.0
+            m.seat(CHOSEN if o.result == "acquired" else FORCED, o.event, now, lease)
             self.metrics.budget_wait.observe(waited)
             if o.result == "acquired":  # a forced member said so when its last safe moment came
                 self.log.info("budget.acquired", event_id=o.event, group=self.group, waited_seconds=round(waited, 1),
                               reason=o.reason)
-            m.waiting_since, m.renew_at = None, now + self.config.release_after / 4
+            m.renew_at = now + self.config.release_after / 4
         elif o.result == "waiting":
             if m.waiting_since is None or m.waiting_for != o.event:
                 m.waiting_since = m.waiting_since if m.waiting_since is not None else now
@@ -289,28 +303,38 @@ class Budget:
             if m.why is not None:
                 self.log.info("budget.released", event_id=o.event, group=self.group, vm=self._name(),
                               held_seconds=round(now - (m.since or now), 1), was=m.why)
-            m.why, m.event, m.since, m.renew_at = None, "", None, float("inf")
-            m.waiting_since, m.waiting_for = None, ""
-        elif o.result == "renewed":
-            m.renew_at = now + self.config.release_after / 4
+            m.clear()
+        elif o.result in ("renewed", "acquired", "forced") and m.why is not None:
+            m.renew_at, m.lease_end = now + self.config.release_after / 4, max(m.lease_end, lease)
         elif o.result == "read" and m.why is not None:
             m.due = now + 2.0  # a holder looking at the others' places for its event's approval
 
-    def _forced_log(self, event_id: str, why: str) -> None:
-        self.log.warning("budget.forced", event_id=event_id, group=self.group,
-                         reason=why or "no place by its last safe moment: out over budget (safety before capacity)")
+    def _check_lease(self, now: float) -> None:
+        m = self.mine
+        if m.why == CHOSEN and now >= m.lease_end:
+            ra = self.config.release_after
+            self._lose("lease_ended", f"no renewal confirmed its place within its lease (release_after {ra:g} s "
+                                      f"less {lease_margin(ra):g} s, on this VM's clock)", now)
+
+    def _lose(self, kind: str, reason: str, now: float) -> None:
+        """B2: the place is lost. The event returns to rotation (the gate revokes it) and the member queues again,
+        unless its last safe moment has come: then it stays out, forced (B3)."""
+        m = self.mine
+        event, want = m.event, m.known.get(m.event)
+        self.metrics.budget_lost.labels(kind).inc()
+        forced = event in m.forced or (want is not None and forced_now(
+            want.event_type, want.not_before, self.needs(), self.lead_time(), self.clock.now()))
+        self.log.warning("budget.lost", event_id=event, group=self.group, reason=reason, effect=(
+            "stays out of rotation, forced: its last safe moment has come; written as forced" if forced else
+            "returns to rotation (the completed phase runs), never approves on this place, queues again"))
+        m.lose(now, forced, reason)
+        self.hold = m.hold()
 
     def _name(self) -> str:
         return self.me.vm if self.me else ""
 
     def _health(self, wants: Sequence[Want]) -> None:
-        m = self.mine
-        if m.why is None and wants and not m.forced_local:
-            store = f"; the store ({self.describe}) fails: {m.error}" if m.error else ""
-            self.health(HEALTH, "warning", f"waiting for a place in budget {self.group or '(no group)'} for "
-                                           f"{wants[0].event_id}{store}; prepares at its last safe moment")
-        else:
-            self.health(HEALTH, "ok", f"budget {self.group}: " + (f"holds a place ({m.why})" if m.why else "idle"))
+        self.health(HEALTH, *health_words(self.mine, self.group, wants, self.describe))
 
     # --- the coordinator ------------------------------------------------------------------------------
 
@@ -324,11 +348,15 @@ class Budget:
             self.log.warning("budget.event_too_large", event_id=event_id, members=len(resources), places=cap,
                              effect="the members beyond the budget prepare at their last safe moment; early approval "
                                     "waits for every member to hold a place or be forced")
-        here = frozenset({self._name().casefold()}) if m.why is not None or event_id in m.forced_local else frozenset()
-        why = approval_blocked(resources, event_id, self.places, here)
+        why = approval_held(resources, event_id, self.places, self._name(), self.hold, self.clock.monotonic())
         if why is not None and m.why is not None:
             m.look = True  # look again (the "read" answer paces it): the others' places
         return why
+
+    def send_blocked(self, event_id: str, resources: Sequence[str]) -> str | None:
+        """The approver's recheck immediately before every send (its thread; reads the `hold` snapshot): None
+        unless this VM is named and no longer holds its place for the event within its lease (B2)."""
+        return send_held(resources, event_id, self._name(), self.hold, self.clock.monotonic())
 
     def reason_for(self, event_id: str) -> str | None:
         """`chosen` or `forced`: why this VM left rotation for the event (None: the budget did not govern it)."""
@@ -341,9 +369,10 @@ class Budget:
                 "places": capacity(self.config.max_unavailable, len(places.members) or 1),
                 "spread": self.config.spread, "members_known": len(places.members),
                 "holders": [{"vm": h.vm, "since": iso_z(h.since), "why": h.why, "event_id": h.event,
-                             "zone": h.zone, "fault_domain": h.fault_domain} for h in places.holders],
-                "waiting": [{"vm": w.vm, "since": iso_z(w.since), "event_id": w.event, "zone": w.zone}
-                            for w in places.waiting],
+                             "zone": h.zone, "fault_domain": h.fault_domain, "url": h.url or None}
+                            for h in places.holders],
+                "waiting": [{"vm": w.vm, "since": iso_z(w.since), "event_id": w.event, "zone": w.zone,
+                             "url": w.url or None} for w in places.waiting],
                 "store_error": str(self.mine.error) if self.mine.error else None}
         for state, n in counts(places).items():
             self.metrics.budget_members.labels(state).set(n)

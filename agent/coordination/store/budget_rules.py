@@ -19,7 +19,8 @@ exception; an unreadable record is never taken as free places (a VM waits as if 
 
 Handoff: every write hands the places it leaves free to the waiters first in line that may go (`grant`, with
 the same count and spread as a `take`), so a release seats the next member in the releaser's own write. A
-granted waiter is a holder from that write on (out for everyone else) even before it notices; its entry's
+granted waiter is a holder from that write on (out for everyone else) even before it notices, and leaves
+rotation only once a TAKE of its own rewrote its entry (B1: out by choice only on a write it made); its entry's
 `url` (optional: the member's own maintd API, `coordination.budget.advertise`) is where the writer sends a
 wake hint. The hint carries no authority: a member acts only on what it reads here.
 """
@@ -335,12 +336,13 @@ def apply_step(places: Places, action: Action, me: Me, event: str, cap: int, spr
                renew_after: float = 0.0) -> tuple[str, str, Places]:
     """One member's step on the (live) record: (what it came to, why, the record to write back with If-Match).
 
-    take: `acquired` when `blocked` says nothing or a release handed it the place, else `waiting` (queued, first
-    come first); force: `forced` (never refused: the platform's deadline); release: `released`; renew:
-    `renewed` (a holder's renewal); read: `read` (registered among the members if it was not). A waiter already
-    queued for the event, or a member already handed a place for it, is written again only once its entry is
-    `renew_after` old: a waiting member's polls are reads. Whatever the step, the record written back hands
-    its free places to the waiters first in line (`grant`): the releaser's own write seats the next member."""
+    take: `acquired` when `blocked` says nothing or a release handed it the place (confirmed by this step's own
+    write: B1), else `waiting` (queued, first come first); force: `forced` (never refused: the platform's
+    deadline); release: `released`; renew: `renewed` (a holder's renewal), or `lost` when the record no longer
+    lists it (dropped after release_after: B2, never "renewed"); read: `read` (registered among the members if it
+    was not). A waiter already queued for the event is written again only once its entry is `renew_after` old: a
+    waiting member's polls are reads. Whatever the step, the record written back hands its free places to the
+    waiters first in line (`grant`): the releaser's own write seats the next member."""
     result, why, new = _decide(places, action, me, event, cap, spread, now, renew_after)
     new = grant(new, cap, spread, now)
     if result == "waiting" and (held := new.holder(me.vm)) is not None and held.why == CHOSEN:
@@ -356,8 +358,8 @@ def _decide(places: Places, action: Action, me: Me, event: str, cap: int, spread
     if action == FORCE:
         return "forced", "its last safe moment came without a place", take(places, me, event, FORCED, now)
     if action == TAKE:
-        if held is not None and held.event == event and _age(held.renewed, now) < renew_after:
-            return "acquired", "a member's release handed it the place", places
+        if held is not None and held.event == event:  # handed the place by another's write: confirm it (B1)
+            return "acquired", "a member's release handed it the place", take(places, me, event, held.why, now)
         why = blocked(places, me, cap, spread)
         if why is None:
             return "acquired", "a place was free", take(places, me, event, CHOSEN, now)
@@ -368,5 +370,8 @@ def _decide(places: Places, action: Action, me: Me, event: str, cap: int, spread
     if action == RELEASE:
         return "released", "back in rotation", release(places, me.vm, now)
     if action == RENEW:
-        return "renewed", "still out", take(places, me, held.event, held.why, now) if held else places
+        if held is None or held.event.casefold() != event.casefold():
+            return "lost", "its entry is no longer in the record (dropped after release_after without a renewal)", \
+                places
+        return "renewed", "still out", take(places, me, held.event, held.why, now)
     return "read", "", places if me.vm in places.members else register(places, me.vm, now)

@@ -1,9 +1,12 @@
 """Wake hints of the disruption budget: a member whose write handed a place to a waiter tells it so, at once.
 
 Blob storage has no watch. The handoff (`budget_rules.grant`) seats the next member in the releaser's own
-write; the releaser then POSTs `{url}/v1/budget/wake` to the member's advertised API (`url` in its entry of
-the places record) so it reads the record now instead of on its fallback poll. A hint carries no authority:
-the member acts only on what it reads in the store, so a forged, late or lost hint costs at most a read.
+write; the members next in line read the record every second (B4), and the releaser also POSTs
+`{address}/v1/budget/wake`, an accelerator only, so the member reads the record at once. The address is what this
+VM's own configuration derives for the member's name (`coordination.budget.wake_url`, the `address` function the
+wiring hands in), never the `url` of its entry in the record: the hint carries the coordination token, and the
+record is data anyone with write access to the container could have written (B5). A hint carries no authority
+either: the member acts only on what it reads in the store, so a forged, late or lost hint costs at most a read.
 Sending runs on its own worker lanes with a short timeout (never the loop, never the budget's store lane); a
 failure is a debug log and `maintd_budget_wake_hints_total{outcome="failed"}`. Receiving only raises a flag
 the loop takes in on its next tick, where reads it causes are at most one per WAKE_GAP.
@@ -45,7 +48,8 @@ class WakeAnswer(TypedDict):
 
 
 def advertised(advertise: str, listen: str, local_ip: Callable[[], str | None]) -> str:
-    """The base URL this member writes into its entry for wake hints ("" none). `advertise`: auto, none or a URL;
+    """The base URL this member writes into its entry, shown in the fleet view only ("" none; never an address
+    anything is sent to). `advertise`: auto, none or a URL;
     auto: the server's port on the address it listens on, or on this VM's private IP when it listens on every
     address; none when it listens on loopback only (no other VM could reach it)."""
     if advertise == "none":
@@ -82,8 +86,10 @@ class Hinter(Protocol):
 class WakeSender:
     """Sends wake hints on its own lanes (one per target); thread-safe."""
 
-    def __init__(self, token_reader: Callable[[], str | None], metrics: Any, timeout: float = HINT_TIMEOUT) -> None:
-        self.token_reader, self.metrics, self.timeout = token_reader, metrics, timeout
+    def __init__(self, token_reader: Callable[[], str | None], metrics: Any, address: Callable[[str], str | None],
+                 timeout: float = HINT_TIMEOUT) -> None:
+        """`address`: a member's base URL from its name, as this VM's configuration derives it (None: no hint)."""
+        self.token_reader, self.metrics, self.timeout, self.address = token_reader, metrics, timeout, address
         self.log = logs.get("budget")
         self._lanes = Lanes(2, "budget-wake", metrics.lane_errors.labels("budget-wake").inc)
         self._lock = threading.Lock()
@@ -91,10 +97,15 @@ class WakeSender:
         self._stopping = threading.Event()
 
     def send(self, group: str, targets: Sequence[Entry]) -> None:
-        """Hint each of `targets` that has a URL (the loop's or a worker's thread: returns at once)."""
+        """Hint each of `targets` at the address the configuration derives for its name, never at the `url` its
+        entry in the record gives (the loop's or a worker's thread: returns at once)."""
         for t in targets:
-            if t.url:
-                self._lanes.submit(t.url, functools.partial(self._post, group, t.vm, t.url))
+            url = self.address(t.vm)
+            if url:
+                self._lanes.submit(url, functools.partial(self._post, group, t.vm, url))
+            else:
+                self.log.debug("budget.wake_unaddressed", vm=t.vm, effect="no hint: the member reads the record",
+                               reason="coordination.budget.wake_url gives no safe address for this name")
 
     def _post(self, group: str, vm: str, url: str) -> None:
         """One hint, sent again after each of RETRY_AFTER while its failures are transient (a stop ends the waits)."""

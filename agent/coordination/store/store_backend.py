@@ -123,7 +123,8 @@ class StoreBackend:
             return Inputs(list(resources), [], Step("wait", f"not coordinated through the store: {why}"))
         mark = (marker_state(pending), own_health(self.local_health(), event_id, self.warning_as_error()))
         allowed = may_approve(mode, pending, manual)
-        self.exchange.run(event_id, resources, vm_name, mark, allowed, self.clock.monotonic())
+        left = (event.not_before - self.clock.now()).total_seconds() if event.not_before is not None else None
+        self.exchange.run(event_id, resources, vm_name, mark, allowed, self.clock.monotonic(), left)
         waiting, step = self.exchange.verdict(event_id, resources, vm_name, self.takeover_after(), mode != IMMEDIATE)
         return Inputs([n for n in waiting if n.casefold() != vm_name.casefold()], [], step)
 

@@ -22,17 +22,16 @@ import functools
 import queue
 import random
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Protocol
 
 from agent import logs
 from agent.clock import Clock
+from agent.coordination.store.store_answers import PROBE_EVERY_S, AnsweredStore, Answers, affordable_wait
+from agent.coordination.store.store_answers import Store as Store  # re-exported: every path names it here
 from agent.coordination.store.store_protocol import (
     APPROVED,
     Approval,
-    Item,
     Listing,
     Step,
     StoreError,
@@ -68,19 +67,6 @@ def internal_error(exc: Exception) -> StoreError:
                                         "(lane.internal_error); retried")
 
 
-class Store(Protocol):
-    """What the exchange needs of `blob_store.BlobStore` (a fake in tests)."""
-
-    def put(self, name: str, metadata: Mapping[str, str]) -> str | None: ...
-    def list_folder(self, prefix: str) -> tuple[list[Item], datetime]: ...
-    def create(self, name: str, metadata: Mapping[str, str]) -> str | None: ...
-    def replace(self, name: str, metadata: Mapping[str, str], etag: str) -> str | None: ...
-    def read(self, name: str) -> tuple[dict[str, str], str] | None: ...
-    def read_body(self, name: str) -> tuple[bytes, str, datetime] | None: ...
-    def write_body(self, name: str, body: bytes, etag: str | None) -> str | None: ...
-    def close(self) -> None: ...
-
-
 @dataclass
 class EventState:
     """What this VM knows of one event in the store (the loop's own)."""
@@ -101,6 +87,11 @@ class EventState:
     own_etag: str | None = None
     """The ETag of this VM's last marker write for the event (None: unknown, e.g. after a failed request)."""
     forged: str | None = None
+    time_left: float | None = None
+    """Seconds to the event's NotBefore at the last tick (None: not known): how much of a Retry-After it affords."""
+    answered_mark: int | None = None
+    """`Answers.count` when a Retry-After set `retry_at`: any answer after it ends the wait (B6)."""
+    probe_at: float = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -118,6 +109,8 @@ class Result:
     own_etag: str | None = None
     seen: str | None = None
     """This VM's marker as its own read found it, while preparing: its ETag, "" when absent (None: not read)."""
+    probe: bool = False
+    """A read sent during a Retry-After's wait to learn whether the fault is over (B6)."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +154,8 @@ class StoreExchange:
         self._lanes = Lanes(max_workers, "store", count_error)
         self._last: tuple[str, float | None] = ("no request yet", None)
         self._healthy: bool | None = None
+        self.answers = Answers()
+        """Answers from the store by any path through `store` (B6: the first ends every Retry-After's wait)."""
 
     # --- worker side -----------------------------------------------------------------------
 
@@ -169,7 +164,7 @@ class StoreExchange:
         with self._open_lock:
             if self._store is None:
                 try:
-                    self._store = self.open_store()
+                    self._store = AnsweredStore(self.open_store(), self.answers)
                 except StoreError:
                     raise
                 except Exception as exc:  # an SDK that cannot even build its client is a store failure like any other
@@ -188,7 +183,7 @@ class StoreExchange:
         self._lanes.submit("", open_quietly)
 
     def _sync(self, event_id: str, resources: tuple[str, ...], me: str, write: Mark | None, lists: bool,
-              reads: bool) -> None:
+              reads: bool, probe: bool = False) -> None:
         written = etag = seen = None
         try:
             store = self.store()
@@ -203,9 +198,9 @@ class StoreExchange:
                 found = store.read(marker_blob(event_id, me))
                 seen = "" if found is None else found[1]
             self.hand(Result(event_id, self.clock.monotonic(), marker=written, listing=listing, own_etag=etag,
-                             seen=seen))
+                             seen=seen, probe=probe))
         except StoreError as exc:
-            self.hand(Result(event_id, self.clock.monotonic(), marker=written, error=exc))
+            self.hand(Result(event_id, self.clock.monotonic(), marker=written, error=exc, probe=probe))
 
     def hand(self, result: Result) -> None:
         """Give the loop one result (from a worker lane or the approver thread) and wake it."""
@@ -215,16 +210,22 @@ class StoreExchange:
     # --- loop side ---------------------------------------------------------------------------
 
     def run(self, event_id: str, resources: Sequence[str], me: str, marker: Mark, listing_wanted: bool,
-            now: float) -> None:
+            now: float, time_left: float | None = None) -> None:
         """Queue this tick's request for one event: write the marker if it changed; list after it and when due,
         but only while `listing_wanted` (this VM could claim); a VM still preparing reads its own marker when due
         instead, to notice one it did not write."""
         st = self._events.setdefault(event_id, EventState())
-        st.resources, st.me = tuple(resources), me
+        st.resources, st.me, st.time_left = tuple(resources), me, time_left
         if listing_wanted and not st.wanted:
             st.due = float("-inf")  # it may claim now (ready, or an operator's go): look at once
         st.wanted = listing_wanted
-        if st.busy or now < st.retry_at:
+        if st.busy:
+            return
+        if self._held_back(st, now) > 0:
+            if st.answered_mark is not None and now >= st.probe_at:  # is the fault over? one cheap read tells
+                st.probe_at, st.busy = now + PROBE_EVERY_S, True
+                self._lanes.submit(event_id, functools.partial(self._sync, event_id, st.resources, me, None, False,
+                                                               True, True), functools.partial(self._crashed, event_id))
             return
         write = marker if marker != st.marker else None
         settled = st.listing is not None and st.listing.approval is not None and st.listing.approval.state == APPROVED
@@ -254,6 +255,8 @@ class StoreExchange:
             if r.sync:
                 st.busy = False
             st.marker = r.marker or st.marker
+            if r.error is not None and r.probe:
+                continue  # the fault goes on: the wait its Retry-After set stays as it was (said once already)
             if r.error is not None:
                 st.own_etag = None if r.sync else st.own_etag  # a write may have landed unseen
                 self._failed(r.event_id, st, r.error, now)
@@ -279,10 +282,15 @@ class StoreExchange:
 
     def _failed(self, event_id: str, st: EventState, error: StoreError, now: float) -> None:
         st.failures += 1
-        st.retry_at = now + max(retry_delay(st.failures), error.retry_after or 0.0)  # the store's Retry-After honoured
+        asked = affordable_wait(error.retry_after, st.time_left)  # the store's Retry-After, as far as the event affords
+        st.retry_at = now + max(retry_delay(st.failures), asked)
+        st.answered_mark = self.answers.count if asked else None
+        st.probe_at = now + PROBE_EVERY_S
         if st.error is None or str(st.error) != str(error):
             self.log.warning("store.request_failed", event_id=event_id, outcome=error.outcome, error=str(error),
-                             retry_in=st.retry_at - now,
+                             retry_in=round(st.retry_at - now, 1),
+                             **({"retry_after_asked": error.retry_after, "retry_after_honoured": round(asked, 1)}
+                                if error.retry_after else {}),
                              effect="this VM approves nothing it has not read from the store")
         self.report(STORE, False, f"{error.outcome}: {error}")
         st.error, self._healthy = error, False
@@ -334,16 +342,23 @@ class StoreExchange:
         """Who is not recorded ready, and the protocol's next step, from what the store last said.
 
         A failing store, or no listing yet, means wait: this VM never approves on a guess. So does a failure's
-        backoff (the store's Retry-After included) while it lasts, even if another request answered meanwhile:
-        a claim is a request like any other.
+        backoff while it lasts (a claim is a request like any other); a Retry-After's part of it ends at the first
+        answer from the store by any path (B6).
         """
         st = self._events.get(event_id)
         if st is None or st.listing is None or st.error is not None:
             why = f"store: {st.error}" if st is not None and st.error is not None else "no answer from the store yet"
             return list(resources), Step("wait", why)
-        if (left := st.retry_at - self.clock.monotonic()) > 0:
+        if (left := self._held_back(st, self.clock.monotonic())) > 0:
             return not_ready(st.listing, resources), Step("wait", f"store: asked again in {left:.1f}s after a failure")
         return not_ready(st.listing, resources), next_step(st.listing, resources, me, takeover_after, need_all_ready)
+
+    def _held_back(self, st: EventState, now: float) -> float:
+        """Seconds this event's requests still wait after a failure: a Retry-After's wait ends at the first answer
+        from the store by any path since it was set (B6)."""
+        if self.answers.since(st.answered_mark):
+            st.retry_at, st.answered_mark = float("-inf"), None
+        return st.retry_at - now
 
     def forget(self, keep: set[str]) -> None:
         """Drop the events no longer pending (the loop's prune)."""

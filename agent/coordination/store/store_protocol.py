@@ -65,6 +65,15 @@ class StoreError(MaintdError):
         self.retry_after = retry_after
 
 
+@dataclass(frozen=True)
+class Unchanged:
+    """A conditional read's answer when the record is still at the ETag asked about (304: no body), with the
+    store's clock when it answered."""
+
+    etag: str
+    date: datetime
+
+
 # --- layout --------------------------------------------------------------------------------------
 
 def event_folder(event_id: str) -> str:

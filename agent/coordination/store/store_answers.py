@@ -1,0 +1,114 @@
+"""B6, a Retry-After ends with the fault: how much of it an event can afford, and whether the store answered
+since a path was told to wait.
+
+A path honours the store's Retry-After for at most RETRY_AFTER_CAP_S and never past RETRY_AFTER_SHARE of the time
+left to the event's NotBefore (`affordable_wait`, pure): a store that asks for a day must not cost the event its
+early approval.
+
+Every path to the store (the exchange's markers and listings, the approver's claim, the budget, the fleet
+history) goes through the one client `StoreExchange.store` opens, wrapped here: each request that returns (an
+answer, a condition that did not hold and absence included) moves `Answers.count` on. A path the store asked to
+wait (a 503/429 with Retry-After) notes the count when it failed, and its wait ends as soon as the count moved:
+the first request that succeeds, by any path, ends every wait a Retry-After set. A failure (`StoreError`, any
+other exception) moves nothing. So that a wait ends with the fault even when no other path is asking, the exchange
+reads the event's own marker every PROBE_EVERY_S while the wait lasts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Protocol, TypeVar
+
+from agent.coordination.store.store_protocol import Item, Unchanged
+
+T = TypeVar("T")
+
+
+class Store(Protocol):
+    """What every store path needs of `blob_store.BlobStore` (a fake in tests)."""
+
+    def put(self, name: str, metadata: Mapping[str, str]) -> str | None: ...
+    def list_folder(self, prefix: str) -> tuple[list[Item], datetime]: ...
+    def create(self, name: str, metadata: Mapping[str, str]) -> str | None: ...
+    def replace(self, name: str, metadata: Mapping[str, str], etag: str) -> str | None: ...
+    def read(self, name: str) -> tuple[dict[str, str], str] | None: ...
+    def read_body(self, name: str) -> tuple[bytes, str, datetime] | None: ...
+    def read_if_changed(self, name: str, etag: str) -> tuple[bytes, str, datetime] | Unchanged | None: ...
+    def write_body(self, name: str, body: bytes, etag: str | None) -> str | None: ...
+    def close(self) -> None: ...
+
+RETRY_AFTER_CAP_S, RETRY_AFTER_SHARE = 30.0, 0.25
+"""B6: a path honours a Retry-After for at most this long, and never past this share of the time left to NotBefore."""
+PROBE_EVERY_S = 5.0
+"""While a Retry-After holds an event's requests back, one cheap read (its own marker) this often asks whether the
+fault is over (a read of another path: the request the store asked to wait is not sent again before its time)."""
+
+
+def affordable_wait(retry_after: float | None, time_left: float | None) -> float:
+    """The seconds of the store's Retry-After an event can afford to wait (0: none asked); `time_left`: seconds to
+    its NotBefore (None: none known, only the cap)."""
+    if not retry_after or retry_after <= 0:
+        return 0.0
+    cap = RETRY_AFTER_CAP_S if time_left is None else min(RETRY_AFTER_CAP_S, max(0.0, time_left) * RETRY_AFTER_SHARE)
+    return min(retry_after, cap)
+
+
+class Answers:
+    """Requests the store answered, by any path (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def note(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def since(self, mark: int | None) -> bool:
+        """Whether the store answered anything after `mark` (a `count` read when a path was told to wait)."""
+        return mark is not None and self._count > mark
+
+
+class AnsweredStore:
+    """A `Store` that notes each answer in `answers` (every call is passed through unchanged)."""
+
+    def __init__(self, store: Store, answers: Answers) -> None:
+        self.inner, self.answers = store, answers
+
+    def _answered(self, call: Callable[[], T]) -> T:
+        result = call()
+        self.answers.note()
+        return result
+
+    def put(self, name: str, metadata: Mapping[str, str]) -> str | None:
+        return self._answered(lambda: self.inner.put(name, metadata))
+
+    def list_folder(self, prefix: str) -> tuple[list[Item], datetime]:
+        return self._answered(lambda: self.inner.list_folder(prefix))
+
+    def create(self, name: str, metadata: Mapping[str, str]) -> str | None:
+        return self._answered(lambda: self.inner.create(name, metadata))
+
+    def replace(self, name: str, metadata: Mapping[str, str], etag: str) -> str | None:
+        return self._answered(lambda: self.inner.replace(name, metadata, etag))
+
+    def read(self, name: str) -> tuple[dict[str, str], str] | None:
+        return self._answered(lambda: self.inner.read(name))
+
+    def read_body(self, name: str) -> tuple[bytes, str, datetime] | None:
+        return self._answered(lambda: self.inner.read_body(name))
+
+    def read_if_changed(self, name: str, etag: str) -> tuple[bytes, str, datetime] | Unchanged | None:
+        return self._answered(lambda: self.inner.read_if_changed(name, etag))
+
+    def write_body(self, name: str, body: bytes, etag: str | None) -> str | None:
+        return self._answered(lambda: self.inner.write_body(name, body, etag))
+
+    def close(self) -> None:
+        self.inner.close()
