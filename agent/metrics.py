@@ -107,6 +107,11 @@ class Metrics:
                                    "Wake hints of the disruption budget: sent to a member a release handed a place, "
                                    "failed to send (the member reads on its fallback poll), received", ["outcome"],
                                    registry=r)
+        self.budget_record_problems = Counter("maintd_budget_record_problems_total",
+                                              "Odd records found in the disruption budget's places record, each "
+                                              "counted once: an instant past the store's clock (future_instant, "
+                                              "ignored), a record that is not a places record (unreadable)",
+                                              ["problem"], registry=r)
         self.lane_errors = Counter("maintd_lane_errors_total",
                                    "Jobs on a worker lane that raised instead of handling their own failure, by lane "
                                    "(store, peer, history); each is logged as lane.internal_error and its work put "
@@ -166,6 +171,8 @@ class Metrics:
             self.http_dropped.labels(reason)
         for reason in ("lease_ended", "dropped"):
             self.budget_lost.labels(reason)
+        for problem in ("future_instant", "unreadable"):  # budget_records.PROBLEMS (the base imports no wing)
+            self.budget_record_problems.labels(problem)
         self.in_rotation.set(1)
 
     def follow_verdict(self, in_rotation: Callable[[], bool], health_state: Callable[[], int]) -> None:

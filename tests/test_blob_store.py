@@ -156,3 +156,24 @@ def test_a_large_event_is_listed_whole_a_page_at_a_time(azurite: Azurite) -> Non
         list(pool.map(lambda n: store.put(marker_blob(EVENT, n), marker_record(EVENT, n, READY)), names))
     items, _ = store.list_folder(event_folder(EVENT))
     assert len(items) == 600 and counts.seen[("list", "ok")] == 3
+
+
+def test_a_conditional_read_is_a_304_without_a_body_until_the_record_changes(azurite: Azurite) -> None:
+    """B4 on the real SDK: If-None-Match on the ETag last read answers `Unchanged` (a 304, counted not_modified) with
+    the store's Date, and the new body and ETag once someone rewrote the record; an absent record is None."""
+    from agent.coordination.store.store_protocol import Unchanged
+
+    counts = Counts()
+    store = open_store(azurite, counts=counts)
+    assert store.read_if_changed("budget/web/places", '"0x0"') is None
+    etag = store.write_body("budget/web/places", b'{"v": 1}', None)
+    assert etag is not None
+    body, seen, _ = store.read_body("budget/web/places") or (b"", "", None)
+    assert (body, seen) == (b'{"v": 1}', etag)
+    same = store.read_if_changed("budget/web/places", etag)
+    assert isinstance(same, Unchanged) and same.etag == etag
+    assert abs((same.date - datetime.now(UTC)).total_seconds()) < 60  # the store's Date, not a stand-in
+    assert counts.seen[("read", "not_modified")] == 1
+    newer = store.write_body("budget/web/places", b'{"v": 2}', etag)
+    changed = store.read_if_changed("budget/web/places", etag)
+    assert not isinstance(changed, Unchanged) and changed is not None and changed[:2] == (b'{"v": 2}', newer)

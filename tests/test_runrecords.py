@@ -58,5 +58,9 @@ def test_a_run_key_reads_back_what_it_writes_and_nothing_else():
     for run in (RunKey("drain", "scheduled"), RunKey("ckpt:db", "completed")):
         assert RunKey.parse(str(run)) == run
     assert str(RunKey("drain", "scheduled")) == "handler:drain:scheduled"  # the state file's format
-    for other in ("approval", "preparation", "handler:x:later", "handler::scheduled", "handler:scheduled"):
+    for other in ("approval", "preparation", "handler:x:later", "handler::scheduled", "handler:scheduled",
+                  "round", "handler:x:scheduled#", "handler:x:scheduled#0", "handler:x:scheduled#two"):
         assert RunKey.parse(other) is None
+    for run in (RunKey("drain", "scheduled", 2), RunKey("ckpt:db", "completed", 17)):
+        assert RunKey.parse(str(run)) == run  # a later round of the event (a lost budget place)
+    assert str(RunKey("drain", "scheduled", 1)) == "handler:drain:scheduled"

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.model.outcomes import PHASES
+from agent.prepare.run_records import RunKey, round_of
 from agent.state.journal import JOURNAL_FORMAT, read_journal
 from agent.state.state_file import STATE_FORMAT
 from agent.state.state_store import Store
@@ -56,6 +58,22 @@ def test_a_journal_of_a_newer_format_is_kept_aside_and_never_appended_to(tmp_pat
     assert len(report.journal_aside) == 2 and all(Path(p).read_text() == newer for p in report.journal_aside)
     store.journal("approval.manual", event_id="E1")
     assert [e["kind"] for e in read_journal(tmp_path)] == ["approval.manual"]
+
+
+@pytest.mark.parametrize("fixture", EARLIER, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_an_earlier_formats_runs_are_the_first_round_of_their_event(fixture, tmp_path, clock):
+    """Rounds (an event prepared again after its budget place was lost) changed no key and no format: an earlier
+    format's run records are read as the first round, at the keys the runner looks them up by; a later round's key
+    is one an earlier maintd's parser reads as no run at all (a downgrade skips it, never crashes)."""
+    shutil.copytree(fixture, tmp_path / "state")
+    store = Store(tmp_path / "state", clock)
+    store.load()
+    results = store.results(EVENT_ID)
+    runs = {k: RunKey.parse(k) for k in results if k.startswith("handler:")}
+    assert runs and all(r is not None and r.round == 1 and str(r) == k for k, r in runs.items())
+    assert round_of(results) == 1
+    later = str(RunKey("second", "scheduled", 2))
+    assert later == "handler:second:scheduled#2" and later.rpartition(":")[2] not in PHASES
 
 
 @pytest.mark.e2e

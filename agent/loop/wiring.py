@@ -9,7 +9,6 @@ kept and named), `serve` starts the HTTP server (and the TCP probe) over the API
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
@@ -188,10 +187,11 @@ class Parts:
             return NO_BUDGET
         from agent.coordination.store.budget import Want
         wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting(tick.now)]
-        out = bool(self.rotation.drains()) or any(
-            t.names_self and (t.event.status != SCHEDULED or self.preparation.started(eid))
-            for eid, t in tick.tracked.items())
-        gate = self.budget.tick(wants, out)
+        started = [Want(eid, t.event.event_type, t.event.not_before) for eid, t in tick.tracked.items()
+                   if t.names_self and t.event.status == SCHEDULED and self.preparation.started(eid)]
+        out = bool(self.rotation.drains() or started) or any(
+            t.names_self and t.event.status != SCHEDULED for t in tick.tracked.values())
+        gate = self.budget.tick(wants, out, started)
         self.budget.publish()
         return gate
 
@@ -375,6 +375,7 @@ def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
     c = parts.config.coordination
     if backend is None or c.budget is None:
         return None
+    from agent.coordination.peers.peer_addressing import member_url
     from agent.coordination.store.budget import Budget
     from agent.coordination.store.budget_wake import WakeSender, advertised, primary_ip
 
@@ -383,16 +384,9 @@ def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
                   on_change=parts.inbox.coordination_changed, metrics=parts.metrics,
                   health=lambda prop, state, text: parts.health.set("coordination", prop, states[state], text),
                   needs=parts.preparation_needs, lead_time=parts.lead_seconds,
-                  wake_sender=None if c.budget.wake_url is None else WakeSender(
-                      parts.peer_token, parts.metrics, functools.partial(wake_address, c.budget.wake_url, parts)),
+                  wake_sender=None if (wake := c.budget.wake_url) is None else WakeSender(  # B5: hints by name
+                      parts.peer_token, parts.metrics, lambda name: member_url(wake, name, parts.identity)),
                   url=advertised(c.budget.advertise, parts.config.server.listen, primary_ip))
-
-
-def wake_address(template: str, parts: Parts, name: str) -> str | None:
-    """A budget member's address for wake hints: `coordination.budget.wake_url` for its name (B5)."""
-    from agent.coordination.peers.peer_addressing import member_url
-
-    return member_url(template, name, parts.identity)
 
 
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:

@@ -142,7 +142,7 @@ def withheld(i: int, know: tuple[Known | None, ...], seen: str, decided: int, st
     """Why the real approver withholds the POST right before a send (`Approver.lapsed`, with the coordinator's
     `still_right` on this VM's last poll and its peer knowledge now), or None: it sends."""
     peers = {VMS[j]: k.real() for j, k in enumerate(know) if k is not None}
-    coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset())
+    coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset(), budget=None)
     backend = SimpleNamespace(published={EVENT_ID: object()}, settings=lambda: settings, clock=ModelClock(),
                               peers=SimpleNamespace(peers_now=lambda exchange: peers))
     check = SimpleNamespace(right_to_post=lambda *args: PeerBackend.right_to_post(backend, *args))  # type: ignore[arg-type]

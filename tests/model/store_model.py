@@ -204,7 +204,7 @@ def withheld(i: int, seen: str, decided: int, claimed: int, started: int, within
     coordinator's `still_right` on this VM's last poll, `StoreBackend.right_to_post`: its claim check reading the
     record),
     or None: it sends."""
-    coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset())
+    coordinator = SimpleNamespace(scheduled=frozenset({EVENT_ID}) if seen == SCHEDULED else frozenset(), budget=None)
     exchange = SimpleNamespace(clock=ModelClock(), log=None, store=lambda: _ReadBack(record))
     claims = StoreClaims(exchange)  # type: ignore[arg-type]
     claims._held[EVENT_ID] = Claim(True, f'"e{etag}"', "claimed", at(claimed) or 0.0)

@@ -30,7 +30,6 @@ from azure.core.exceptions import (
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
-    ResourceNotModifiedError,
     ServiceRequestError,
     ServiceResponseError,
 )
@@ -83,6 +82,10 @@ def outcome_of(exc: BaseException) -> StoreError:
     if isinstance(exc, (ServiceRequestError, ServiceResponseError, OSError)):
         return StoreError("unreachable", f"store unreachable: {str(exc)[:300]}")
     return StoreError("error", f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
+class NotModified(Exception):
+    """A conditional read's 304 (If-None-Match held): an answer, not a failure."""
 
 
 def _server_time(headers: Mapping[str, str], fallback: datetime) -> datetime:
@@ -150,7 +153,7 @@ class BlobStore:
             result = fn()
         except Exception as exc:
             if isinstance(exc, expected):
-                self.count(op, "not_modified" if isinstance(exc, ResourceNotModifiedError) else label)
+                self.count(op, "not_modified" if isinstance(exc, NotModified) else label)
                 return exc
             error = outcome_of(exc)
             self.count(op, error.outcome)
@@ -230,13 +233,18 @@ class BlobStore:
             headers.update(response.http_response.headers)
 
         def download() -> tuple[bytes, str]:
-            stream = self._blob(name).download_blob(etag=etag, match_condition=MatchConditions.IfModified,
-                                                    raw_response_hook=hook)
+            try:
+                stream = self._blob(name).download_blob(etag=etag, match_condition=MatchConditions.IfModified,
+                                                        raw_response_hook=hook)
+            except HttpResponseError as exc:  # the SDK's own mapping gives ResourceNotModifiedError or its base
+                if exc.status_code == 304:
+                    raise NotModified() from None
+                raise
             return stream.readall(), str(stream.properties.etag)
 
-        result = self._call("read", download, (ResourceNotFoundError, ResourceNotModifiedError), "absent")
+        result = self._call("read", download, (ResourceNotFoundError, NotModified), "absent")
         date = _server_time(headers, datetime.now(UTC))
-        if isinstance(result, ResourceNotModifiedError):
+        if isinstance(result, NotModified):
             return Unchanged(etag, date)
         return None if isinstance(result, BaseException) else (result[0], result[1], date)
 

@@ -19,13 +19,11 @@ fallback for a lost hint (`coordination.budget.fallback_poll`).
 
 from __future__ import annotations
 
-import functools
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from agent import logs
 from agent.clock import Clock
@@ -41,6 +39,7 @@ from agent.coordination.store.budget_lease import (
     send_held,
 )
 from agent.coordination.store.budget_lease import Want as Want
+from agent.coordination.store.budget_poll import poll_after
 from agent.coordination.store.budget_rules import (
     CHOSEN,
     FORCE,
@@ -50,83 +49,21 @@ from agent.coordination.store.budget_rules import (
     RENEW,
     TAKE,
     Action,
-    Entry,
     Me,
     Places,
-    apply_step,
     capacity,
     counts,
     forced_now,
-    granted,
-    live,
-    parse_places,
-    places_blob,
-    render_places,
-    stale,
 )
+from agent.coordination.store.budget_step import BudgetStore, Steps
+from agent.coordination.store.budget_step import Outcome as Outcome
+from agent.coordination.store.budget_step import step as step
 from agent.coordination.store.budget_wake import WAKE_GAP, Hinter, WakeAnswer
-from agent.coordination.store.store_protocol import StoreError, retry_delay
-from agent.lanes import Lanes
+from agent.coordination.store.store_protocol import retry_delay
 from agent.model.budget_gate import LeaveGate
 from agent.model.timefmt import iso_z
 
-CAS_TRIES = 8
-"""Compare-and-swap attempts of one step before it reports a conflict and tries again on the next tick."""
 HEALTH = "budget"
-
-
-class BudgetStore(Protocol):
-    """What the budget needs of `blob_store.BlobStore` (a fake in tests)."""
-
-    def read_body(self, name: str) -> tuple[bytes, str, datetime] | None: ...
-    def write_body(self, name: str, body: bytes, etag: str | None) -> str | None: ...
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one store step came to (a worker's hand-back to the loop)."""
-
-    action: str
-    event: str
-    result: str = ""
-    """acquired | forced | waiting | released | renewed | read"""
-    places: Places | None = None
-    reason: str = ""
-    error: StoreError | None = None
-    freed: tuple[str, ...] = ()
-    granted: tuple[Entry, ...] = ()
-    """Members this step's write handed a place (to wake)."""
-    sent_at: float = 0.0
-    """When the read of the step's last try was sent (monotonic): where its lease starts."""
-    date: datetime | None = None
-    """The store's Date of that read."""
-
-
-def step(store: BudgetStore, group: str, action: Action, me: Me, event: str, cap_of: Callable[[int], int],
-         spread: str, release_after: float, monotonic: Callable[[], float] = lambda: 0.0) -> Outcome:
-    """One budget step against the store: read, decide (pure), write with If-Match; again on a conflict.
-    `monotonic`: this member's clock, read as each read is sent (the outcome's `sent_at`)."""
-    name = places_blob(group)
-    for _ in range(CAS_TRIES):
-        sent_at = monotonic()
-        found = store.read_body(name)
-        if found is None:  # the group's first step: an empty record, read back for the store's clock
-            store.write_body(name, render_places(group, Places()), None)
-            continue
-        parsed = parse_places(found[0])
-        if isinstance(parsed, str):
-            raise StoreError("unreadable", f"{name}: {parsed}")
-        places, etag, now = parsed, found[1], found[2]
-        freed = tuple(h.vm for h in stale(places, now, release_after))
-        places = live(places, now, release_after)
-        result, reason, new = apply_step(places, action, me, event, cap_of(len(places.members) or 1), spread, now,
-                                         release_after / 4)
-        if new == places and not freed:
-            return Outcome(action, event, result, places, reason, freed=freed, sent_at=sent_at, date=now)
-        if store.write_body(name, render_places(group, new), etag) is not None:
-            return Outcome(action, event, result, new, reason, freed=freed, granted=granted(places, new, me.vm),
-                           sent_at=sent_at, date=now)
-    raise StoreError("conflict", f"{name}: rewritten by others {CAS_TRIES} times in a row")
 
 
 class Budget:
@@ -146,14 +83,16 @@ class Budget:
         self.places: Places | None = None
         self.mine = Mine()
         self._said: set[str] = set()
-        self._results: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
-        self._lanes = Lanes(1, "budget")
+        self.steps = Steps(config, lambda: self.open_store(), clock, metrics, health, on_change, wake_sender)
+        self._results = self.steps.results
         self.wake_sender, self.url = wake_sender, url
         self._woken = threading.Event()
         self.snapshot: dict[str, Any] = {}
         self.hold = Hold()
         """This VM's place for the approver's recheck (`send_blocked`), replaced whole by the loop."""
         self._wants: tuple[Want, ...] = ()
+        self._stamp_at = clock.monotonic() + config.member_ttl / 3
+        self._started: tuple[Want, ...] = ()
 
     def identify(self, vm: str, zone: str, fault_domain: str, scale_set: str) -> None:
         """This VM's name and topology, once IMDS told them; the group defaults to the scale set."""
@@ -174,13 +113,14 @@ class Budget:
         self._check_lease(now)
         return self._gate(self._wants, now)
 
-    def tick(self, wants: Sequence[Want], out: bool) -> LeaveGate:
+    def tick(self, wants: Sequence[Want], out: bool, started: Sequence[Want] = ()) -> LeaveGate:
         """Take in the store's answers, send the next step, and say which events may leave rotation now (and which
-        must return to it). `wants`: events whose preparation is due; `out`: this VM is out of rotation."""
+        must return to it). `wants`: events whose preparation is due; `out`: this VM is out of rotation;
+        `started`: the Scheduled events it is out for (their preparation started)."""
         now, wall = self.clock.monotonic(), self.clock.now()
         self._absorb(now)
         self._check_lease(now)
-        self._wants = tuple(wants)
+        self._wants, self._started = tuple(wants), tuple(started)
         m = self.mine
         if self._woken.is_set():
             self._woken.clear()
@@ -188,20 +128,13 @@ class Budget:
                 at = max(now, m.woken + WAKE_GAP)
                 if at < m.due:
                     m.due = m.woken = at
-        needs, lead = self.needs(), self.lead_time()
-        for w in wants:
-            m.known[w.event_id] = w
-            if w.event_id not in m.forced and forced_now(w.event_type, w.not_before, needs, lead, wall):
-                m.forced[w.event_id] = now  # B3: kept until release, whatever its preparation does
-                if m.why is None:
-                    self.log.warning("budget.forced", event_id=w.event_id, group=self.group,
-                                     reason=forced_reason(w.event_type, w.not_before))
-                    m.due = min(m.due, now)  # the FORCE step at once, ahead of any backoff
+        for w in m.note(wants, started, now, self._forced_at(wall)):
+            self.log.warning("budget.forced", event_id=w.event_id, group=self.group,
+                             reason=forced_reason(w.event_type, w.not_before))
         action, event = self._next(wants, out)
         if action and not m.busy and now >= m.due and self.me is not None and self.group is not None:
             m.busy = True
-            job = functools.partial(self._run, self.group, action, self.me, event)
-            self._lanes.submit("budget", job, functools.partial(self._crashed, action, event))
+            self.steps.submit(self.group, action, self.me, event)
         self._health(wants)
         return self._gate(wants, now)
 
@@ -228,23 +161,7 @@ class Budget:
             return READ, ""  # once after a start: be counted among the members, find a place held before it
         if wants:
             return TAKE, wants[0].event_id
-        return None, ""
-
-    def _run(self, group: str, action: Action, me: Me, event: str) -> None:
-        try:
-            done = step(self.open_store(), group, action, me, event,
-                        lambda n: capacity(self.config.max_unavailable, n), self.config.spread,
-                        self.config.release_after, self.clock.monotonic)
-        except StoreError as exc:
-            done = Outcome(action, event, error=exc)
-        if done.granted and self.wake_sender is not None:
-            self.wake_sender.send(group, done.granted)
-        self._results.put(done)
-        self.on_change()
-
-    def _crashed(self, action: str, event: str, exc: Exception) -> None:
-        self._results.put(Outcome(action, event, error=StoreError("internal_error", f"{type(exc).__name__}: {exc}")))
-        self.on_change()
+        return (READ, "") if self._stamp_due() else (None, "")
 
     def _absorb(self, now: float) -> None:
         m = self.mine
@@ -264,7 +181,7 @@ class Budget:
                 m.error = o.error
                 continue
             m.failures, m.error, self.places = 0, None, o.places
-            for vm in o.freed:
+            for vm in (v for v in o.freed if v.casefold() != self._name().casefold()):  # its own: budget.lost
                 self.log.warning("budget.released", vm=vm, reason="did not renew its place for release_after "
                                                                   "(store time): never came back", by=self._name())
             self._took(o, now)
@@ -274,9 +191,13 @@ class Budget:
         held = o.places.holder(self._name()) if o.places is not None else None
         lease = lease_end(o.sent_at, held.renewed, o.date, self.config.release_after) \
             if held is not None and o.date is not None else float("-inf")
-        if held is not None and m.why is None and o.result == "read":  # held before a restart: still out
-            m.why, m.event, m.since, m.renew_at, m.lease_end = held.why, held.event, now, now, lease
-            m.reasons.setdefault(held.event, held.why)
+        if m.why is None and o.result == "read" and not m.lost:  # after a start: out for what the record says
+            if held is not None:  # held before it: within what its entry's age leaves of the lease
+                m.why, m.event, m.since, m.renew_at, m.lease_end = held.why, held.event, now, now, lease
+                m.reasons.setdefault(held.event, held.why)
+            for w in (w for w in self._started if held is None or held.event != w.event_id):
+                self._lose("dropped", "after a start, the record does not list it for the event it is out for",
+                           now, w.event_id)
             return
         if m.why == FORCED and o.result != "released" and (held is None or held.why != FORCED):
             m.renew_at = now  # a forced holder no longer listed: written again at once (B3)
@@ -297,8 +218,7 @@ class Budget:
                 self.log.info("budget.waiting", event_id=o.event, group=self.group, reason=o.reason,
                               effect="stays in rotation; prepares at its last safe moment if no place frees")
             m.waiting_for = o.event
-            # only to catch a lost hint (forced comes by local timing); often enough that its entry never lapses
-            m.due = now + min(self.config.fallback_poll, self.config.release_after / 4)
+            m.due = now + self._poll_after(o.places)  # B4: the head of the line every second, the rest less often
         elif o.result == "released":
             if m.why is not None:
                 self.log.info("budget.released", event_id=o.event, group=self.group, vm=self._name(),
@@ -309,6 +229,19 @@ class Budget:
         elif o.result == "read" and m.why is not None:
             m.due = now + 2.0  # a holder looking at the others' places for its event's approval
 
+    def _poll_after(self, places: Places | None) -> float:
+        cap = capacity(self.config.max_unavailable, len(places.members) if places is not None else 1)
+        return poll_after(places, self._name(), cap, self.config.spread, self.config.fallback_poll,
+                          self.config.release_after)
+
+    def _stamp_due(self) -> bool:
+        """B5: an idle member writes its stamp every member_ttl / 3 (a READ that finds it a third old rewrites it)."""
+        now = self.clock.monotonic()
+        if now < self._stamp_at:
+            return False
+        self._stamp_at = now + self.config.member_ttl / 3
+        return True
+
     def _check_lease(self, now: float) -> None:
         m = self.mine
         if m.why == CHOSEN and now >= m.lease_end:
@@ -316,19 +249,20 @@ class Budget:
             self._lose("lease_ended", f"no renewal confirmed its place within its lease (release_after {ra:g} s "
                                       f"less {lease_margin(ra):g} s, on this VM's clock)", now)
 
-    def _lose(self, kind: str, reason: str, now: float) -> None:
-        """B2: the place is lost. The event returns to rotation (the gate revokes it) and the member queues again,
-        unless its last safe moment has come: then it stays out, forced (B3)."""
-        m = self.mine
-        event, want = m.event, m.known.get(m.event)
+    def _lose(self, kind: str, reason: str, now: float, event: str | None = None) -> None:
+        """B2: the place (for `event`, default its own) is lost. The event returns to rotation (the gate revokes
+        it) and the member queues again, unless its last safe moment has come: then it stays out, forced (B3)."""
+        m, event = self.mine, self.mine.event if event is None else event
         self.metrics.budget_lost.labels(kind).inc()
-        forced = event in m.forced or (want is not None and forced_now(
-            want.event_type, want.not_before, self.needs(), self.lead_time(), self.clock.now()))
+        forced = m.lose(now, self._forced_at(self.clock.now()), reason, event)
         self.log.warning("budget.lost", event_id=event, group=self.group, reason=reason, effect=(
             "stays out of rotation, forced: its last safe moment has come; written as forced" if forced else
             "returns to rotation (the completed phase runs), never approves on this place, queues again"))
-        m.lose(now, forced, reason)
         self.hold = m.hold()
+
+    def _forced_at(self, wall: datetime) -> Callable[[Want], bool]:
+        needs, lead = self.needs(), self.lead_time()
+        return lambda w: forced_now(w.event_type, w.not_before, needs, lead, wall)
 
     def _name(self) -> str:
         return self.me.vm if self.me else ""
@@ -393,9 +327,7 @@ class Budget:
         return {"woken": mine}
 
     def wait_idle(self, timeout: float) -> bool:
-        return self._lanes.wait_idle(timeout) and (self.wake_sender is None or self.wake_sender.wait_idle(timeout))
+        return self.steps.wait_idle(timeout)
 
     def stop(self) -> None:
-        self._lanes.shutdown()
-        if self.wake_sender is not None:
-            self.wake_sender.stop()
+        self.steps.stop()

@@ -15,7 +15,7 @@ before the budget's count), and keeps trying the write until it lands.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -128,16 +128,33 @@ class Mine:
         self.waiting_since, self.waiting_for, self.lost, self.lost_reason = None, "", frozenset(), ""
         self.forced, self.known = {}, {}
 
-    def lose(self, now: float, forced: bool, reason: str) -> None:
-        """B2: its place is gone. `forced`: its last safe moment has come, so it stays out as forced (B3); else the
-        event returns to rotation. Either way it asks again at once."""
-        event = self.event
-        if forced:
+    def note(self, wants: Sequence[Want], started: Sequence[Want], now: float, forced: Callable[[Want], bool]) \
+            -> list[Want]:
+        """Remember the events asked for and the ones it is out for; the wanted ones `forced` now that were not (B3:
+        kept until release, whatever their preparation does). A member without a place sends its FORCE step at
+        once, ahead of any backoff; those are returned (to be said)."""
+        self.known.update({w.event_id: w for w in (*started, *wants)})
+        new = [w for w in wants if w.event_id not in self.forced and forced(w)]
+        for w in new:
+            self.forced[w.event_id] = now
+        if new and self.why is None:
+            self.due = min(self.due, now)
+        return new if self.why is None else []
+
+    def lose(self, now: float, forced: Callable[[Want], bool], reason: str, event: str) -> bool:
+        """B2: its place for `event` is gone. When the event is forced (its last safe moment has come) it stays out
+        as forced (B3: True); else the event returns to rotation. Either way it asks again at once."""
+        want = self.known.get(event)
+        stays = event in self.forced or (want is not None and forced(want))
+        if stays:
             self.forced.setdefault(event, now)
         else:
             self.lost, self.lost_reason = self.lost | {event}, reason
-        self.why, self.event, self.since, self.renew_at, self.lease_end = None, "", None, float("inf"), float("-inf")
+        if event == self.event:
+            self.why, self.event, self.since, self.renew_at = None, "", None, float("inf")
+            self.lease_end = float("-inf")
         self.waiting_since, self.waiting_for, self.due = now, event, min(self.due, now)
+        return stays
 
     def gate(self, wants: Sequence[Want], now: float) -> LeaveGate:
         """Which due events may leave rotation now (a place held, or forced and `force_may_leave`), and which must

@@ -21,8 +21,9 @@ Handoff: every write hands the places it leaves free to the waiters first in lin
 the same count and spread as a `take`), so a release seats the next member in the releaser's own write. A
 granted waiter is a holder from that write on (out for everyone else) even before it notices, and leaves
 rotation only once a TAKE of its own rewrote its entry (B1: out by choice only on a write it made); its entry's
-`url` (optional: the member's own maintd API, `coordination.budget.advertise`) is where the writer sends a
-wake hint. The hint carries no authority: a member acts only on what it reads here.
+`url` (optional, `coordination.budget.advertise`) is shown in the fleet view and never used: a wake hint goes to
+the address the writer's own configuration derives for the member's name (B5). The hint carries no authority: a
+member acts only on what it reads here.
 """
 
 from __future__ import annotations
@@ -53,14 +54,15 @@ RENEW: Final = "renew"
 READ: Final = "read"
 FORCED_AT_ONCE = frozenset({"Preempt", "Terminate"})
 """Event types whose notice is too short to wait: out at once, over budget if need be."""
-MEMBER_FORGET = 30 * 86400.0
-"""Seconds after which a member that wrote nothing is no longer counted among the group's members."""
+MEMBER_TTL = 3600.0
+"""Seconds a member's stamp counts it among the group's members (`coordination.budget.member_ttl`'s default: B5,
+a percentage is taken over members that wrote within it; each refreshes its stamp every third of it)."""
 MAX_BODY = 512 * 1024
 MAX_ENTRIES = 5000
 FORCE_MARGIN = 5.0
 """Seconds a forced member starts before what its preparation needs: the loop's and the store's own steps."""
 URL_PATTERN = re.compile(r"^https?://[^\s/?#]{1,200}$")
-"""A member's advertised API: scheme and authority only (a wake hint is POSTed to {url}/v1/budget/wake)."""
+"""A member's advertised API, shown only: scheme and authority (anything else is shown as none)."""
 
 
 def places_blob(group: str) -> str:
@@ -79,7 +81,7 @@ class Entry:
     since: datetime
     renewed: datetime
     url: str = ""
-    """Where the member takes a wake hint ("" none): what it advertised, never trusted for anything else."""
+    """What the member advertised ("" none): shown in the fleet view, never an address anything is sent to."""
 
     def to_json(self) -> dict[str, str]:
         return {"vm": self.vm, "zone": self.zone, "fault_domain": self.fault_domain, "event": self.event,
@@ -110,7 +112,7 @@ class Me:
     zone: str = ""
     fault_domain: str = ""
     url: str = ""
-    """Its own maintd API for wake hints ("" none)."""
+    """What it writes as its `url` (`advertise`, "" none): shown in the fleet view only."""
 
 
 # --- the record ------------------------------------------------------------------------------------
@@ -186,11 +188,12 @@ def _age(at: datetime, now: datetime) -> float:
     return (now - at).total_seconds()
 
 
-def live(places: Places, now: datetime, release_after: float) -> Places:
-    """The record without members that stopped renewing `release_after` ago (on the store's clock)."""
+def live(places: Places, now: datetime, release_after: float, member_ttl: float = MEMBER_TTL) -> Places:
+    """The record without members that stopped renewing `release_after` ago, and without member stamps older
+    than `member_ttl` (on the store's clock): what a percentage is taken over, and what every write keeps."""
     return Places(tuple(h for h in places.holders if _age(h.renewed, now) < release_after),
                   tuple(w for w in places.waiting if _age(w.renewed, now) < release_after),
-                  {vm: at for vm, at in places.members.items() if _age(at, now) < MEMBER_FORGET})
+                  {vm: at for vm, at in places.members.items() if _age(at, now) < member_ttl})
 
 
 def stale(places: Places, now: datetime, release_after: float) -> tuple[Entry, ...]:
@@ -232,6 +235,13 @@ def release(places: Places, vm: str, now: datetime) -> Places:
 
 def register(places: Places, vm: str, now: datetime) -> Places:
     return replace(places, members=_seen(places, vm, now))
+
+
+def stamped(places: Places, vm: str, now: datetime, member_ttl: float = MEMBER_TTL) -> Places:
+    """The record with `vm`'s own stamp refreshed once it is a third of `member_ttl` old (or missing): a member
+    stays counted while it runs, even idle (B5)."""
+    at = next((t for k, t in places.members.items() if k.casefold() == vm.casefold()), None)
+    return places if at is not None and _age(at, now) < member_ttl / 3 else register(places, vm, now)
 
 
 def grant(places: Places, cap: int, spread: str, now: datetime) -> Places:
