@@ -73,6 +73,9 @@ def test_four_members_that_cannot_reach_each_other_go_one_at_a_time_and_are_all_
     assert [vm for vm, eid in events.items() if not group.approved_early(eid)] == [], rotation.report()
     assert {vm: len(group.posts(vm)) for vm in VMS} == dict.fromkeys(VMS, 1)
     assert sum(group.metric(vm, "maintd_budget_wake_hints_total") for vm in VMS) == 0
+    spans = sorted(span for vm in VMS for span in rotation.intervals(vm))
+    gaps = [f"{b[0] - a[1]:.1f}" for a, b in zip(spans, spans[1:], strict=False)]
+    print(f"\nback in rotation -> next member out, no hint: {', '.join(gaps)} s")  # the figure is bench/budget.py's
 
 
 def test_four_members_in_two_zones_never_have_both_zones_out_and_are_all_approved_early(
