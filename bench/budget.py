@@ -60,7 +60,9 @@ PREPARE, MAINTENANCE, STORE_LATENCY = 41.0, 60.0, 0.03
 MAX_UNAVAILABLE, SPREAD, RELEASE_AFTER = "10%", "zone", 1800.0
 FALLBACK_POLL = 120.0
 """`fallback_poll`'s default: the longest a waiter goes between two reads."""
-HINT_LATENCY, LOOP_LATENCY = 0.05, 0.1
+HINT_LATENCY, LOOP_LATENCY, POLL = 0.05, 0.1, 1.0
+"""A hint's way over the network; the loop's tick and preparation's start; IMDS's poll (a member sees its event
+within it)."""
 T0 = datetime(2026, 11, 27, tzinfo=UTC)
 
 
@@ -90,7 +92,9 @@ class Sim:
         self.members = [Me(f"m{i:04d}", str(i // per % 3 + 1), str(i % 2)) for i in range(n)]
         self.index = {me.vm: i for i, me in enumerate(self.members)}
         self.event_of = {i: i // per for i in range(n)}
-        self.not_before = {e: T0 + timedelta(seconds=e * scale.every + NOTICE) for e in range(scale.events)}
+        # each event appears at a moment of its own within its slot, and each member sees it at its own poll
+        self.appears = {e: (e + self.random.random()) * scale.every for e in range(scale.events)}
+        self.not_before = {e: T0 + timedelta(seconds=self.appears[e] + NOTICE) for e in range(scale.events)}
         self.state: dict[int, str] = {}
         self.last = [LastRead() for _ in range(n)]
         """What each member last read or wrote of the record (its conditional reads ask If-None-Match on it)."""
@@ -102,7 +106,7 @@ class Sim:
         """The last step's time on the store (its requests x STORE_LATENCY)."""
         self.leaves: list[float] = []
         self.approved_before_nb = 0
-        self.end = scale.events * scale.every + NOTICE + PREPARE + MAINTENANCE
+        self.end = (scale.events + 1) * scale.every + NOTICE + PREPARE + MAINTENANCE
 
     def at(self, when: float, what: str, member: int) -> None:
         heapq.heappush(self.queue, (when, next(self.seq), what, member))
@@ -127,9 +131,13 @@ class Sim:
     def run(self) -> None:
         for e in range(self.scale.events):
             for i in range(e * self.scale.per_event, (e + 1) * self.scale.per_event):
-                self.at(e * self.scale.every, "want", i)
-        for i in range(self.scale.members):  # each member's stamp, on its own phase
+                self.at(self.appears[e] + self.random.uniform(0.0, POLL), "want", i)
+        # every member ran before the wave (it is counted among the members), and refreshes its stamp on a phase
+        # of its own
+        for i in range(self.scale.members):
+            self.store_step(READ, i)
             self.at(self.random.uniform(0, MEMBER_TTL / 3), "stamp", i)
+        self.store.requests, self.store.ops, self.store.at = 0, [], []  # the wave's requests only
         while self.queue:
             when, _, what, i = heapq.heappop(self.queue)
             if when > self.end and what == "stamp":
@@ -143,7 +151,7 @@ class Sim:
     def want(self, i: int) -> None:
         nb = self.not_before[self.event_of[i]]
         until = (last_safe_moment(nb, PREPARE, 0.0) - self.clock.now()).total_seconds()
-        self.at(self.clock.monotonic() + max(0.0, until), "force", i)  # local timing, no read
+        self.at(self.clock.monotonic() + max(0.0, until) + 0.001, "force", i)  # local timing, no read
         self.take(i)
 
     def take(self, i: int) -> None:
@@ -169,7 +177,8 @@ class Sim:
         if self.state.get(i) not in (None, "waiting"):
             return
         nb = self.not_before[self.event_of[i]]
-        if not forced_now("Reboot", nb, PREPARE, 0.0, self.clock.now()):
+        if not forced_now("Reboot", nb, PREPARE, 0.0, self.clock.now()):  # the clocks' float sums: a hair early
+            self.at(self.clock.monotonic() + 0.01, "force", i)
             return
         done = self.store_step(FORCE, i)
         self.forced += done.result == "forced"
@@ -223,11 +232,14 @@ def p(values: list[float], q: float) -> float:
 
 
 def per_second(at: list[float]) -> dict[str, float]:
-    """Requests per second on the blob, over each simulated second from the first request to the last."""
+    """Requests per second on the blob, over each simulated second from the first request to the last: the mean,
+    the busiest 10 s (sustained: what a per-blob target is about) and the busiest second."""
     buckets = Counter(int(t) for t in at)
     span = range(min(buckets, default=0), max(buckets, default=0) + 1)
     rates = [float(buckets.get(s, 0)) for s in span]
-    return {"max": max(rates, default=0.0), "p99": p(rates, 99), "mean": round(sum(rates) / max(1, len(rates)), 2)}
+    tens = [sum(rates[k:k + 10]) / 10 for k in range(max(1, len(rates) - 9))]
+    return {"mean": round(sum(rates) / max(1, len(rates)), 2), "busiest_10s": round(max(tens, default=0.0), 1),
+            "busiest_second": max(rates, default=0.0), "p99_second": p(rates, 99)}
 
 
 def simulate(scale: Scale, hints: bool = False) -> dict[str, Any]:
@@ -267,7 +279,8 @@ def run(quick: bool = False) -> dict[str, Any]:
               f"{f['events_approved_before_notbefore']}/{f['events']}; release -> next out of rotation p50 "
               f"{leave['p50']:.2f} s p99 {leave['p99']:.2f} s max {leave['max']:.2f} s; "
               f"{f['store_requests_per_member_per_event']:.1f} store requests per member per event; the blob "
-              f"{rate['mean']:.1f} requests/s on average, {rate['max']:.0f} in the busiest second", flush=True)
+              f"{rate['mean']:.1f} requests/s on average, {rate['busiest_10s']:.1f}/s over the busiest 10 s, "
+              f"{rate['busiest_second']:.0f} in the busiest second", flush=True)
     lost = [f for f in runs.values() if f["hints"] == "every one lost"]
     checks = [(f"release -> next member out of rotation, p99, {f['members']} members, every hint lost",
                f"{f['release_to_next_leaves_rotation_s']['p99']:.2f} s", "< 2 s",
@@ -275,10 +288,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     checks += [(f"store requests per member per event, {f['members']} members, hints {f['hints']}",
                 f"{f['store_requests_per_member_per_event']:.1f}", "<= 10 (issue 30's)",
                 f["store_requests_per_member_per_event"] <= 10) for f in runs.values()]
-    checks += [(f"requests per second on the group's blob, {f['members']} members, busiest second",
-                f"{f['blob_requests_per_s']['max']:.0f}", f"< {RATE_TARGET:.0f}",
-                f["blob_requests_per_s"]["max"] < RATE_TARGET) for f in lost]
-    checks += [(f"most members out at once, {f['members']} members", str(f["most_out_with_budget"]),
+    checks += [(f"requests per second on the group's blob, {f['members']} members, busiest 10 s",
+                f"{f['blob_requests_per_s']['busiest_10s']:.1f}", f"< {RATE_TARGET:.0f}",
+                f["blob_requests_per_s"]["busiest_10s"] < RATE_TARGET) for f in lost]
+    checks += [(f"most members out at once, {f['members']} members, hints {f['hints']}", str(f["most_out_with_budget"]),
                 f"<= {f['places']} + forced", f["most_out_with_budget"] <= f["places"] + f["forced"])
                for f in runs.values()]
     return write("budget", figures, checks, quick)
