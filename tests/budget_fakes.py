@@ -31,7 +31,8 @@ class CasStore:
         self.at: list[float] = []
         """When each of `ops` was sent (the clock's monotonic reading)."""
         self.throttle_until: float | None = None
-        """While the clock's monotonic reading is below this, every request answers 503 Retry-After 86400."""
+        """While the clock's monotonic reading is below this, every request answers 503 with `retry_after`."""
+        self.retry_after = 86400.0
 
     def _check(self, op: str) -> None:
         self.requests += 1
@@ -40,7 +41,8 @@ class CasStore:
         if self.down:
             raise StoreError("unreachable", "store unreachable: connection refused")
         if self.throttle_until is not None and self.clock.monotonic() < self.throttle_until:
-            raise StoreError("throttled", "store answered 503 ServerBusy, Retry-After 86400s", retry_after=86400.0)
+            raise StoreError("throttled", f"store answered 503 ServerBusy, Retry-After {self.retry_after:g}s",
+                             retry_after=self.retry_after)
 
     def read_body(self, name: str) -> tuple[bytes, str, datetime] | None:
         with self.lock:

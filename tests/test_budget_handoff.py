@@ -6,7 +6,7 @@ per event and on the one blob."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from agent.clock import FakeClock
 from agent.coordination.store.budget import Budget
@@ -153,3 +153,24 @@ def test_the_defaults_keep_the_one_blob_under_10_percent_of_its_target_at_1000_m
         for share in (0.01, 0.1, 0.25):
             rates = worst_rates([200, 1000], share, buckets, 120.0, 1800.0, 3600.0)
             assert max(rates.values()) < RATE_TARGET, (buckets, share, rates)
+
+
+def test_with_spread_zone_only_the_zone_a_write_could_seat_next_reads_every_second() -> None:
+    """Zone 1 holds the places and has members waiting: its first waiters read every second, zone 2's first in
+    line every ROUND_POLL_S (no write can seat it before zone 1 is back); once zone 1 has nobody waiting, the
+    last zone-1 release seats zone 2, so zone 2's first waiters read every second."""
+    from agent.coordination.store.budget_poll import poll_after
+    from agent.coordination.store.budget_rules import CHOSEN, WAITING, Entry, Places
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def entry(vm: str, zone: str, why: str, at: int) -> Entry:
+        return Entry(vm, zone, "0", f"e-{vm}", why, t0 + timedelta(seconds=at), t0 + timedelta(seconds=at))  # type: ignore[arg-type]
+
+    holders = (entry("h1", "1", CHOSEN, 0),)
+    line = (entry("b1", "2", WAITING, 1), entry("a1", "1", WAITING, 2), entry("a2", "1", WAITING, 3))
+    places = Places(holders, line, {})
+    every = {vm: poll_after(places, vm, 2, "zone", 120, 1800) for vm in ("b1", "a1", "a2")}
+    assert every == {"b1": ROUND_POLL_S, "a1": HEAD_POLL_S, "a2": HEAD_POLL_S}
+    places = Places(holders, line[:1], {})
+    assert poll_after(places, "b1", 2, "zone", 120, 1800) == HEAD_POLL_S

@@ -15,7 +15,7 @@ from agent.clock import FakeClock
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.store.budget_lease import FORCE_WAIT_S
 from agent.coordination.store.budget_rules import FORCED, parse_places, places_blob, release, render_places
-from agent.coordination.store.store_protocol import StoreError
+from agent.coordination.store.store_protocol import StoreError, Unchanged
 from agent.model.budget_gate import LeaveGate
 from tests.budget_fakes import CasStore, member, want
 
@@ -39,6 +39,10 @@ class Link:
     def read_body(self, name: str) -> tuple[bytes, str, datetime] | None:
         self._through()
         return self.store.read_body(name)
+
+    def read_if_changed(self, name: str, etag: str) -> tuple[bytes, str, datetime] | Unchanged | None:
+        self._through()
+        return self.store.read_if_changed(name, etag)
 
     def write_body(self, name: str, body: bytes, etag: str | None) -> str | None:
         self._through()

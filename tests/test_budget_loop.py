@@ -92,3 +92,30 @@ def test_a_holder_cut_off_from_the_store_past_its_lease_returns_to_rotation_and_
     finally:
         (tmp_path / "go").touch()
         d.shutdown()
+
+
+def test_a_vm_paused_past_its_lease_looks_first_and_approves_nothing_on_the_place_it_lost(
+        tmp_path: Path, clock: FakeClock, imds: FakeImds) -> None:
+    """Its hook finished while the process was stopped longer than its lease (SIGSTOP): the first pass after the
+    pause, which would otherwise take that result and approve at once, first finds the place lost: no POST, back
+    in rotation, queued again."""
+    d = Daemon(config(tmp_path, imds.url), clock, boot_id="boot-1", notifier=Notifier({}))
+    places, markers = CasStore(clock), MemoryStore()
+    assert d.parts.budget is not None
+    d.parts.budget.open_store = lambda: places
+    d.coordinator.backend.exchange.open_store = lambda: markers  # type: ignore[attr-defined]
+    d.start()
+    try:
+        wait_for(lambda: (passes(d, clock, 1), d.rotation.drains())[1])
+        wait_for(lambda: (passes(d, clock, 1), d.runner._running.get("E1") == "checkpoint")[1])
+        (tmp_path / "go").touch()
+        assert d.runner.wait_idle(10)  # the hook is done; the loop has not run since
+        clock.advance(61)  # the pause: longer than release_after (60 s)
+        d.tick()
+        d.coordinator.wait_idle(5)
+        assert posts(imds) == 0
+        assert d.store.results("E1")[ROUND_KEY]["round"] == 2
+        wait_for(lambda: d.runner.wait_idle(5) and d.rotation.verdict().in_rotation)
+        assert posts(imds) == 0
+    finally:
+        d.shutdown()

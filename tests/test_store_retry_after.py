@@ -38,7 +38,7 @@ def rig(tmp_path, clock: FakeClock, store: WholeStore, budget: bool):
     backend.exchange.open_store = lambda: store
     places = Budget(BudgetConfig(group="web"), store=backend.exchange.store, describe="fake", clock=clock,
                     on_change=lambda: None, health=lambda *_: None, metrics=Metrics(), needs=lambda: 30.0,
-                    lead_time=lambda: 0.0) if budget else None
+                    lead_time=lambda: 0.0, answers=backend.exchange.answers) if budget else None
     if places is not None:
         places.identify(ME, "1", "0", "")
     coord = Coordinator(cfg, approve=lambda ids: sent.append((clock.monotonic(), ids)), store=Store(tmp_path, clock),
@@ -95,3 +95,31 @@ def test_a_retry_after_is_honoured_only_as_far_as_the_event_can_afford() -> None
     assert affordable_wait(60, 40) == 10
     assert affordable_wait(3, 3600) == 3
     assert affordable_wait(60, -5) == 0 and affordable_wait(None, 100) == 0
+
+
+def test_a_short_retry_after_is_honoured_in_full_and_a_long_one_ends_at_another_paths_answer(clock) -> None:
+    """Retry-After 3 s on an event's request: nothing more for that event before the 3 s, however soon another
+    path is answered; Retry-After 86400: once 5 s of it passed, another path's answer ends it at the next tick."""
+    from tests.test_store_exchange import EVENT as EXCHANGE_EVENT
+    from tests.test_store_exchange import Rig
+
+    for asked, quiet in ((3.0, 3.0), (86400.0, 5.0)):
+        store = WholeStore(clock)
+        rig = Rig(store, clock)  # type: ignore[arg-type]
+        store.throttle_until = clock.monotonic() + 1000
+        store.retry_after = asked
+        rig.sync(("vm-a",), "vm-a", "ready")
+        store.throttle_until = None
+        sent = len(store.ops)
+        for _ in range(int(quiet * 2) - 1):
+            clock.advance(0.5)
+            rig.exchange.store().read_body("budget/web/places")  # another path, answered
+            rig.sync(("vm-a",), "vm-a", "ready")
+            assert [op for op in store.ops[sent:] if op != "read"] == [], (asked, store.ops[sent:])
+            sent = len(store.ops)
+        clock.advance(1.0)
+        rig.exchange.store().read_body("budget/web/places")
+        rig.sync(("vm-a",), "vm-a", "ready")
+        rig.sync(("vm-a",), "vm-a", "ready")
+        assert "put" in store.ops[sent:], (asked, store.ops[sent:])
+        assert rig.exchange.verdict(EXCHANGE_EVENT, ("vm-a",), "vm-a", 60)[1].action == "claim"

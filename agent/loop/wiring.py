@@ -386,7 +386,8 @@ def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
                   needs=parts.preparation_needs, lead_time=parts.lead_seconds,
                   wake_sender=None if (wake := c.budget.wake_url) is None else WakeSender(  # B5: hints by name
                       parts.peer_token, parts.metrics, lambda name: member_url(wake, name, parts.identity)),
-                  url=advertised(c.budget.advertise, parts.config.server.listen, primary_ip))
+                  url=advertised(c.budget.advertise, parts.config.server.listen, primary_ip),
+                  answers=backend.exchange.answers)
 
 
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import Any
 
 from agent import logs
@@ -32,6 +31,7 @@ from agent.coordination.store.budget_lease import (
     Hold,
     Mine,
     approval_held,
+    forced_by,
     forced_reason,
     health_words,
     lease_end,
@@ -39,7 +39,7 @@ from agent.coordination.store.budget_lease import (
     send_held,
 )
 from agent.coordination.store.budget_lease import Want as Want
-from agent.coordination.store.budget_poll import poll_after
+from agent.coordination.store.budget_poll import Every, time_left, waiter_poll
 from agent.coordination.store.budget_rules import (
     CHOSEN,
     FORCE,
@@ -53,13 +53,12 @@ from agent.coordination.store.budget_rules import (
     Places,
     capacity,
     counts,
-    forced_now,
 )
 from agent.coordination.store.budget_step import BudgetStore, Steps
 from agent.coordination.store.budget_step import Outcome as Outcome
 from agent.coordination.store.budget_step import step as step
 from agent.coordination.store.budget_wake import WAKE_GAP, Hinter, WakeAnswer
-from agent.coordination.store.store_protocol import retry_delay
+from agent.coordination.store.store_answers import Answers, RetryWait
 from agent.model.budget_gate import LeaveGate
 from agent.model.timefmt import iso_z
 
@@ -72,8 +71,9 @@ class Budget:
     def __init__(self, config: BudgetConfig, *, store: Callable[[], BudgetStore], describe: str, clock: Clock,
                  on_change: Callable[[], None], health: Callable[[str, str, str], None],
                  metrics: Any, needs: Callable[[], float], lead_time: Callable[[], float],
-                 wake_sender: Hinter | None = None, url: str = "") -> None:
-        """`url`: where this member takes wake hints (its entry says so; "" none); `wake_sender` sends them."""
+                 wake_sender: Hinter | None = None, url: str = "", answers: Answers | None = None) -> None:
+        """`url`: what this member writes as its address (shown only; "" none); `wake_sender` sends hints;
+        `answers`: the store's answers on every path (B6: the first ends a Retry-After's wait)."""
         self.config, self.open_store, self.describe, self.clock = config, store, describe, clock
         self.on_change, self.health, self.metrics = on_change, health, metrics
         self.needs, self.lead_time = needs, lead_time
@@ -91,7 +91,8 @@ class Budget:
         self.hold = Hold()
         """This VM's place for the approver's recheck (`send_blocked`), replaced whole by the loop."""
         self._wants: tuple[Want, ...] = ()
-        self._stamp_at = clock.monotonic() + config.member_ttl / 3
+        self._stamp = Every(config.member_ttl / 3, clock.monotonic())
+        self._retry = RetryWait(answers)
         self._started: tuple[Want, ...] = ()
 
     def identify(self, vm: str, zone: str, fault_domain: str, scale_set: str) -> None:
@@ -128,14 +129,16 @@ class Budget:
                 at = max(now, m.woken + WAKE_GAP)
                 if at < m.due:
                     m.due = m.woken = at
-        for w in m.note(wants, started, now, self._forced_at(wall)):
+        for w in m.note(wants, started, now, forced_by(self.needs(), self.lead_time(), wall)):
             self.log.warning("budget.forced", event_id=w.event_id, group=self.group,
                              reason=forced_reason(w.event_type, w.not_before))
+        if self._retry.ended(now):
+            m.due = min(m.due, now)  # B6: the store answered another path: the Retry-After's wait is over
         action, event = self._next(wants, out)
         if action and not m.busy and now >= m.due and self.me is not None and self.group is not None:
             m.busy = True
             self.steps.submit(self.group, action, self.me, event)
-        self._health(wants)
+        self.health(HEALTH, *health_words(m, self.group, wants, self.describe))
         return self._gate(wants, now)
 
     def _gate(self, wants: Sequence[Want], now: float) -> LeaveGate:
@@ -161,7 +164,7 @@ class Budget:
             return READ, ""  # once after a start: be counted among the members, find a place held before it
         if wants:
             return TAKE, wants[0].event_id
-        return (READ, "") if self._stamp_due() else (None, "")
+        return (READ, "") if self._stamp.due(self.clock.monotonic()) else (None, "")  # B5: counted while idle
 
     def _absorb(self, now: float) -> None:
         m = self.mine
@@ -173,7 +176,8 @@ class Budget:
             m.busy = False
             if o.error is not None:
                 m.failures, m.failed_at = m.failures + 1, now
-                m.due = now + retry_delay(m.failures)
+                left = time_left((w.not_before for w in self._wants), self.clock.now())
+                m.due = now + self._retry.after_failure(o.error, m.failures, left, now)
                 if m.error is None or str(m.error) != str(o.error):
                     self.log.warning("budget.store_failed", store=self.describe, outcome=o.error.outcome,
                                      error=str(o.error), effect="no place: this VM waits, and prepares at the last "
@@ -218,7 +222,7 @@ class Budget:
                 self.log.info("budget.waiting", event_id=o.event, group=self.group, reason=o.reason,
                               effect="stays in rotation; prepares at its last safe moment if no place frees")
             m.waiting_for = o.event
-            m.due = now + self._poll_after(o.places)  # B4: the head of the line every second, the rest less often
+            m.due = now + waiter_poll(self.config, o.places, self._name())  # B4: the head every second
         elif o.result == "released":
             if m.why is not None:
                 self.log.info("budget.released", event_id=o.event, group=self.group, vm=self._name(),
@@ -228,19 +232,6 @@ class Budget:
             m.renew_at, m.lease_end = now + self.config.release_after / 4, max(m.lease_end, lease)
         elif o.result == "read" and m.why is not None:
             m.due = now + 2.0  # a holder looking at the others' places for its event's approval
-
-    def _poll_after(self, places: Places | None) -> float:
-        cap = capacity(self.config.max_unavailable, len(places.members) if places is not None else 1)
-        return poll_after(places, self._name(), cap, self.config.spread, self.config.fallback_poll,
-                          self.config.release_after)
-
-    def _stamp_due(self) -> bool:
-        """B5: an idle member writes its stamp every member_ttl / 3 (a READ that finds it a third old rewrites it)."""
-        now = self.clock.monotonic()
-        if now < self._stamp_at:
-            return False
-        self._stamp_at = now + self.config.member_ttl / 3
-        return True
 
     def _check_lease(self, now: float) -> None:
         m = self.mine
@@ -254,21 +245,14 @@ class Budget:
         it) and the member queues again, unless its last safe moment has come: then it stays out, forced (B3)."""
         m, event = self.mine, self.mine.event if event is None else event
         self.metrics.budget_lost.labels(kind).inc()
-        forced = m.lose(now, self._forced_at(self.clock.now()), reason, event)
+        forced = m.lose(now, forced_by(self.needs(), self.lead_time(), self.clock.now()), reason, event)
         self.log.warning("budget.lost", event_id=event, group=self.group, reason=reason, effect=(
             "stays out of rotation, forced: its last safe moment has come; written as forced" if forced else
             "returns to rotation (the completed phase runs), never approves on this place, queues again"))
         self.hold = m.hold()
 
-    def _forced_at(self, wall: datetime) -> Callable[[Want], bool]:
-        needs, lead = self.needs(), self.lead_time()
-        return lambda w: forced_now(w.event_type, w.not_before, needs, lead, wall)
-
     def _name(self) -> str:
         return self.me.vm if self.me else ""
-
-    def _health(self, wants: Sequence[Want]) -> None:
-        self.health(HEALTH, *health_words(self.mine, self.group, wants, self.describe))
 
     # --- the coordinator ------------------------------------------------------------------------------
 

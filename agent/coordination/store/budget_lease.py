@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from agent.coordination.store.budget_rules import CHOSEN, FORCED, FORCED_AT_ONCE, Places, approval_blocked
+from agent.coordination.store.budget_rules import CHOSEN, FORCED, FORCED_AT_ONCE, Places, approval_blocked, forced_now
 from agent.coordination.store.store_protocol import StoreError
 from agent.model.budget_gate import LeaveGate
 
@@ -51,6 +51,11 @@ def force_may_leave(forced_at: float, now: float, landed: bool, failed_since: bo
     (it is counted), the store failed since it was forced (`failed_since`: it cannot be counted yet), or
     FORCE_WAIT_S passed without an answer."""
     return landed or failed_since or now - forced_at >= FORCE_WAIT_S
+
+
+def forced_by(needs: float, lead_time: float, now: datetime) -> Callable[[Want], bool]:
+    """Whether a wanted event is forced at `now` (`budget_rules.forced_now` with this VM's needs and lead time)."""
+    return lambda w: forced_now(w.event_type, w.not_before, needs, lead_time, now)
 
 
 def forced_reason(event_type: str, not_before: datetime | None) -> str:

@@ -21,14 +21,16 @@ per-blob target of 500 requests/s at 1000 members (`RATE_TARGET`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
-from agent.coordination.store.budget_rules import Entry, Places
+from agent.coordination.coordination_settings import BudgetConfig
+from agent.coordination.store.budget_rules import Entry, Places, capacity
 
 HEAD_POLL_S = 1.0
 """Seconds between two reads of a member a write could seat next."""
-HEAD_MAX = 16
+HEAD_MAX = 20
 """The most members of one bucket that read every HEAD_POLL_S (the cost of B4 at a large cap)."""
 ROUND_POLL_S = 15.0
 """Seconds between two reads per round of `head` members ahead of the reader, beyond the head."""
@@ -77,6 +79,31 @@ def poll_after(places: Places | None, vm: str, cap: int, spread: str, fallback_p
     return min(ROUND_POLL_S * max(1, rounds), longest)
 
 
+def waiter_poll(config: BudgetConfig, places: Places | None, vm: str) -> float:
+    """`poll_after` for a member of this budget, its capacity taken over the record's live members."""
+    cap = capacity(config.max_unavailable, len(places.members) if places is not None else 1)
+    return poll_after(places, vm, cap, config.spread, config.fallback_poll, config.release_after)
+
+
+def time_left(not_befores: Iterable[datetime | None], now: datetime) -> float | None:
+    """Seconds to the earliest of these NotBefores (None: none known): how much of a Retry-After is affordable."""
+    at = min((nb for nb in not_befores if nb is not None), default=None)
+    return None if at is None else (at - now).total_seconds()
+
+
+class Every:
+    """Due once every `interval` seconds of a monotonic clock, the first time `interval` after `start`."""
+
+    def __init__(self, interval: float, start: float) -> None:
+        self.interval, self.at = interval, start + interval
+
+    def due(self, now: float) -> bool:
+        if now < self.at:
+            return False
+        self.at = now + self.interval
+        return True
+
+
 @dataclass(frozen=True)
 class Load:
     """A group's shape for `blob_rate`: how many members, how many of them wait, in how many buckets."""
@@ -90,13 +117,14 @@ class Load:
 def blob_rate(load: Load, cap: int, fallback_poll: float, release_after: float, member_ttl: float) -> float:
     """Requests per second on the places record (reads, 304s included, and writes): the waiters' polls (head and
     rounds), their entries' renewals (a write every release_after / 4), the holders' renewals (a read and a
-    write as often), and the idle members' stamps (a read and a write every member_ttl / 3). Two buckets may go
-    next at once (the holders' and the first waiter's); the waiters spread evenly over `buckets`."""
+    write as often), and the idle members' stamps (a read and a write every member_ttl / 3). One bucket's waiters
+    poll at the head's rate (the holders' while it has waiters, else the first waiter's: `standing`); the
+    waiters spread evenly over `buckets`."""
     head = head_size(cap)
     per_bucket = load.waiting / max(1, load.buckets)
     polls = 0.0
     for b in range(max(1, load.buckets)):
-        next_up = b < 2 or load.buckets == 1
+        next_up = b == 0
         for rank in range(round(per_bucket)):
             rounds = rank // head
             wait = HEAD_POLL_S if rounds == 0 and next_up else ROUND_POLL_S * max(1, rounds)

@@ -8,8 +8,9 @@ early approval.
 Every path to the store (the exchange's markers and listings, the approver's claim, the budget, the fleet
 history) goes through the one client `StoreExchange.store` opens, wrapped here: each request that returns (an
 answer, a condition that did not hold and absence included) moves `Answers.count` on. A path the store asked to
-wait (a 503/429 with Retry-After) notes the count when it failed, and its wait ends as soon as the count moved:
-the first request that succeeds, by any path, ends every wait a Retry-After set. A failure (`StoreError`, any
+wait (a 503/429 with Retry-After) keeps PROBE_EVERY_S of it (all of a shorter one: the request the store asked to
+wait is never sent again sooner), then notes the count, and its wait ends as soon as the count moved: the first
+request that succeeds after that, by any path, ends every wait a Retry-After set. A failure (`StoreError`, any
 other exception) moves nothing. So that a wait ends with the fault even when no other path is asking, the exchange
 reads the event's own marker every PROBE_EVERY_S while the wait lasts.
 """
@@ -21,7 +22,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Protocol, TypeVar
 
-from agent.coordination.store.store_protocol import Item, Unchanged
+from agent.coordination.store.store_protocol import Item, StoreError, Unchanged, retry_delay
 
 T = TypeVar("T")
 
@@ -73,6 +74,34 @@ class Answers:
     def since(self, mark: int | None) -> bool:
         """Whether the store answered anything after `mark` (a `count` read when a path was told to wait)."""
         return mark is not None and self._count > mark
+
+
+class RetryWait:
+    """One path's wait after a failure (the budget's): the backoff, or a Retry-After as far as the event affords,
+    which ends at the first answer the store gives any path once PROBE_EVERY_S of it passed (`ended`)."""
+
+    def __init__(self, answers: Answers | None) -> None:
+        self.answers = answers
+        self.early_from = float("inf")
+        self.mark: int | None = None
+
+    def after_failure(self, error: StoreError, failures: int, time_left: float | None, now: float) -> float:
+        asked = affordable_wait(error.retry_after, time_left)
+        self.early_from = now + min(asked, PROBE_EVERY_S) if asked and self.answers is not None else float("inf")
+        self.mark = None
+        return max(retry_delay(failures), asked)
+
+    def ended(self, now: float) -> bool:
+        """Whether the store answered another path since PROBE_EVERY_S of a Retry-After's wait passed."""
+        if self.answers is None or now < self.early_from:
+            return False
+        if self.mark is None:
+            self.mark = self.answers.count  # the answers from now on end it
+            return False
+        if not self.answers.since(self.mark):
+            return False
+        self.early_from, self.mark = float("inf"), None
+        return True
 
 
 class AnsweredStore:

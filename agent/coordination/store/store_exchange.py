@@ -89,8 +89,10 @@ class EventState:
     forged: str | None = None
     time_left: float | None = None
     """Seconds to the event's NotBefore at the last tick (None: not known): how much of a Retry-After it affords."""
+    early_from: float = float("inf")
+    """From when an answer on any path may end a Retry-After's wait (B6: one of PROBE_EVERY_S or less is kept)."""
     answered_mark: int | None = None
-    """`Answers.count` when a Retry-After set `retry_at`: any answer after it ends the wait (B6)."""
+    """`Answers.count` at `early_from`: any answer after it ends the wait."""
     probe_at: float = float("-inf")
 
 
@@ -222,7 +224,7 @@ class StoreExchange:
         if st.busy:
             return
         if self._held_back(st, now) > 0:
-            if st.answered_mark is not None and now >= st.probe_at:  # is the fault over? one cheap read tells
+            if now >= st.early_from and now >= st.probe_at:  # is the fault over? one cheap read tells
                 st.probe_at, st.busy = now + PROBE_EVERY_S, True
                 self._lanes.submit(event_id, functools.partial(self._sync, event_id, st.resources, me, None, False,
                                                                True, True), functools.partial(self._crashed, event_id))
@@ -284,8 +286,8 @@ class StoreExchange:
         st.failures += 1
         asked = affordable_wait(error.retry_after, st.time_left)  # the store's Retry-After, as far as the event affords
         st.retry_at = now + max(retry_delay(st.failures), asked)
-        st.answered_mark = self.answers.count if asked else None
-        st.probe_at = now + PROBE_EVERY_S
+        st.early_from = now + min(asked, PROBE_EVERY_S) if asked else float("inf")
+        st.answered_mark, st.probe_at = None, st.early_from
         if st.error is None or str(st.error) != str(error):
             self.log.warning("store.request_failed", event_id=event_id, outcome=error.outcome, error=str(error),
                              retry_in=round(st.retry_at - now, 1),
@@ -355,9 +357,12 @@ class StoreExchange:
 
     def _held_back(self, st: EventState, now: float) -> float:
         """Seconds this event's requests still wait after a failure: a Retry-After's wait ends at the first answer
-        from the store by any path since it was set (B6)."""
-        if self.answers.since(st.answered_mark):
-            st.retry_at, st.answered_mark = float("-inf"), None
+        from the store by any path once PROBE_EVERY_S of it (or all of a shorter one) passed (B6)."""
+        if now >= st.early_from:
+            if st.answered_mark is None:
+                st.answered_mark = self.answers.count  # the answers from now on end it
+            elif self.answers.since(st.answered_mark):
+                st.retry_at, st.early_from, st.answered_mark = float("-inf"), float("inf"), None
         return st.retry_at - now
 
     def forget(self, keep: set[str]) -> None:
