@@ -139,6 +139,8 @@ def test_a_holder_cut_off_longer_than_release_after_returns_to_rotation_and_neve
     assert rotation.most_out(ignore) == 1, rotation.report()
     back = [when for when, _, out in rotation.answers(vma) if out is False and when >= resumed]
     assert fault != "paused" or (back and back[0] < resumed + RESUME_GRACE), rotation.report()
+    if back and fault == "paused":
+        print(f"\nresumed -> back in rotation: {back[0] - resumed:.2f} s")
     assert len(rotation.intervals(vma)) >= 2, f"{vma} never returned to rotation: {rotation.report()}"
     vmb_back = rotation.intervals(vmb)[0][1]
     assert all(at > vmb_back for at in group.posts(vma)), (group.posts(vma), rotation.report())
@@ -174,6 +176,8 @@ def test_forced_members_are_written_down_counted_and_their_event_approved_early(
     wait_until(done, 150, lambda: f"{d4}'s approval; {rotation.report()}", interval=0.3)
     rotation.close()
     assert set(group.forced()) == {a1, c3}, group.forced()
+    reasons = [e.get("reason", "") for vm in (a1, c3) for e in group.agents[vm].events("budget.forced")]
+    assert reasons and all("last safe moment" in r for r in reasons), reasons  # finding 7: not "Preempt/..."
     assert {(a1, "forced"), (c3, "forced")} <= seen, f"{d4}'s view of the record never showed them forced: {seen}"
     assert rotation.together(d4, a1) == rotation.together(d4, c3) == 0, rotation.report()
     assert group.approved_early(pair), rotation.report()
