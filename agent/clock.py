@@ -55,6 +55,8 @@ class PipeSleeper:
 
     def __init__(self) -> None:
         self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._poll = select.poll()  # not select(): it fails on a descriptor over 1023, which a busy process reaches
+        self._poll.register(self._read, select.POLLIN)
         weakref.finalize(self, _close_all, self._read, self._write)
 
     def fileno(self) -> int:
@@ -69,7 +71,7 @@ class PipeSleeper:
     def sleep(self, seconds: float) -> None:
         """Sleep up to `seconds`, less when woken (a wake that came before the call ends it at once)."""
         if seconds > 0:
-            select.select([self._read], [], [], seconds)
+            self._poll.poll(seconds * 1000)
         try:
             while os.read(self._read, 4096):
                 pass

@@ -21,7 +21,7 @@ import concurrent.futures
 import threading
 from collections.abc import Callable, Hashable
 
-from agent import logs
+from agent.telemetry import logs
 
 Job = Callable[[], None]
 Failed = Callable[[Exception], None]

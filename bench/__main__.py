@@ -10,8 +10,8 @@ import time
 from bench.common import write_summary
 
 ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "probe_flood", "server_cost",
-       "fleet", "silence", "cli_watch", "model",
-       "store_chaos", "fleet_history", "budget")
+       "fleet", "silence", "silence_timing", "cli_watch", "model",
+       "store_chaos", "fleet_history", "budget", "gate_pace")
 
 MODULES = {"model": "model_check"}
 """Benchmarks whose module is not named after them."""

@@ -34,9 +34,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent.clock import FakeClock
-from agent.coordination.store.budget_poll import HEAD_MAX, HEAD_POLL_S, RATE_TARGET, ROUND_POLL_S, poll_after
-from agent.coordination.store.budget_records import LastRead
-from agent.coordination.store.budget_rules import (
+from agent.fleet.budget_poll import HEAD_MAX, HEAD_POLL_S, RATE_TARGET, ROUND_POLL_S, poll_after
+from agent.fleet.budget_records import LastRead
+from agent.fleet.budget_rules import (
     FORCE,
     MEMBER_TTL,
     READ,
@@ -50,7 +50,7 @@ from agent.coordination.store.budget_rules import (
     parse_places,
     places_blob,
 )
-from agent.coordination.store.budget_step import Outcome, step
+from agent.fleet.budget_step import Outcome, step
 from bench.common import percentile, write
 from tests.budget_fakes import CasStore
 

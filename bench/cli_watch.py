@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agent.cliclient import watch_answers
-from agent.cliwatch import screen
+from agent.cli.cliclient import watch_answers
+from agent.cli.cliwatch import screen
 from bench.common import cpu_seconds, summary, write
 from tests.e2e.harness import CLEAN_ENV, Agent, Emulator, wait_until
 

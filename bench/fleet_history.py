@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent.clock import SystemClock
-from agent.coordination.store.fleet_history import FleetHistory
-from agent.coordination.store.history_protocol import VmOutcome, to_metadata
 from agent.coordination.store.store_protocol import Item
+from agent.fleet.fleet_history import FleetHistory
+from agent.fleet.history_protocol import VmOutcome, to_metadata
 from bench.common import percentile, write
 
 VMS, EVENTS, PAGE = 200, 40, 250
@@ -84,7 +84,7 @@ def loop_look(rounds: int) -> list[float]:
     from agent.loop.event_end import CHECK_EVERY, EventEnds
     from agent.model.events import Event
     from agent.model.tracker import Tracked, Transition
-    from tests.test_runner import make, spec
+    from tests.prepare.test_runner import make, spec
 
     clock = FakeClock()
     runner, store, _ = make(Path(tempfile.mkdtemp(prefix="maintd-bench-")), clock, spec("prep"),

@@ -21,12 +21,12 @@ from agent.coordination.coordination_rules import PeerState
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.peers.peer_backend import EventPeers, PeerBackend
-from agent.metrics import Metrics
+from agent.loop.tick import Tick
 from agent.model.events import Event
 from agent.model.tracker import Tracked
+from agent.policy.approval_policy import Profile
 from agent.state.state_store import Store
-from agent.windows.approval_policy import Profile
-from agent.windows.tick import Tick
+from agent.telemetry.metrics import Metrics
 
 AUTO = Profile(name="default", approval="auto")
 

@@ -1,5 +1,6 @@
 """Model checking S1 and S2 (tests/model): states explored and time for each backend's model, and the
-counterexamples if any property breaks (each one the numbered steps that lead there).
+counterexamples if any property breaks (each one the numbered steps that lead there); then the disruption
+budget's B1-B4 over each member's belief (`bench.model_beliefs`: its runs, today's bugs re-injected).
 
 The same explorations run in the test suite (tests/model/test_model_check.py); this records their size and
 time on this machine: `python -m bench model`.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from bench import model_beliefs
 from bench.common import write
 from tests.model.common import CAP, LOST_ANSWER, MAX_FAULTS, PAUSE, POST_ERROR, TICK, VMS
 from tests.model.explorer import explore
@@ -57,4 +59,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                    "yes" if "S2" in ignore.violations else "no", "yes", "S2" in ignore.violations))
     checks.append(("both models, one fault per path (the suite's run; CI budget), CPU (wall)",
                    f"{in_suite_cpu:.1f} s ({in_suite:.1f} s)", f"< {BUDGET:.0f} s", in_suite_cpu < BUDGET))
-    return write("model_check", figures, checks, quick)
+    print("  budget, each member's belief:", flush=True)
+    beliefs, belief_checks = model_beliefs.run()
+    figures["budget_beliefs"] = beliefs
+    return write("model_check", figures, checks + belief_checks, quick)

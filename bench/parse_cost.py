@@ -20,10 +20,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from agent import jsonsafe
 from agent.imds.imds_client import MAX_DOCUMENT_BYTES
 from agent.model.events import Document, parse_document
 from agent.model.tracker import Tracked, diff
+from agent.trust import jsonsafe
 from bench.common import percentile, write
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)

@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent.model.events import Event
+from agent.policy.approval_policy import parse_profiles
 from agent.prepare.prepare_plan import PrepareConfig, make_plan
-from agent.windows.approval_policy import parse_profiles
 from bench.common import percentile, write
 from bench.parse_cost import timed
 

@@ -117,8 +117,8 @@ def refuses(fn: Callable[[bytes], Any], data: bytes) -> bool:
 SERVED = textwrap.dedent("""
     import json, socket, sys, time, threading
     from agent.http.routes import ApiServer
-    from agent.metrics import Metrics
-    from tests.test_server import FakeBackend
+    from agent.telemetry.metrics import Metrics
+    from tests.http.test_server import FakeBackend
     n, conns = int(sys.argv[1]), 8
     srv = ApiServer("127.0.0.1:0", FakeBackend(), Metrics(), max_body_bytes=65536)
     srv.serve_in_background()

@@ -22,11 +22,11 @@ from agent.handlers.base import Context, Services, Settings
 from agent.handlers.registry import instantiate
 from agent.health.health_store import HealthStore
 from agent.health.rotation import Rotation
-from agent.metrics import Metrics
 from agent.model.events import Event
 from agent.model.tracker import Tracked
 from agent.prepare.keeper import Keeper
 from agent.state.state_store import Store
+from agent.telemetry.metrics import Metrics
 from bench.common import summary, write
 from tests.alertmanager import BINARY, Alertmanager
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.harness import free_port
+from tests.reaper import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL = ROOT / ".azurite" / "node_modules" / ".bin" / "azurite-blob"
@@ -91,7 +92,7 @@ class Azurite:
     def start(self, timeout: float = 30.0) -> None:
         """Start it (again, after `stop`: in memory, so it starts empty) and wait until it accepts connections."""
         self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -9,11 +9,11 @@ from typing import Any
 
 from agent.clock import FakeClock
 from agent.coordination.coordination_settings import BudgetConfig
-from agent.coordination.store.budget import Budget, Want
-from agent.coordination.store.budget_rules import Entry
-from agent.coordination.store.budget_wake import Hinter
 from agent.coordination.store.store_protocol import Item, StoreError, Unchanged
-from agent.metrics import Metrics
+from agent.fleet.budget import Budget, Want
+from agent.fleet.budget_rules import Entry
+from agent.fleet.budget_wake import Hinter
+from agent.telemetry.metrics import Metrics
 
 
 class CasStore:

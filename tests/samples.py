@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from agent.metrics import Metrics
+from agent.telemetry.metrics import Metrics
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float:

@@ -2,6 +2,6 @@
 `Config`, which assembles each wing's own settings types. No wing imports this one; the loop and
 the face do.
 
-May import: `agent.model`, `agent.windows`, `agent.coordination`, `agent.prepare`, `agent.health`,
+May import: `agent.model`, `agent.policy`, `agent.coordination`, `agent.prepare`, `agent.health`,
 `agent.handlers` (each for its settings types) and the base.
 """

@@ -12,8 +12,8 @@ import dataclasses
 import os
 from pathlib import Path
 
-from agent.addresses import is_loopback_url
-from agent.config.config_loading import parse_yaml, read_text
+from agent.config.config_advice import unprepared_early_approvals
+from agent.config.config_loading import Marked, parse_yaml, read_text
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.errors import ConfigError, ConfigValueError
 from agent.handlers.base import HandlerSpec
@@ -32,13 +32,14 @@ from agent.model.config_schema import (
     text,
 )
 from agent.model.gate_specs import NO_GATES, Gates
-from agent.prepare.prepare_plan import PrepareConfig
-from agent.windows.approval_policy import (
+from agent.net.addresses import is_loopback_url
+from agent.policy.approval_policy import (
     DEFAULT_PROFILE,
     Profile,
     check_handler_names,
     parse_profiles,
 )
+from agent.prepare.prepare_plan import PrepareConfig
 
 DEFAULT_PATH = "/etc/maintd/maintd.yaml"
 DEFAULT_STATE_DIR = "/var/lib/maintd"
@@ -190,6 +191,10 @@ class Config:
 
 def loads(text_: str, source: str = "<string>") -> Config:
     """Parse and validate config text; raise ConfigError naming source, line, column and key."""
+    return _parsed(text_, source)[0]
+
+
+def _parsed(text_: str, source: str) -> tuple[Config, Marked]:
     doc = parse_yaml(text_, source)
     if not isinstance(doc.data, dict):
         raise ConfigError(source, 1, 1, "", "the top level must be a mapping of sections (imds:, state:, ...)")
@@ -197,7 +202,15 @@ def loads(text_: str, source: str = "<string>") -> Config:
         config = parse_section(Config, doc.data)
     except ConfigValueError as exc:
         raise doc.error(exc) from None
-    return dataclasses.replace(config, source=source)
+    return dataclasses.replace(config, source=source), doc
+
+
+def load_checked(path: str | os.PathLike[str]) -> tuple[Config, list[str]]:
+    """`load`, and what `maintd check-config` warns about in the config it accepts: one line each, at its
+    file:line:column (`agent.config.config_advice`)."""
+    config, doc = _parsed(read_text(path, True), str(Path(path)))
+    advice = unprepared_early_approvals(config.profiles, config.handlers, profiles_given="profiles" in doc.data)
+    return config, [f"{doc.where(key)}: {key}: {message}" for key, message in advice]
 
 
 def load(path: str | os.PathLike[str], check_perms: bool = True) -> Config:

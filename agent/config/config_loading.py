@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from agent.errors import ConfigError, ConfigValueError
-from agent.pathtrust import component_problem, first_problem, trusted_uids
+from agent.trust.pathtrust import component_problem, first_problem, trusted_uids
 
 Path_ = tuple[str | int, ...]
 
@@ -41,6 +41,11 @@ class Marked:
         """`exc` (a key and a message) as a ConfigError at the position of its key, or its nearest parent's."""
         line, col = _mark_for(self.marks, exc.key)
         return ConfigError(self.source, line, col, exc.key, exc.message)
+
+    def where(self, key: str) -> str:
+        """`source:line:column` of `key` (or of its nearest parent in the file), `source` when it has none."""
+        line, col = _mark_for(self.marks, key)
+        return self.source if line is None else f"{self.source}:{line}:{col}"
 
 
 def parse_yaml(text_: str, source: str = "<string>") -> Marked:
@@ -217,7 +222,7 @@ def _mark_for(marks: dict[Path_, tuple[int, int]], key: str) -> tuple[int | None
 
 def check_permissions(path: Path, st: os.stat_result | None = None) -> None:
     """Refuse a config file that anyone but root or maintd's user could change, or replace through a directory
-    above it (the rules of `agent.pathtrust`): hooks in it run as maintd's user. `st`: the opened file's."""
+    above it (the rules of `agent.trust.pathtrust`): hooks in it run as maintd's user. `st`: the opened file's."""
     uids = trusted_uids()
     problem = component_problem(str(path), st or path.stat(), uids) or first_problem(path, uids)
     if problem:

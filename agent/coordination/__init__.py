@@ -2,5 +2,6 @@
 the approver, the pure coordination rules, the approval gates and the `coordination:` settings; the
 backends live in sub-packages, `agent.coordination.peers` and `agent.coordination.store`.
 
-May import: `agent.model`, `agent.windows`, `agent.state`, `agent.health`, `agent.imds` and the base.
+May import: `agent.model`, `agent.policy`, `agent.loop.tick` (the pass it decides on), `agent.state`, `agent.health`,
+`agent.imds` and the base.
 """

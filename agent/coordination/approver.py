@@ -24,19 +24,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.backend import Backend
 from agent.coordination.coordination_rules import Held
 from agent.errors import ImdsError, kept_in_memory
 from agent.imds.imds_client import is_transient
-from agent.metrics import Metrics
 from agent.model.approval import APPROVAL_KEY, FAILED, SENDING, SENT, ApprovalRecord
 from agent.model.gate_specs import Gates
 from agent.model.timefmt import iso_z
 from agent.retry import retrying as retrying_on
 from agent.state.state_store import Store
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:  # the store backend's code loads only when the config chooses it
     from agent.coordination.store.store_protocol import Step

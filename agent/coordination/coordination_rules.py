@@ -87,6 +87,26 @@ def peer_state(health: Any, event_id: str, warning_as_error: bool) -> str:
     return OK
 
 
+def unwell(health: Any) -> frozenset[tuple[str, str, str]]:
+    """The reports of a `/v1/health` body that a fleet gate may count against the VM (Warning, Error, expired), by
+    (SourceId, Property, state): when this changes, so may the gate's verdict about the VM."""
+    reports = health.get("HealthEvents") if isinstance(health, dict) else None
+    return frozenset((str(r.get("SourceId")), str(r.get("Property")),
+                      "Expired" if r.get("IsExpired") else str(r.get("HealthState")))
+                     for r in reports or () if isinstance(r, dict)
+                     and (r.get("IsExpired") or r.get("HealthState") not in ("Ok", None)))
+
+
+def health_word(health: Any, event_id: str) -> str:
+    """What a ready follower tells its acting leader of its health for an event, each time it changes: the fleet
+    gate's verdict about it both ways Warning may count (`ok`, `warning`: unhealthy only under
+    consider_warning_as_error, `unhealthy`, `unreachable` for a body of the wrong shape)."""
+    lax = peer_state(health, event_id, False)
+    if lax != OK:
+        return lax
+    return "warning" if peer_state(health, event_id, True) != OK else OK
+
+
 def firing(alerts_body: Any, patterns: Sequence[str]) -> list[str]:
     """Names of firing alerts (from /api/v1/alerts) that match one of `patterns` in full; ValueError on a bad shape."""
     data = alerts_body.get("data") if isinstance(alerts_body, dict) else None
@@ -172,8 +192,9 @@ def liveness_due(peer: PeerState, now: float, every: float) -> bool:
 
 
 def gate_recheck_delay(approval_retry_for: float) -> float:
-    """How long a held approval waits before its gates are asked again: a twelfth of `approval_retry_for`
-    (5 s by default), never less than a second (a firing alert must not turn into a query loop)."""
+    """How long a held approval waits before its gates are asked again, and the least time between two queries of
+    one Prometheus gate: a twelfth of `approval_retry_for` (5 s by default), never less than a second (a firing
+    alert must not turn into a query loop). A change in the fleet gate's input decides again sooner."""
     return max(1.0, approval_retry_for / 12)
 
 

@@ -27,26 +27,26 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from agent import logs
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.approver import Approver, Order
 from agent.coordination.backend import Backend, BackendStatus, CoordinationView, FleetEvent
-from agent.coordination.coordination_rules import Held, gate_recheck_delay
+from agent.coordination.coordination_rules import Held, gate_recheck_delay, unwell
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peer_addressing import Address
 from agent.coordination.peers.peer_backend import PeerBackend
 from agent.coordination.peers.peer_exchange import PeerExchange
 from agent.health.health_json import HealthView
 from agent.health.health_store import HealthStore
-from agent.metrics import EVENT_TYPES, GATE_NAMES, Metrics
+from agent.loop.tick import Tick
 from agent.model.approval import APPROVAL_KEY, MANUAL, MANUAL_APPROVAL_KEY, SENDING, SENT, has_status
 from agent.model.events import SCHEDULED
 from agent.model.gate_specs import NO_GATES, Gates
 from agent.model.tracker import Tracked
+from agent.policy.approval_policy import Decision, decide
 from agent.state.state_store import Store
-from agent.windows.approval_policy import Decision, decide
-from agent.windows.tick import Tick
+from agent.telemetry import logs
+from agent.telemetry.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 
 
 class ApprovalBudget(Protocol):
@@ -117,7 +117,12 @@ class Coordinator:
         self.gates = gates
         self.warning_as_error = warning_as_error
         self.gate_checker = GateChecker(self.client, lambda name: self.address(name).url, local_health,
-                                        settings.max_concurrency, metrics, self.backend.gate_states(), clock.monotonic)
+                                        settings.max_concurrency, metrics, self.backend.gate_states(), clock.monotonic,
+                                        lambda: gate_recheck_delay(self.settings.approval_retry_for))
+        self.local_health = local_health
+        self._own_health: frozenset[tuple[str, str, str]] | None = None
+        if health is not None:
+            health.subscribe(self._health_changed)
         self.scheduled: frozenset[str] = frozenset()
         """The events Scheduled in this VM's last successful poll (replaced whole by each tick; any thread)."""
         self.approver = Approver(approve=approve, store=store, clock=clock, metrics=metrics,
@@ -133,6 +138,24 @@ class Coordinator:
     def hint(self, event_id: str, name: str) -> bool:
         """A peer says it became ready: ask it again at once (its word is checked, not trusted; rate-limited)."""
         return self.backend.hint(event_id, name)
+
+    def health_hint(self, event_id: str, name: str) -> bool:
+        """A ready peer says its health changed (any thread): a held fleet gate reads it again (its word is checked,
+        not trusted: one read of its /v1/health) and decides at once; False when that was not news."""
+        if not self.gate_checker.changed(event_id, name):
+            return False
+        self.on_change()
+        return True
+
+    def _health_changed(self) -> None:
+        """A health report was stored or removed (any thread, outside the store's lock): when this VM's own unhealthy
+        reports changed, a held fleet gate reads it again and a follower tells its leader, on the pass this wakes."""
+        mark = unwell(self.local_health())
+        if mark == self._own_health:
+            return
+        self._own_health = mark
+        self.gate_checker.local_changed()
+        self.on_change()
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no peer request or approval is under way (tests, benchmarks); `timeout` per kind."""
@@ -181,7 +204,8 @@ class Coordinator:
                 state.failed_at = now  # sent by a previous run that died before the answer: give IMDS time
                 self.log.warning("approval.unconfirmed", event_id=event_id, wait_seconds=RETRY_FAILED_AFTER,
                                  reason="a previous run sent it and stopped before recording the answer")
-            if decision.approve and not state.sending and self._retry_allowed(state, now) and now >= state.gate_due:
+            if decision.approve and not state.sending and self._retry_allowed(state, now) \
+                    and self._gates_due(event_id, state, now):
                 state.sending = True
                 gates = profile.gates if profile.gates is not None else self.gates
                 self.approver.submit(Order(event_id, vm_name, decision.reason, gates, t.event.resources, step,
@@ -195,7 +219,24 @@ class Coordinator:
             self.metrics.gate_blocked.labels(gate).set(
                 1 if any(s.held and s.held.gate == gate for s in self._events.values()) else 0)
         self.backend.end(set(self._events))
+        self.gate_checker.follow(self._events)
+        self._recheck_moved(now)
         self._publish()
+
+    def _gates_due(self, event_id: str, state: EventCoordination, now: float) -> bool:
+        """Whether a held approval's gates may be asked now: the periodic recheck is due, or the fleet gate holds it
+        and its input changed since (a VM's word, this VM's health, the store's listing). The queries keep their
+        pace; the decision does not wait for them."""
+        return now >= state.gate_due or (state.held is not None and state.held.gate == "fleet"
+                                         and self.gate_checker.moved(event_id))
+
+    def _recheck_moved(self, now: float) -> None:
+        """Wake the next pass when the listing the backend just published moved a held fleet gate's input (the
+        decision above read the one before)."""
+        if any(st.held is not None and st.held.gate == "fleet" and not st.sending and st.decision is not None
+               and st.decision.approve and self._retry_allowed(st, now) and now < st.gate_due
+               and self.gate_checker.moved(eid) for eid, st in self._events.items()):
+            self.on_change()
 
     def absorb(self, now: float) -> None:
         """Take the approver's outcomes into the loop's state and publish it (each tick starts with this; `now`:

@@ -4,10 +4,12 @@ One silence per event and replica (`urls`), through the v2 API (`/api/v2/silence
 `maintd@<vm>`, the comment naming the event, the configured `matchers` with `{vm}`,
 `{computer_name}`, `{event_id}`, `{event_type}` filled in (see `silences.py`). In `scheduled` it is
 made pending from NotBefore; it starts at once when the VM leaves rotation for the event (its drain,
-or a manual one) or the event starts. It ends `margin` after the expected end (NotBefore plus
-DurationInSeconds, or the type's default), and is extended while the event is still there. The
-`completed` phase expires it (DELETE) at once when the event was canceled or the VM is back in
-rotation, else as soon as it is back.
+or a manual one) or the event starts. The type is `before_drain`: the runner runs it right before
+the phase's drain, wherever it is listed, telling it the VM leaves rotation next
+(`Context.leaving_rotation`), so the silence it makes is active before the probe fails. It ends
+`margin` after the expected end (NotBefore plus DurationInSeconds, or the type's default), and is
+extended while the event is still there. The `completed` phase expires it (DELETE) at once when the
+event was canceled or the VM is back in rotation, else as soon as it is back.
 
 What keeps it while maintenance lasts is `keep` (maintd's keeper thread): every `recheck` it reads
 each silence back and extends it, makes it again when someone deleted it, and watches the rotation
@@ -15,8 +17,9 @@ each second while a start or an expiry waits for it. The silence ids live in the
 the event in the state store, so a restart carries on with the same silences; a replica with no id
 noted (a crash between the POST and the note, a lost state file) is searched for maintd's own
 silence of the event (same createdBy and comment) before one is made, and extras are expired, so
-there is never a second silence nor an orphan. Replicas are independent: one down is retried
-(within the handler's timeout in a phase, every `recheck` after) while the others get theirs.
+there is never a second silence nor an orphan. Replicas are independent (tried all at once): one
+down is retried (within the handler's timeout in a phase, every `recheck` after) while the others
+get theirs.
 Failures are a Warning health report (`handlers`, `<name>/silences`), `maintd_silence_failures_total`
 and a `silence.failed` log line; by default (`on_failure: continue`) they never hold preparation.
 """
@@ -29,11 +32,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-import requests
-
-from agent import boundedhttp, logs
-from agent.errors import ConfigValueError, MaintdError, kept_in_memory
-from agent.handlers.alertmanager_api import Credentials, Failed, Replica, ReplicaWork, instant, times
+from agent.errors import ConfigValueError, kept_in_memory
+from agent.handlers.alertmanager_api import Credentials, Replica, ReplicaWork, instant, times, try_each
 from agent.handlers.base import CANCELED, FAILED, OK, Context, Handler, Result, Services
 from agent.handlers.drain import drain_key
 from agent.handlers.silences import (
@@ -59,6 +59,7 @@ from agent.model.config_schema import duration, list_of, opt, optional, text
 from agent.model.events import STARTED, Event
 from agent.model.outcomes import PHASE_COMPLETED
 from agent.model.timefmt import iso_z, parse_iso
+from agent.telemetry import logs
 
 ROTATION_CHECK = 1.0
 """Seconds between looks at the rotation while a silence's start or expiry waits for it."""
@@ -110,6 +111,7 @@ class AlertmanagerHandler(Handler):
     type_name = "alertmanager"
     Options = AlertmanagerOptions
     defaults = {"on_failure": "continue"}
+    before_drain = True
 
     def __init__(self, spec: Any, services: Services) -> None:
         super().__init__(spec, services)
@@ -146,7 +148,7 @@ class AlertmanagerHandler(Handler):
         with _event_lock(self.spec.name, eid):
             note = self._note(eid) or self._new_note(ctx.event)
             note["state"] = KEEPING
-            failed = self._sync(eid, ctx.event, note, self._deadline(ctx.timeout), ctx.cancel)
+            failed = self._sync(eid, ctx.event, note, self._deadline(ctx.timeout), ctx.cancel, ctx.leaving_rotation)
         if failed:
             return Result(FAILED, "no silence on " + "; ".join(failed) + f" ({note['summary']}); retried every "
                           f"{self.options.recheck:g}s while the maintenance lasts")
@@ -164,8 +166,14 @@ class AlertmanagerHandler(Handler):
         for eid, note in self._notes().items():
             if note.get("state") not in (KEEPING, EXPIRING):
                 continue
-            with _event_lock(self.spec.name, eid):
+            lock = _event_lock(self.spec.name, eid)
+            if not lock.acquire(blocking=False):  # a phase's run works on it (retrying, maybe in the background)
+                waits.append(ROTATION_CHECK)
+                continue
+            try:
                 wait = self._keep_one(eid, self._note(eid) or note, tracked[eid].event if eid in tracked else None)
+            finally:
+                lock.release()
             if wait is not None:
                 waits.append(wait)
         return min(waits, default=None)
@@ -212,25 +220,27 @@ class AlertmanagerHandler(Handler):
                 "matchers": [m.expanded(fields) for m in self.options.matchers],
                 "not_before": iso_z(event.not_before) if event.not_before else None, "silences": {}}
 
-    def _window(self, event: Event, note: SilenceNote, now: datetime) -> Window:
+    def _window(self, event: Event, note: SilenceNote, now: datetime, leaving: bool = False) -> Window:
         if event.not_before is not None:
             note["not_before"] = iso_z(event.not_before)
         elif not note.get("not_before"):
             note.setdefault("started_at", iso_z(now))
         begins = parse_iso(note.get("not_before") or note["started_at"])
         drains = self.services.rotation.drains()
-        start_now = event.status == STARTED or drain_key(event.event_id) in drains or MANUAL in drains
+        start_now = leaving or event.status == STARTED or drain_key(event.event_id) in drains or MANUAL in drains
         return window(now=now, begins=begins, impact_seconds=impact(event.event_type, event.duration_seconds),
                       margin=self.options.margin, start_now=start_now)
 
     # --- talking to the replicas ------------------------------------------------------------------
 
-    def _sync(self, eid: str, event: Event, note: SilenceNote, deadline: float,
-              cancel: threading.Event) -> list[str]:
-        """Make each replica's silence match the event now (retrying until `deadline`); the failures."""
+    def _sync(self, eid: str, event: Event, note: SilenceNote, deadline: float, cancel: threading.Event,
+              leaving: bool = False) -> list[str]:
+        """Make each replica's silence match the event now (retrying until `deadline`; `leaving`: the VM leaves
+        rotation for the event as this run goes on, so the silence starts now); the failures."""
         def one(replica: Replica) -> None:
             now = self.services.clock.now()
-            note["silences"][replica.url] = self._sync_one(replica, note, self._window(event, note, now), now)
+            note["silences"][replica.url] = self._sync_one(replica, note, self._window(event, note, now, leaving),
+                                                           now)
 
         failed = self._each_replica(eid, note, list(self.options.urls), one, deadline, cancel)
         self._checked[eid] = self.services.clock.monotonic()
@@ -292,22 +302,17 @@ class AlertmanagerHandler(Handler):
         """Run `one` for each replica, retrying the failed ones with backoff until `deadline` (one round when
         it has passed); every failure counted, told once per streak, and shown as a health report."""
         clock, delay, pending = self.services.clock, MIN_ATTEMPT, urls
-        errors: dict[str, str] = {}
         credentials = Credentials(self.options.token_file, self.options.basic_auth_file)
-        with boundedhttp.session(trust_env=False) as session:
-            while True:
-                errors = {}
-                for url in pending:
-                    timeout = min(self.options.request_timeout, max(MIN_ATTEMPT, deadline - clock.monotonic()))
-                    try:
-                        one(Replica(session, url, timeout, credentials))
-                    except (Failed, requests.RequestException, OSError, MaintdError, ValueError, KeyError,
-                            TypeError) as exc:
-                        errors[url] = str(exc) if isinstance(exc, Failed) else type(exc).__name__
-                left = deadline - clock.monotonic()
-                if not errors or cancel.is_set() or left < delay + MIN_ATTEMPT or clock.wait(cancel, delay):
-                    break
-                pending, delay = list(errors), min(delay * 2, 5.0)
+        while True:
+            timeout = min(self.options.request_timeout, max(MIN_ATTEMPT, deadline - clock.monotonic()))
+            errors = try_each(pending, one, timeout, credentials)
+            left = deadline - clock.monotonic()
+            if not errors or cancel.is_set() or left < delay + MIN_ATTEMPT:
+                break
+            self._save(eid, note)  # what the others made is noted while the failed ones are tried again
+            if clock.wait(cancel, delay):
+                break
+            pending, delay = list(errors), min(delay * 2, 5.0)
         self._tell(eid, note, urls, errors)
         return [f"{target(u)}: {e}" for u, e in errors.items()]
 

@@ -8,12 +8,14 @@ there); made or changed by `POST /api/v2/silences` (Alertmanager keeps the id wh
 of an active silence moves, and answers a new one when it had to replace it); expired by
 `DELETE /api/v2/silence/{id}`, which answers 500 for one that had expired already, so a failed
 DELETE is checked by reading the silence back. A 5xx, 401, 403, 429 or 3xx is a failure (redirects
-are never followed); anything that is not the JSON expected is one too.
+are never followed); anything that is not the JSON expected is one too. The replicas are tried all
+at once (`try_each`), each on a session of its own.
 """
 
 from __future__ import annotations
 
 import base64
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,12 +24,14 @@ from urllib.parse import quote
 
 import requests
 
-from agent import __version__, boundedhttp, jsonsafe
-from agent.boundedhttp import Reply
-from agent.errors import AnswerTooLarge
+from agent import __version__
+from agent.errors import AnswerTooLarge, MaintdError
 from agent.handlers.silences import MatcherJson, SilenceNote, Window
 from agent.model.timefmt import iso_z, parse_iso
-from agent.secretfile import read_token
+from agent.net import boundedhttp
+from agent.net.boundedhttp import Reply
+from agent.trust import jsonsafe
+from agent.trust.secretfile import read_token
 
 MAX_REPLY_BYTES = 64 * 1024
 """The most of an answer about one silence read."""
@@ -164,6 +168,36 @@ class Replica:
 
 
 ReplicaWork = Callable[[Replica], None]
+FAILURES = (Failed, requests.RequestException, OSError, MaintdError, ValueError, KeyError, TypeError)
+"""What a replica's try may end in that is the replica's failure (anything else is a bug, raised)."""
+
+
+def try_each(urls: list[str], one: ReplicaWork, timeout: float, credentials: Credentials) -> dict[str, str]:
+    """One try of `one` at each replica, all at once, each on a session of its own (a replica that hangs never keeps
+    another from its silence); the failures by URL."""
+    errors: dict[str, str] = {}
+    bugs: list[Exception] = []
+
+    def attempt(url: str) -> None:
+        with boundedhttp.session(trust_env=False) as session:
+            try:
+                one(Replica(session, url, timeout, credentials))
+            except FAILURES as exc:
+                errors[url] = str(exc) if isinstance(exc, Failed) else type(exc).__name__
+            except Exception as exc:  # handed to the caller's thread, as if tried there
+                bugs.append(exc)
+
+    threads = [threading.Thread(target=attempt, args=(url,), name="alertmanager-replica", daemon=True)
+               for url in urls[1:]]
+    for thread in threads:
+        thread.start()
+    if urls:
+        attempt(urls[0])
+    for thread in threads:
+        thread.join()
+    if bugs:
+        raise bugs[0]
+    return errors
 
 
 def _json(reply: Reply, method: str, kind: type) -> Any:

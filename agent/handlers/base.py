@@ -29,8 +29,8 @@ from agent.model.timefmt import iso_z
 if TYPE_CHECKING:
     from agent.health.health_store import HealthStore
     from agent.health.rotation import Rotation
-    from agent.metrics import Metrics
     from agent.state.state_store import Store
+    from agent.telemetry.metrics import Metrics
 
 __all__ = ["PHASES", "OK", "FAILED", "TIMED_OUT", "SKIPPED", "CANCELED", "Result", "HandlerSpec", "NoOptions",
            "Settings", "Services", "Context", "Handler"]
@@ -81,6 +81,9 @@ class Context:
     approved_by: str | None = None
     attempt: int = 1
     """1, or 2, 3, … when an earlier attempt was cut short by a crash or a stop of maintd."""
+    leaving_rotation: bool = False
+    """True for a `before_drain` run that the phase's drain follows: the VM leaves rotation for the event as soon
+    as this run returns or goes on in the background (work that must be in place by then starts now)."""
 
     def sleep(self, seconds: float) -> bool:
         """Wait `seconds`; True when the wait was cut short (maintd is stopping or the event is gone)."""
@@ -142,6 +145,13 @@ class Handler:
     Options: ClassVar[type] = NoOptions
     defaults: ClassVar[dict[str, Any]] = {}
     """Defaults of common keys that differ for this type (e.g. `{"on_failure": "continue"}`)."""
+    leaves_rotation: ClassVar[tuple[str, ...]] = ()
+    """The phases in which this type takes the VM out of the load balancer's rotation (the `drain` handler's
+    scheduled and started)."""
+    before_drain: ClassVar[bool] = False
+    """Whether the runner runs this type right before the phase's first handler that takes the VM out of rotation,
+    wherever it is listed (its work must be in place when the VM leaves rotation: a silence); in a phase without
+    one, at its place in the list."""
 
     def __init__(self, spec: HandlerSpec, services: Services) -> None:
         self.spec = spec

@@ -12,6 +12,7 @@ runs at once, beside a cut `scheduled` run) is lifted again at once.
 from __future__ import annotations
 
 from agent.handlers.base import CANCELED, OK, Context, Handler, Result, Settings
+from agent.model.outcomes import PHASE_SCHEDULED, PHASE_STARTED
 
 
 def drain_key(event_id: str) -> str:
@@ -21,6 +22,7 @@ def drain_key(event_id: str) -> str:
 
 class DrainHandler(Handler):
     type_name = "drain"
+    leaves_rotation = (PHASE_SCHEDULED, PHASE_STARTED)
 
     def _key(self, ctx: Context) -> str:
         return drain_key(ctx.event.event_id)

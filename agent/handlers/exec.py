@@ -30,11 +30,11 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
-from agent import logs
 from agent.errors import ConfigValueError
 from agent.handlers.base import CANCELED, FAILED, OK, TIMED_OUT, Context, Handler, Result
 from agent.model.config_schema import duration, list_of, mapping_of, opt, optional, text
-from agent.pathtrust import first_problem
+from agent.telemetry import logs
+from agent.trust.pathtrust import first_problem
 
 OUTPUT_KEEP = 64 * 1024
 """Bytes of a hook's output kept (the tail); the rest is counted, not stored."""
@@ -89,7 +89,7 @@ class ExecOptions:
 
 def program_problem(program: str, cwd: str | None) -> str | None:
     """Why the hook's program (looked up on the hooks' PATH when it has no slash, under `cwd` when relative) could
-    be replaced by someone other than root or maintd's user (`agent.pathtrust`); None when it cannot, or when it
+    be replaced by someone other than root or maintd's user (`agent.trust.pathtrust`); None when it cannot, or when it
     is not there (it then fails to start)."""
     found = os.path.join(cwd or "/", program) if "/" in program else shutil.which(program, path=BASE_PATH)
     problem = first_problem(found) if found else None

@@ -41,7 +41,7 @@ def _builtin(name: str) -> type[Handler] | None:
         from agent.handlers.webhook import WebhookHandler
         return WebhookHandler
     if name == "health":
-        from agent.handlers.health import HealthHandler
+        from agent.handlers.health_report import HealthHandler
         return HealthHandler
     if name == "alertmanager":
         from agent.handlers.alertmanager import AlertmanagerHandler
@@ -99,7 +99,8 @@ class CommonKeys:
     scope: str = opt(choice("self", "any"), "self", "self: events naming this VM; any: every event in the document")
     timeout: float = opt(duration(0.1, 86400), 60.0, "longest run; capped by the time left before NotBefore")
     on_failure: str = opt(choice("block", "continue"), "block",
-                          "block: the VM is not ready and approval waits; continue: failure still counts as ready")
+                          "block: the VM is not ready and approval waits; continue: failure still counts as ready, "
+                          "and the phase waits for its first 3 s only (the run goes on in the background)")
     order: int = opt(integer(-1000, 1000), 0, "runs in ascending order within a phase (then list order)")
     dry_run: bool = opt(boolean, False, "also run when maintd is in dry-run mode (gets MAINTD_DRY_RUN=1)")
     rerun_interrupted: bool = opt(boolean, True,

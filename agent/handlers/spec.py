@@ -55,7 +55,7 @@ class HandlerSpec:
 
 
 class ProfileOverrides(Protocol):
-    """What a profile (`agent.windows.approval_policy.Profile`) overrides of the handlers' settings."""
+    """What a profile (`agent.policy.approval_policy.Profile`) overrides of the handlers' settings."""
 
     @property
     def lb_timeout(self) -> float | None: ...

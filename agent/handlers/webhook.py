@@ -33,17 +33,20 @@ from urllib.parse import urlsplit
 
 import requests
 
-from agent import __version__, boundedhttp, logs
-from agent.boundedhttp import Reply
+from agent import __version__
 from agent.errors import ConfigValueError
 from agent.handlers.base import FAILED, OK, Context, Handler, Result
-from agent.httpdates import retry_after, transient_status
 from agent.model.approval import APPROVAL_KEY, approved_by
 from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, text
 from agent.model.outcomes import PHASE_SCHEDULED, PHASE_STARTED
 from agent.model.timefmt import iso_z
-from agent.pathtrust import first_problem
+from agent.model.tracker import CANCELED
+from agent.net import boundedhttp
+from agent.net.boundedhttp import Reply
+from agent.net.httpdates import retry_after, transient_status
 from agent.retry import retrying
+from agent.telemetry import logs
+from agent.trust.pathtrust import first_problem
 
 TEMPLATE_FIELDS = ("event_id", "event_type", "status", "vm", "resources", "not_before", "phase", "description",
                    "source", "duration_seconds", "outcome", "approved_by", "text")
@@ -104,7 +107,7 @@ class WebhookOptions:
 
 def _url_file_problem(path: str | None) -> str | None:
     """Why another user could choose where the webhook (its body and `headers`) goes: `path` or a directory above
-    it is theirs or writable by them (`agent.pathtrust`); None when not (or no url_file)."""
+    it is theirs or writable by them (`agent.trust.pathtrust`); None when not (or no url_file)."""
     problem = first_problem(path) if path else None
     return problem and f"{problem} (another user could send this webhook, its headers too, where they like)"
 
@@ -133,7 +136,7 @@ def readable(ctx: Context, now: datetime, approved_by: str | None) -> str:
     elif ctx.phase == PHASE_STARTED:
         line = f"{who} has started"
     else:
-        line = f"{who} was canceled" if ctx.outcome == "canceled" else f"{who} is over"
+        line = f"{who} was canceled" if ctx.outcome == CANCELED else f"{who} is over"
     if approved_by:
         line += f", approved by {approved_by}"
     if e.description and ctx.phase == PHASE_SCHEDULED:

@@ -15,14 +15,14 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from agent.clock import Clock
 from agent.errors import ReservedSource, StaleReport, TooManyReports
 from agent.health.health_json import EventHealthEvaluation, HealthEventJson, HealthView
 from agent.model.config_schema import parse_duration_text
-from agent.model.timefmt import iso_z_or_none
+from agent.model.timefmt import iso_z_or_none, parse_iso_utc
 
 RESERVED_PREFIX = "System."
 MAX_DESCRIPTION = 4096
@@ -163,12 +163,12 @@ def _sent_at_field(value: Any) -> datetime | None:
     if value is None:
         return None
     try:
-        sent = datetime.fromisoformat(value) if isinstance(value, str) else None
+        sent = parse_iso_utc(value) if isinstance(value, str) else None
     except ValueError:
         sent = None
     if sent is None:
         raise ValueError(f"SentAt: expected an ISO 8601 time such as 2026-01-01T00:00:00Z, got {value!r}")
-    return sent if sent.tzinfo else sent.replace(tzinfo=UTC)
+    return sent
 
 
 def parse_report(body: Any) -> HealthReport:

@@ -14,13 +14,13 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-from agent import logs
 from agent.clock import Clock
 from agent.health.health_rules import SOURCE_ID, RuleSpec, RuleState, describe, evaluate, hms
 from agent.health.health_store import HealthState, HealthStore
-from agent.metrics import Metrics
 from agent.model.config_schema import fmt_duration
 from agent.systemd import HOOK_ENV_STRIP
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
 
 FAILURES_BEFORE_WARNING = 3
 COMMAND_TIMEOUT = 10.0

@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from agent import logs
-from agent.addresses import parse_listen
+from agent.net.addresses import parse_listen
+from agent.telemetry import logs
 
 CHECK_INTERVAL = 0.2
 """Seconds between two looks at the verdict when nothing announces its changes (no `watch`)."""
@@ -112,14 +112,18 @@ class TcpProbe:
     def _wait(self) -> None:
         """Wait for a connection (accepted and closed), an announced change or the next recheck."""
         waiting = [self._wake_r] if self._sock is None else [self._wake_r, self._sock]
-        ready, _, _ = select.select(waiting, [], [], self._timeout())
-        if self._wake_r in ready:
+        poll = select.poll()  # not select(): it fails on a descriptor over 1023, which a busy daemon reaches
+        for sock in waiting:
+            poll.register(sock, select.POLLIN)
+        timeout = self._timeout()
+        ready = {fd for fd, _ in poll.poll(None if timeout is None else max(0.0, timeout) * 1000)}
+        if self._wake_r.fileno() in ready:
             try:
                 while self._wake_r.recv(4096):
                     pass
             except (BlockingIOError, InterruptedError):
                 pass
-        if self._sock is not None and self._sock in ready:
+        if self._sock is not None and self._sock.fileno() in ready:
             try:
                 conn, _ = self._sock.accept()
             except OSError:

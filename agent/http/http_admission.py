@@ -11,9 +11,9 @@ import socket
 import time
 from collections.abc import Callable
 
-from agent import logs
 from agent.http.http_connection import BUSY, Conn, Deadlines, Drops, Table
 from agent.http.peer_owner import PeerOwners
+from agent.telemetry import logs
 
 
 class Admission:

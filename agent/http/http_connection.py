@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from agent import logs
 from agent.http.http_wire import Request, head_end, parse_head
 from agent.http.peer_owner import PeerOwners
+from agent.telemetry import logs
 
 READ, BUSY, WRITE, LINGER = range(4)
 """A connection waits for a request, is with a worker, is sending an answer, or is closing."""

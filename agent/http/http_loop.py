@@ -29,11 +29,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, cast
 
-from agent import logs
 from agent.errors import HttpError
 from agent.http.http_admission import Admission
 from agent.http.http_connection import BUSY, LINGER, READ, WRITE, Conn, Deadlines, Drops, Line, Table, try_send
 from agent.http.http_wire import MAX_HEAD, Request
+from agent.telemetry import logs
 
 TURN_BUDGET = 64
 """Requests answered in one turn of the loop, all connections together, one request per connection at a time

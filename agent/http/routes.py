@@ -1,14 +1,14 @@
 """maintd's HTTP server: the LB probe, /healthz, /metrics and the /v1 JSON API.
 
 The event loop (`agent.http.http_loop`) holds the connections; this module routes a request and
-answers it as `agent.http.auth` says: who the caller is (operator or peer) and what they may see and do.
-The probe, /app-health (the Application Health extension's, for automatic instance repairs), /healthz and
-/metrics answer everyone. Errors are JSON: {"error": ..., "status": ...}.
+answers it from `agent.http.auth.TABLE`: each route has a `Kind`, and the table's verdict for the caller (where it
+comes from, which token it carries) says whether it is answered in full, with the peer view, or refused (401/403)
+before its handler runs. The probe, /app-health (the Application Health extension's, for automatic instance
+repairs), /healthz and /metrics answer everyone. Errors are JSON: {"error": ..., "status": ...}.
 """
 
 from __future__ import annotations
 
-import functools
 import grp
 import os
 import re
@@ -19,15 +19,27 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from agent import jsonsafe, logs
-from agent.addresses import parse_listen
 from agent.errors import HttpError
-from agent.http.auth import Access, Caller, how_to_act, identify, peer_event_view, peer_health_view
-from agent.http.http_connection import is_loopback
+from agent.http.auth import (
+    Access,
+    Caller,
+    Kind,
+    Source,
+    Token,
+    Verdict,
+    identify,
+    peer_event_view,
+    peer_health_view,
+    refusal,
+    verdict,
+)
 from agent.http.http_loop import EventLoopServer
 from agent.http.http_wire import Request, error_body, json_body, response
 from agent.http.listeners import listen_tcp, listen_unix
-from agent.metrics import Metrics
+from agent.net.addresses import parse_listen
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
+from agent.trust import jsonsafe
 
 __all__ = ["ApiError", "ApiServer", "Backend"]
 
@@ -63,10 +75,12 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class Route:
-    """One endpoint: a bounded name for metrics, its methods, and its handler."""
+    """One endpoint: a bounded name for metrics, its methods, who may call it (its row of `auth.TABLE`), and its
+    handler."""
 
     name: str
     methods: tuple[str, ...]
+    kind: Kind
     handler: Callable[[Call], tuple[int, Any]]
     cheap: bool = False
     content_type: str = "application/json"
@@ -75,15 +89,17 @@ class Route:
 
 @dataclass
 class Call:
-    """A request being answered: the request, path parameter, and (looked up when a handler asks) its caller."""
+    """A request being answered: the request, its caller, the table's verdict, and the path parameter."""
 
     request: Request
-    access: Access
+    caller: Caller
+    verdict: Verdict
     arg: str = ""
 
-    @functools.cached_property
-    def caller(self) -> Caller:
-        return identify(self.request, self.access)
+    @property
+    def full(self) -> bool:
+        """Answered in full (an operator), not with the peer view."""
+        return self.verdict == Verdict.FULL
 
 
 class Router:
@@ -98,31 +114,40 @@ class Router:
         self._errors = logs.Throttle()
         b = backend
         get, post = ("GET",), ("POST",)
+        open_, read, shared, change, hint = Kind.OPEN, Kind.READ, Kind.SHARED, Kind.CHANGE, Kind.HINT
         self.exact: dict[str, Route] = {
-            probe_path: Route("probe", get, self._probe, cheap=True, content_type="text/plain; charset=utf-8"),
-            "/app-health": Route("app_health", get, self._app_health, cheap=True),
-            "/healthz": Route("healthz", get, self._healthz, cheap=True),
-            "/metrics": Route("metrics", get, lambda c: (200, b.metrics_text()),
+            probe_path: Route("probe", get, open_, self._probe, cheap=True, content_type="text/plain; charset=utf-8"),
+            "/app-health": Route("app_health", get, open_, self._app_health, cheap=True),
+            "/healthz": Route("healthz", get, open_, self._healthz, cheap=True),
+            "/metrics": Route("metrics", get, open_, lambda c: (200, b.metrics_text()),
                               content_type="text/plain; version=0.0.4; charset=utf-8"),
-            "/v1/status": Route("status", get, lambda c: self._operator(c, b.status)),
-            "/v1/events": Route("events", get, lambda c: self._operator(c, b.events)),
-            "/v1/fleet": Route("fleet", get, lambda c: self._operator(c, b.fleet)),
-            "/v1/fleet/history": Route("fleet_history", get, lambda c: self._operator(
-                c, lambda: b.fleet_history(_query(c.request.target, "since")))),
-            "/v1/health": Route("health", get, self._health),
-            "/v1/drain": Route("drain", post, lambda c: self._mutate(c, lambda: b.drain(_reason(self._json(c)),
-                                                                                       c.caller.by))),
-            "/v1/undrain": Route("undrain", post, lambda c: self._mutate(c, lambda: b.undrain(c.caller.by))),
-            "/v1/budget/wake": Route("budget_wake", post, self._budget_wake),
-            "/v1/health/reports": Route("health_reports", post,
-                                        lambda c: self._mutate(c, lambda: b.report_health(self._json(c)))),
+            "/v1/status": Route("status", get, read, lambda c: (200, b.status())),
+            "/v1/events": Route("events", get, read, lambda c: (200, b.events())),
+            "/v1/fleet": Route("fleet", get, read, lambda c: (200, b.fleet())),
+            "/v1/fleet/history": Route("fleet_history", get, read, lambda c: (
+                200, b.fleet_history(_query(c.request.target, "since")))),
+            "/v1/health": Route("health", get, shared, self._health),
+            "/v1/drain": Route("drain", post, change, lambda c: (200, b.drain(_reason(self._json(c)), c.caller.by))),
+            "/v1/undrain": Route("undrain", post, change, lambda c: (200, b.undrain(c.caller.by))),
+            "/v1/budget/wake": Route("budget_wake", post, hint, self._budget_wake),
+            "/v1/health/reports": Route("health_reports", post, change,
+                                        lambda c: (200, b.report_health(self._json(c)))),
         }
         self.patterns: list[tuple[re.Pattern[str], Route]] = [
             (re.compile(r"^/v1/events/([^/]+)/approve$"),
-             Route("events_approve", post, lambda c: self._mutate(c, lambda: b.approve(c.arg, c.caller.by)))),
-            (re.compile(r"^/v1/events/([^/]+)/peer-ready$"), Route("events_peer_ready", post, self._peer_ready)),
-            (re.compile(r"^/v1/events/([^/]+)$"), Route("event", get, self._event)),
+             Route("events_approve", post, change, lambda c: (200, b.approve(c.arg, c.caller.by)))),
+            (re.compile(r"^/v1/events/([^/]+)/peer-ready$"), Route("events_peer_ready", post, hint, self._peer_ready)),
+            (re.compile(r"^/v1/events/([^/]+)$"), Route("event", get, shared, self._event)),
         ]
+
+    def endpoints(self) -> dict[Kind, list[str]]:
+        """Each kind's endpoints as `METHOD /path` (the README's access table names them)."""
+        shown = [(path, r) for path, r in self.exact.items()] + [
+            (p.pattern.strip("^$").replace("([^/]+)", "{id}"), r) for p, r in self.patterns]
+        out: dict[Kind, list[str]] = {}
+        for path, r in shown:
+            out.setdefault(r.kind, []).extend(f"{m} {path}" for m in r.methods)
+        return out
 
     def route(self, path: str) -> tuple[Route | None, str]:
         """The route of `path` and its parameter (None when there is no such endpoint)."""
@@ -151,7 +176,7 @@ class Router:
             if method not in found.methods:
                 raise HttpError(405, f"{method} is not allowed here; use {', '.join(found.methods)}",
                                 {"Allow": ", ".join(found.methods)})
-            status, body = found.handler(Call(request, self.access, arg))
+            status, body = found.handler(self._admit(found, request, arg))
         except HttpError as exc:
             return self._error(name, exc, head_only, request.keep_alive), exc.close or not request.keep_alive
         except Exception as exc:  # a bug must cost one request, not the server
@@ -188,54 +213,37 @@ class Router:
         ok, detail = self.backend.alive()
         return (200 if ok else 503), {"status": "ok" if ok else "stuck", "detail": detail}
 
-    def _peer_or_operator(self, call: Call) -> bool:
-        """True for an operator, False for an authorized peer; 401 for anyone else."""
-        if call.caller.operator_read:
-            return True
-        if call.request.uid is None and self.backend.peer_authorized(call.request.header("authorization")):
-            return False
-        raise HttpError(401, "this endpoint needs the bearer token in coordination.token_file",
-                        {"WWW-Authenticate": "Bearer"})
-
-    def _operator(self, call: Call, fn: Callable[[], Any]) -> tuple[int, Any]:
-        if not self._peer_or_operator(call):
-            raise HttpError(403, "operator data: ask from this host or with the bearer token in server.token_file")
-        return 200, fn()
+    def _admit(self, route: Route, request: Request, arg: str) -> Call:
+        """The request's place in `auth.TABLE`; a 401 or 403 before the handler when the table refuses it."""
+        if route.kind == Kind.OPEN:  # the probe's path: nothing to look up
+            return Call(request, Caller(*_ANYONE, request.client), Verdict.FULL, arg)
+        caller = identify(request, self.access, self.backend.peer_authorized)
+        answer = verdict(route.kind, caller)
+        if answer in (Verdict.UNAUTHORIZED, Verdict.FORBIDDEN):
+            message = refusal(route.kind, caller, answer, request.uid, self.access.unix_socket)
+            if answer == Verdict.FORBIDDEN:
+                raise HttpError(403, message)
+            raise HttpError(401, message, {"WWW-Authenticate": "Bearer"})
+        return Call(request, caller, answer, arg)
 
     def _event(self, call: Call) -> tuple[int, Any]:
-        operator = self._peer_or_operator(call)
         view = self.backend.event(call.arg)
         if view is None:
             raise HttpError(404, f"no event {call.arg} is known here")
-        return 200, view if operator else peer_event_view(view)
+        return 200, view if call.full else peer_event_view(view)
 
     def _health(self, call: Call) -> tuple[int, Any]:
-        operator = self._peer_or_operator(call)
         health = self.backend.health()
-        return 200, health if operator else peer_health_view(health)
+        return 200, health if call.full else peer_health_view(health)
 
     def _peer_ready(self, call: Call) -> tuple[int, Any]:
-        """A peer's hint that it became ready: peer auth suffices, since the leader only re-asks it."""
-        self._peer_or_operator(call)
+        """A peer's hint that it became ready: the peer token suffices, since the leader only re-asks it."""
         return 202, self.backend.peer_ready(call.arg, self._json(call))
 
     def _budget_wake(self, call: Call) -> tuple[int, Any]:
-        """A member's hint that its release handed this VM a place: peer auth suffices, since it only makes this
-        VM read the store (rate-limited) and act on what it reads there."""
-        self._peer_or_operator(call)
+        """A member's hint that its release handed this VM a place: the peer token suffices, since it only makes
+        this VM read the store (rate-limited) and act on what it reads there."""
         return 202, self.backend.budget_wake(self._json(call))
-
-    def _mutate(self, call: Call, fn: Callable[[], Any]) -> tuple[int, Any]:
-        caller = call.caller
-        if not caller.may_mutate:
-            if call.request.uid is not None:
-                raise HttpError(403, f"uid {call.request.uid} is neither root nor maintd's user nor in "
-                                     "server.unix_socket_group")
-            if call.request.header("authorization"):
-                raise HttpError(403, "the bearer token is not the one in server.token_file")
-            raise HttpError(401, how_to_act(self.access.unix_socket, is_loopback(call.request.client)),
-                            {"WWW-Authenticate": "Bearer"})
-        return 200, fn()
 
     def _json(self, call: Call) -> Any:
         raw = call.request.body
@@ -245,6 +253,10 @@ class Router:
             return jsonsafe.loads(raw, max_bytes=self.max_body)
         except ValueError as exc:
             raise HttpError(400, f"body is not valid JSON ({exc})") from None
+
+
+_ANYONE = (Source.ELSEWHERE, Token.NONE, True)
+"""The caller of an open endpoint, never looked up."""
 
 
 def _query(target: str, name: str) -> str | None:

@@ -19,15 +19,16 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlencode
 
-from agent import jsonsafe, logs
-from agent.addresses import is_loopback_url
 from agent.clock import Clock
 from agent.errors import AnswerTooLarge, ImdsError, ImdsRequestRejected, ImdsUnavailable
-from agent.httpdates import retry_after
 from agent.imds.imds_connection import Connection, Reply, request_bytes, safe_header_value
-from agent.metrics import Metrics
 from agent.model.events import MAX_NAME, Document, parse_document
 from agent.model.identity import Identity, identity_from_compute
+from agent.net.addresses import is_loopback_url
+from agent.net.httpdates import retry_after
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
+from agent.trust import jsonsafe
 
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 COMPUTE_PATH = "/metadata/instance/compute"

@@ -12,7 +12,6 @@ deadline; `http.client` alone skips only 100.
 
 from __future__ import annotations
 
-import http.client
 import io
 import socket
 import time
@@ -21,7 +20,12 @@ from email.message import Message
 from typing import Any
 from urllib.parse import urlsplit
 
-from agent.errors import AnswerTooLarge, ExchangeTimeout
+from agent import deferred
+
+deferred.defer("ssl")  # http.client imports it for HTTPS only: IMDS is plain HTTP (decision 0220)
+import http.client  # noqa: E402
+
+from agent.errors import AnswerTooLarge, ExchangeTimeout  # noqa: E402
 
 CONNECT_TIMEOUT = 5.0
 """Seconds at most to open the connection (the rest of the deadline is for the answer)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from agent import __version__, logs
+from agent import __version__
 from agent.clock import Clock
 from agent.config.config import Config
 from agent.coordination.backend import BackendStatus, CoordinationView, FleetEvent
@@ -24,21 +24,22 @@ from agent.health.health_store import HealthStore, parse_report
 from agent.health.rotation import MANUAL, Drain, Rotation
 from agent.http.auth import peer_authorized
 from agent.http.routes import ApiError
-from agent.metrics import Metrics
 from agent.model.approval import MANUAL_APPROVAL_KEY
 from agent.model.events import SCHEDULED, EventJson
 from agent.model.timefmt import iso_z, iso_z_or_none, since_instant
 from agent.model.tracker import Tracked, VanishOutcome
+from agent.policy.approval_policy import DEFAULT_PROFILE, Profile
 from agent.prepare.handler_runner import Runner
 from agent.prepare.preparation import Preparation
 from agent.prepare.prepare_plan import PlanView
 from agent.state.state_file import HistoryEntry
 from agent.state.state_store import Store
-from agent.windows.approval_policy import DEFAULT_PROFILE, Profile
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:  # the fleet history and the budget are the store backend's: a peers daemon never loads them
-    from agent.coordination.store.budget_wake import WakeAnswer
-    from agent.coordination.store.fleet_history import FleetHistory, HistoryRead
+    from agent.fleet.budget_wake import WakeAnswer
+    from agent.fleet.fleet_history import FleetHistory, HistoryRead
 
     class FleetHistoryAnswer(HistoryRead):  # decision 0220
         """The answer to GET /v1/fleet/history."""
@@ -367,6 +368,8 @@ class LocalApi:
         vm = body.get("vm") if isinstance(body, dict) else None
         if not isinstance(vm, str) or not vm:
             raise ApiError(400, 'body must be {"vm": "name of the peer that became ready"}')
+        if isinstance(body, dict) and body.get("health") is not None:  # a ready peer's health changed
+            return {"event_id": event_id, "asked_again": self.coordinator.health_hint(event_id, vm)}
         return {"event_id": event_id, "asked_again": self.coordinator.hint(event_id, vm)}
 
     def budget_wake(self, body: Any) -> WakeAnswer:

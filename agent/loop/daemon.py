@@ -23,7 +23,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from agent import logs
 from agent.clock import Clock, SignalFlag
 from agent.config.config import Config
 from agent.errors import ImdsError
@@ -35,15 +34,16 @@ from agent.loop.api import LoopView
 from agent.loop.cadence import Cadence
 from agent.loop.inbox import Inbox, Taken
 from agent.loop.report import Reporter
+from agent.loop.tick import Tick
 from agent.loop.wiring import STOP_DRAIN, Parts, serve
-from agent.metrics import Metrics
 from agent.model.events import Document
 from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.tracker import Tracked, Transition, diff
+from agent.policy.approval_policy import Profile, in_force
 from agent.state.state_file import LoadReport
 from agent.systemd import Notifier, call_pinging
-from agent.windows.approval_policy import Profile, in_force
-from agent.windows.tick import Tick
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
 
 HANDLER_STOP_GRACE = 10.0
 """Seconds running handlers get to finish when maintd stops, before they are cut short."""

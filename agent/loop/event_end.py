@@ -18,23 +18,23 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from agent import logs
 from agent.clock import Clock
 from agent.health.rotation import OUT_OF_ROTATION
 from agent.model.approval import APPROVAL_KEY, SENT, approved_by, has_status
 from agent.model.events import STARTED, parse_event
 from agent.model.outcomes import PHASE_SCHEDULED
-from agent.model.timefmt import parse_iso
+from agent.model.timefmt import optional_iso
 from agent.prepare.handler_runner import Runner
 from agent.prepare.run_records import RunKey
 from agent.state.state_file import EventRecord
 from agent.state.state_store import Store
+from agent.telemetry import logs
 
 if TYPE_CHECKING:
-    from agent.coordination.store.budget import Budget
-    from agent.coordination.store.fleet_history import FleetHistory
-    from agent.coordination.store.history_protocol import VmOutcome
     from agent.coordination.store.store_exchange import Store as BlobStore
+    from agent.fleet.budget import Budget
+    from agent.fleet.fleet_history import FleetHistory
+    from agent.fleet.history_protocol import VmOutcome
 
 CHECK_EVERY = 2.0
 """Seconds between two looks for events that ended (the loop's tick is cheaper than this scan)."""
@@ -42,38 +42,34 @@ RECORD_WITHIN = 86400.0
 """An event that vanished longer ago than this is not recorded (events kept from before an upgrade)."""
 
 
-def _instant(value: Any) -> datetime | None:
-    return parse_iso(value) if isinstance(value, str) and value else None
-
-
 def outcome_for(vm: str, record: EventRecord, results: dict[str, dict[str, Any]], prepared: bool,
                 chosen: str | None) -> VmOutcome:
     """This VM's outcome for an event that ended, from its state store's records (ValueError, KeyError or
     TypeError on a record of the wrong shape)."""
-    from agent.coordination.store.history_protocol import VmOutcome
+    from agent.fleet.history_protocol import VmOutcome
 
     event = parse_event(record["event"])
-    started = next((_instant(h.get("at")) for h in record.get("history", []) if h.get("status") == STARTED), None)
+    started = next((optional_iso(h.get("at")) for h in record.get("history", []) if h.get("status") == STARTED), None)
     runs = sorted(((key, r) for k, r in results.items() if (key := RunKey.parse(k)) is not None),
                   key=lambda run: (run[0].handler, run[0].phase))
     if prepared:
-        finished = [_instant(r.get("finished_at")) for key, r in runs if key.phase == PHASE_SCHEDULED]
-        ready_at = max((t for t in finished if t is not None), default=_instant(record.get("first_seen")))
+        finished = [optional_iso(r.get("finished_at")) for key, r in runs if key.phase == PHASE_SCHEDULED]
+        ready_at = max((t for t in finished if t is not None), default=optional_iso(record.get("first_seen")))
     else:
         ready_at = None
     rotation = results.get(OUT_OF_ROTATION, {})
     approval = results.get(APPROVAL_KEY)
     sent = has_status(approval, SENT)
-    ends = [_instant(record.get("vanished_at")), _instant(rotation.get("back_at")),
-            *(_instant(r.get("finished_at")) for _, r in runs)]
+    ends = [optional_iso(record.get("vanished_at")), optional_iso(rotation.get("back_at")),
+            *(optional_iso(r.get("finished_at")) for _, r in runs)]
     ended = max(t for t in ends if t is not None)
-    first_seen = _instant(record.get("first_seen")) or ended
-    not_before = event.not_before or _instant(record.get("not_before"))
+    first_seen = optional_iso(record.get("first_seen")) or ended
+    not_before = event.not_before or optional_iso(record.get("not_before"))
     return VmOutcome(event_id=event.event_id, event_type=event.event_type, vm=vm, not_before=not_before,
-                     out_at=_instant(rotation.get("out_at")), back_at=_instant(rotation.get("back_at")),
+                     out_at=optional_iso(rotation.get("out_at")), back_at=optional_iso(rotation.get("back_at")),
                      ready_at=ready_at, started_at=started,
                      approved_by=approved_by(approval),
-                     approved_at=_instant(approval.get("at")) if sent and approval is not None else None,
+                     approved_at=optional_iso(approval.get("at")) if sent and approval is not None else None,
                      handlers=tuple((key.handler, key.phase, str(r.get("outcome"))) for key, r in runs),
                      chosen=chosen, ended_at=ended, day=(not_before or first_seen).date())
 
@@ -84,7 +80,7 @@ def fleet_history(blobs: Callable[[], BlobStore] | None, store: Store, runner: R
     """The fleet history's lane and the loop's part that feeds it, on the store backend (`blobs`); none otherwise."""
     if blobs is None:
         return None, None
-    from agent.coordination.store.fleet_history import HISTORY_KEY, FleetHistory
+    from agent.fleet.fleet_history import HISTORY_KEY, FleetHistory
 
     history = FleetHistory(blobs, lambda eid, value, wait: store.record(eid, HISTORY_KEY, value, wait=wait), clock,
                            count_error)
@@ -116,7 +112,7 @@ class EventEnds:
         if vm_name is None or mono - self._checked < CHECK_EVERY:
             return
         self._checked = mono
-        from agent.coordination.store.fleet_history import HISTORY_KEY
+        from agent.fleet.fleet_history import HISTORY_KEY
 
         now = self.clock.now()
         records = self.store.gone_records(self._done)
@@ -131,9 +127,9 @@ class EventEnds:
 
     def _consider(self, vm_name: str, eid: str, rec: EventRecord, note: dict[str, Any] | None,
                   now: datetime) -> None:
-        from agent.coordination.store.fleet_history import due, finished
+        from agent.fleet.fleet_history import due, finished
 
-        vanished = _instant(rec.get("vanished_at"))
+        vanished = optional_iso(rec.get("vanished_at"))
         if vanished is None or (now - vanished).total_seconds() > RECORD_WITHIN or finished(note):
             self._done.add(eid)  # never looked at again by this run of maintd
             return

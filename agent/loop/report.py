@@ -10,19 +10,19 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from agent import logs
 from agent.clock import Clock
 from agent.config.config import ImdsConfig
 from agent.errors import ImdsError, ImdsRequestRejected
 from agent.handlers.base import FAILED, OK, TIMED_OUT, Result
 from agent.health.health_store import HealthState, HealthStore
-from agent.metrics import Metrics
 from agent.model.events import KNOWN_STATUSES, SCHEDULED, Document
 from agent.model.timefmt import iso_z_or_none
 from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
+from agent.policy.approval_policy import Profile
 from agent.state.state_file import LoadReport
 from agent.state.state_store import Store
-from agent.windows.approval_policy import Profile
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
 
 
 def next_maintenance(tracked: Iterable[Tracked]) -> dict[str, datetime]:

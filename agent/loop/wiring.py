@@ -16,7 +16,6 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent import logs
 from agent.clock import Clock, Waitable
 from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
@@ -35,25 +34,27 @@ from agent.imds.imds_client import ImdsClient, is_transient
 from agent.loop.api import LocalApi, LoopView
 from agent.loop.event_end import fleet_history
 from agent.loop.inbox import Inbox
-from agent.metrics import Metrics
+from agent.loop.tick import Tick
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
 from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.tracker import Tracked
+from agent.policy.approval_policy import NOW, Profile
 from agent.prepare.handler_runner import Runner
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
+from agent.prepare.run_order import phase_time
 from agent.retry import retrying as retrying_on
-from agent.secretfile import SecretFiles
 from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
-from agent.windows.approval_policy import NOW, Profile
-from agent.windows.tick import Tick
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
+from agent.trust.secretfile import SecretFiles
 
 if TYPE_CHECKING:  # the store backend's parts load only when the config chooses it (decision 0220)
-    from agent.coordination.store.budget import Budget
     from agent.coordination.store.store_backend import StoreBackend
+    from agent.fleet.budget import Budget
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 STOP_DRAIN = "stop"
@@ -64,7 +65,7 @@ RESTART_KEYS: tuple[str, ...] = (
 """Keys a reload cannot apply to a running daemon (the listening sockets, the route table, the state dir,
 the peer pools' size, the coordination backend — two protocols must never meet within one event): they
 keep their running values until a restart. Every other key is applied by `Parts.reconfigure`
-(tests/test_reload.py holds every key of `Config` to one or the other)."""
+(tests/loop/test_reload.py holds every key of `Config` to one or the other)."""
 
 
 def value_at(config: Any, key: str) -> Any:
@@ -185,7 +186,7 @@ class Parts:
         This VM is out while drained, or while an event naming it is prepared or Started."""
         if self.budget is None:
             return NO_BUDGET
-        from agent.coordination.store.budget import Want
+        from agent.fleet.budget import Want
         wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting(tick.now)]
         started = [Want(eid, t.event.event_type, t.event.not_before) for eid, t in tick.tracked.items()
                    if t.names_self and t.event.status == SCHEDULED and self.preparation.started(eid)]
@@ -196,8 +197,9 @@ class Parts:
         return gate
 
     def preparation_needs(self) -> float:
-        """What this VM's preparation needs before NotBefore: its drain wait plus its hooks' timeouts."""
-        return self.services.settings.drain_wait + sum(h.timeout for h in self.config.handlers
+        """What this VM's preparation needs before NotBefore: its drain wait plus its hooks' timeouts (a non-holding
+        one's first try only: the rest of its run goes on in the background)."""
+        return self.services.settings.drain_wait + sum(phase_time(h) for h in self.config.handlers
                                                        if PHASE_SCHEDULED in h.phases and h.type != "drain")
 
     def record_ended(self, vm_name: str | None) -> None:
@@ -210,7 +212,7 @@ class Parts:
         VM's scale set (learnt from IMDS), else `_`."""
         identity = self.identity
         budget_group = self.budget.group if self.budget is not None else None
-        from agent.coordination.store.history_protocol import group_name
+        from agent.fleet.history_protocol import group_name
         return group_name(budget_group, identity.scale_set if identity is not None else None)
 
     def _handler_finished(self, event_id: str, handler: str, phase: str, result: Result) -> None:
@@ -376,8 +378,8 @@ def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
     if backend is None or c.budget is None:
         return None
     from agent.coordination.peers.peer_addressing import member_url
-    from agent.coordination.store.budget import Budget
-    from agent.coordination.store.budget_wake import WakeSender, advertised, primary_ip
+    from agent.fleet.budget import Budget
+    from agent.fleet.budget_wake import WakeSender, advertised, primary_ip
 
     states = {"ok": HealthState.OK, "warning": HealthState.WARNING}
     return Budget(c.budget, store=backend.exchange.store, describe=backend.config.describe, clock=parts.clock,

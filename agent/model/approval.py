@@ -30,6 +30,11 @@ SENDING: Final = "sending"
 SENT: Final = "sent"
 FAILED: Final = "failed"
 
+ApprovalOutcome = Literal["sent", "failed", "skipped"]
+"""How an approval POST ended (the `maintd_approvals_total` label): sent, failed, or not made (SKIPPED)."""
+SKIPPED: Final = "skipped"
+APPROVAL_OUTCOMES: tuple[ApprovalOutcome, ...] = (SENT, FAILED, SKIPPED)
+
 
 class ApprovalRecord(TypedDict, total=False):
     """The approval record as the approver writes it (`status`, `by` and `at` always)."""

@@ -27,8 +27,8 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, TypedDict
 
 from agent.errors import DocumentError
-from agent.httpdates import parse_http_date
-from agent.model.timefmt import iso_z
+from agent.model.timefmt import iso_z, parse_iso_utc
+from agent.net.httpdates import parse_http_date
 
 KNOWN_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 Status = Literal["Scheduled", "Started"]
@@ -152,11 +152,9 @@ def parse_not_before(raw: Any) -> datetime | None:
     parsed = parse_http_date(text)
     if parsed is None:
         try:
-            parsed = datetime.fromisoformat(text)  # Python 3.11 reads ISO 8601 with Z and offsets
+            parsed = parse_iso_utc(text)
         except (ValueError, OverflowError):
             return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
     return parsed.astimezone(UTC)
 
 

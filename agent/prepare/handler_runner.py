@@ -13,6 +13,9 @@ are recorded `skipped`, and the `completed` phase runs at once on its own lane, 
 
 A handler's time budget is its `timeout`, capped in the `scheduled` phase by the time left before
 NotBefore minus `DEADLINE_MARGIN`; one that cannot start in time is recorded `skipped` ("deadline").
+A phase waits for a holding handler's whole run, for a non-holding one's first try only: past it the
+run goes on in the background (`background_runs`), recorded `running` with `background: true`, and
+the phase goes on; a `before_drain` handler runs right before the drain (`run_order`, decision 0236).
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
-from agent import logs
 from agent.errors import kept_in_memory
 from agent.handlers.base import Context, Handler, Result, Services
 from agent.lanes import Lanes
@@ -39,29 +42,24 @@ from agent.model.outcomes import (
 )
 from agent.model.timefmt import iso_z
 from agent.model.tracker import Tracked, Transition, phase_for, phase_in
+from agent.prepare.background_runs import BackgroundRuns, RunThread
+from agent.prepare.run_order import FIRST_TRY, budget, holds, run_order, short_budget
 from agent.prepare.run_records import (
     RunKey,
     RunRecord,
     attempt_of,
     blocks,
+    finished_record,
     interrupted_verdict,
     round_of,
     run_result,
     why_not_ready,
 )
-
-DEADLINE_MARGIN = 5.0
-"""Seconds kept free before NotBefore: a handler budget never reaches into them."""
-OUTPUT_TAIL = 4000
+from agent.telemetry import logs
 
 ResultListener = Callable[[str, str, str, Result], None]
-
-
-def budget(timeout: float, phase: str, not_before: datetime | None, now: datetime) -> float:
-    """Seconds a run may take: its timeout, capped before NotBefore in the scheduled phase (≤ 0: too late)."""
-    if phase != PHASE_SCHEDULED or not_before is None:
-        return timeout
-    return min(timeout, (not_before - now).total_seconds() - DEADLINE_MARGIN)
+"""Hears of each finished run, and of a run that went on in the background (outcome `running`): readiness may
+have changed."""
 
 
 class Runner:
@@ -84,6 +82,7 @@ class Runner:
         self._running: dict[str, str] = {}
         """Per event: the scheduled/started handler running now."""
         self._lanes = Lanes(max_workers, "handler")
+        self._background = BackgroundRuns(max_workers)
         for h in handlers:
             self.metrics.init_handler(h.spec.name, h.spec.phases)
 
@@ -159,9 +158,8 @@ class Runner:
         if cut is None:
             return
         cut.set()
-        if running is not None:
-            self.log.warning("handler.canceling", event_id=event_id, handler=running,
-                             reason=f"event {outcome or 'gone'}")
+        for name in ([running] if running is not None else []) + self._background.names(event_id):
+            self.log.warning("handler.canceling", event_id=event_id, handler=name, reason=f"event {outcome or 'gone'}")
 
     def _run_phase_logged(self, phase: str, event: Event, names_self: bool, outcome: str | None,
                           cut: threading.Event, rnd: int = 1) -> None:
@@ -181,7 +179,8 @@ class Runner:
 
     def _run_phase(self, phase: str, event: Event, names_self: bool, outcome: str | None,
                    cut: threading.Event, rnd: int = 1) -> None:
-        for handler in self.selected(phase, event, names_self):
+        for handler, leaving in run_order(self.selected(phase, event, names_self), phase,
+                                          lambda h: h.spec.dry_run or not self.dry_run):
             if self.stopping.is_set():
                 return
             key = str(RunKey(handler.spec.name, phase, rnd))
@@ -197,76 +196,72 @@ class Runner:
                                                                 "before it ran"), 0.0, self.clock.now())
                 continue
             attempt = 1 if rec is None else attempt_of(rec) + 1  # an interrupted run goes again
-            self._run_one(handler, phase, event, names_self, outcome, key, cut, attempt)
+            run = partial(self._run_one, handler, phase, event, names_self, outcome, key, cut, attempt, leaving)
+            if not holds(handler.spec) and self._background.busy(event.event_id, handler.spec.name):  # an earlier run
+                run = partial(self._background.submit, event.event_id, handler.spec.name, partial(run, background=True))
+            run()
 
     def _run_one(self, handler: Handler, phase: str, event: Event, names_self: bool, outcome: str | None,
-                 key: str, cut: threading.Event, attempt: int) -> None:
+                 key: str, cut: threading.Event, attempt: int, leaving: bool, background: bool = False) -> None:
         spec, settings = handler.spec, self.services.settings
         now = self.clock.now()
         base = max(spec.timeout, handler.minimum_timeout(settings))
         allowed = budget(base, phase, event.not_before, now)
         fields = {"event_id": event.event_id, "event_type": event.event_type, "handler": spec.name, "phase": phase}
-        if allowed <= 0:
+        if (short := short_budget(allowed, base)) is not None:
             self.metrics.deadline_short.inc()
-            self.log.warning("deadline.short", **fields, action="skipped",
-                             seconds_left=round(allowed + DEADLINE_MARGIN, 1))
+            self.log.warning("deadline.short", **fields, **short)
+        if allowed <= 0:
             self._finish(handler, phase, event, key, Result(SKIPPED, "deadline: too close to NotBefore to start"),
                          0.0, now)
             return
-        if allowed < base:
-            self.metrics.deadline_short.inc()
-            self.log.warning("deadline.short", **fields, action="budget cut", timeout=round(allowed, 1),
-                             configured=round(base, 1))
-        self._record(event.event_id, key, RunRecord(outcome=RUNNING, started_at=iso_z(now), attempt=attempt))
+        record = RunRecord(outcome=RUNNING, started_at=iso_z(now), attempt=attempt)
+        self._record(event.event_id, key, {**record, "background": True} if background else record)
         self.log.info("handler.started", **fields, timeout=round(allowed, 1), attempt=attempt)
         ctx = Context(event=event, phase=phase, vm_name=settings.vm_name, names_self=names_self, timeout=allowed,
                       deadline=event.not_before, dry_run=self.dry_run, clock=self.clock, cancel=cut,
-                      stopping=self.stopping, settings=settings, outcome=outcome, attempt=attempt)
+                      stopping=self.stopping, settings=settings, outcome=outcome, attempt=attempt,
+                      leaving_rotation=leaving)
         t0 = self.clock.monotonic()
-        cuttable = phase != PHASE_COMPLETED
+        cuttable = phase != PHASE_COMPLETED and not background
         if cuttable:
             with self._lock:
                 self._running[event.event_id] = spec.name
         try:
-            result = self._call(handler, ctx, allowed)
+            run = RunThread(handler, ctx)
+            end = partial(self._end, handler, phase, event, key, run, ctx, allowed, t0, now)
+            if background or holds(spec) or run.returns_within(self.clock, FIRST_TRY):
+                end()
+                return
         finally:
             if cuttable:
                 with self._lock:
                     self._running.pop(event.event_id, None)
+        # a non-holding run past its first try: it goes on in the background, the phase goes on now
+        handed = self._background.hand_over(event.event_id, spec.name, end)
+        self._record(event.event_id, key, {**record, "background": True})
+        self.log.info("handler.background", **fields, first_try=FIRST_TRY, budget_left=round(allowed - FIRST_TRY, 1),
+                      reason="on_failure: continue: the run goes on in the background; the phase goes on")
+        if self.on_result:
+            self.on_result(event.event_id, spec.name, phase, Result(RUNNING, "goes on in the background"))
+        handed()
+
+    def _end(self, handler: Handler, phase: str, event: Event, key: str, run: RunThread, ctx: Context,
+             allowed: float, t0: float, now: datetime) -> None:
+        """Wait for the run within its budget (a hung handler gets 5 s more), then record what it came to."""
+        got = run.result(allowed + 5.0 - (self.clock.monotonic() - t0))
+        result = run_result(got, ctx.event_gone, self.stopping.is_set(), allowed)
         if result is None:
-            self.log.warning("handler.abandoned", **fields,
+            self.log.warning("handler.abandoned", event_id=event.event_id, handler=handler.spec.name, phase=phase,
                              reason="maintd is stopping; the run will be settled at restart")
             return
         self._finish(handler, phase, event, key, result, self.clock.monotonic() - t0, now)
 
-    def _call(self, handler: Handler, ctx: Context, allowed: float) -> Result | None:
-        """Run on a helper thread so a hung handler costs its budget, not the worker; None: abandoned (stop)."""
-        box: list[Result] = []
-
-        def target() -> None:
-            try:
-                box.append(handler.run(ctx))
-            except Exception as exc:
-                box.append(Result(FAILED, f"{type(exc).__name__}: {exc}"))
-
-        thread = threading.Thread(target=target, name=f"h-{handler.spec.name}", daemon=True)
-        thread.start()
-        thread.join(allowed + 5.0)
-        return run_result(box[0] if box else None, ctx.event_gone, self.stopping.is_set(), allowed)
-
     def _finish(self, handler: Handler, phase: str, event: Event, key: str, result: Result, duration: float,
                 started: datetime) -> None:
         spec = handler.spec
-        record: RunRecord = {"outcome": result.outcome, "detail": result.detail, "duration_seconds": round(duration, 3),
-                  "started_at": iso_z(started), "finished_at": iso_z(self.clock.now()),
-                  "on_failure": spec.on_failure}
-        previous = self.store.result(event.event_id, key)
-        if previous is not None and "attempt" in previous:
-            record["attempt"] = previous["attempt"]
-        if result.exit_code is not None:
-            record["exit_code"] = result.exit_code
-        if result.output:
-            record["output"] = result.output[-OUTPUT_TAIL:]
+        record = finished_record(result, spec.on_failure, duration, iso_z(started), iso_z(self.clock.now()),
+                                 self.store.result(event.event_id, key))
         self._record(event.event_id, key, record, journal="handler.finished")
         self.metrics.handler_runs.labels(spec.name, phase, result.outcome).inc()
         self.metrics.handler_duration.labels(spec.name, phase).observe(duration)
@@ -321,8 +316,9 @@ class Runner:
                    for h in self.selected(PHASE_COMPLETED, event, names_self) if h.spec.dry_run or not self.dry_run)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Block until no event has queued or running work (tests, shutdown)."""
-        return self._lanes.wait_idle(timeout)
+        """Block until no event has queued or running work, in the background too (tests, shutdown)."""
+        end = self.clock.monotonic() + timeout
+        return self._lanes.wait_idle(timeout) and self._background.wait_idle(max(0.0, end - self.clock.monotonic()))
 
     def stop(self, grace: float) -> None:
         """Let running handlers finish for up to `grace` seconds, then cut them short."""
@@ -334,3 +330,4 @@ class Runner:
         for cut in cuts:
             cut.set()
         self._lanes.shutdown()
+        self._background.shutdown()

@@ -13,9 +13,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from agent import logs
 from agent.clock import Clock
 from agent.handlers.base import Handler
+from agent.telemetry import logs
 
 RETRY_AFTER_ERROR = 30.0
 """Seconds before a `keep` that raised is called again."""

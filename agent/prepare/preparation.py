@@ -26,20 +26,20 @@ import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
-from agent import logs
 from agent.clock import Clock
-from agent.metrics import Metrics
+from agent.loop.tick import Tick
 from agent.model.approval import ApprovalView
 from agent.model.budget_gate import NO_BUDGET, LeaveGate
 from agent.model.events import SCHEDULED, Event
-from agent.model.outcomes import PHASE_SCHEDULED
+from agent.model.outcomes import PHASE_SCHEDULED, PREPARATION_HELD, PREPARATION_STARTED
 from agent.model.timefmt import iso_z, parse_iso
 from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
+from agent.policy.approval_policy import NOW, Profile
 from agent.prepare.prepare_plan import Plan, PlanView, PrepareConfig, make_plan, with_coordination
 from agent.prepare.run_records import ROUND_KEY, RunKey, round_of
 from agent.state.state_store import Store
-from agent.windows.approval_policy import NOW, Profile
-from agent.windows.tick import Tick
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
 
 PREPARATION_KEY = "preparation"
 
@@ -201,7 +201,8 @@ class Preparation:
             held = event_id in self._held
         if plan is None:
             return None
-        return {**with_coordination(plan.to_json(), coordination), "preparation": "held" if held else "started"}
+        return {**with_coordination(plan.to_json(), coordination),
+                "preparation": PREPARATION_HELD if held else PREPARATION_STARTED}
 
     # --- inside ---------------------------------------------------------------------------
 

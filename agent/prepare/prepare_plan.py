@@ -26,7 +26,7 @@ from agent.model.approval import ALLOWING, MANUAL, ApprovalView
 from agent.model.config_schema import fmt_duration, opt
 from agent.model.events import Event
 from agent.model.timefmt import iso_z_or_none
-from agent.windows.approval_policy import (
+from agent.policy.approval_policy import (
     MAX_LEAD_TIME,
     NOW,
     LeadTime,

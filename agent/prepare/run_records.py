@@ -67,10 +67,31 @@ class RunRecord(TypedDict):
     exit_code: NotRequired[int]
     output: NotRequired[str]
     """The tail of what the handler printed."""
+    background: NotRequired[bool]
+    """The run of a non-holding handler went on in the background past its first try (kept once it ended)."""
 
 
 DETAIL_SHOWN = 200
 """Characters of a result's detail quoted in a not-ready reason."""
+OUTPUT_TAIL = 4000
+"""Characters of a run's output kept in its record (the tail)."""
+
+
+def finished_record(result: Result, on_failure: str, duration: float, started_at: str, finished_at: str,
+                    previous: dict[str, Any] | None) -> RunRecord:
+    """The record of a run that ended, replacing its `running` one (`previous`: its attempt, and whether it went on
+    in the background, are kept)."""
+    record: RunRecord = {"outcome": result.outcome, "detail": result.detail, "duration_seconds": round(duration, 3),
+                         "started_at": started_at, "finished_at": finished_at, "on_failure": on_failure}
+    if previous is not None and "attempt" in previous:
+        record["attempt"] = previous["attempt"]
+    if previous is not None and previous.get("background") is True:
+        record["background"] = True
+    if result.exit_code is not None:
+        record["exit_code"] = result.exit_code
+    if result.output:
+        record["output"] = result.output[-OUTPUT_TAIL:]
+    return record
 
 
 def run_result(result: Result | None, event_gone: bool, stopping: bool, allowed: float) -> Result | None:
@@ -113,9 +134,13 @@ def interrupted_verdict(spec: HandlerSpec | None, attempt: int, current: bool) -
 
 def blocks(record: dict[str, Any] | None, on_failure: str) -> bool:
     """Whether a scheduled-phase result keeps the VM from being ready: anything but ok, unless it
-    ended and the handler says `on_failure: continue`."""
-    outcome = record.get("outcome") if record else None
-    return not (outcome == OK or (outcome in (FAILED, TIMED_OUT, SKIPPED, CANCELED) and on_failure == "continue"))
+    ended, or goes on in the background past its first try, and the handler says `on_failure: continue`."""
+    rec = record or {}
+    outcome = rec.get("outcome")
+    if on_failure == "continue" and (outcome in (FAILED, TIMED_OUT, SKIPPED, CANCELED)
+                                     or (outcome == RUNNING and rec.get("background") is True)):
+        return False
+    return outcome != OK
 
 
 def why_not_ready(name: str, record: dict[str, Any] | None, max_attempts: int, event_id: str) -> str:

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agent import jsonsafe
 from agent.clock import Clock
 from agent.state.state_file import set_aside
+from agent.trust import jsonsafe
 
 JOURNAL_FILE = "journal.jsonl"
 JOURNAL_FORMAT = 1

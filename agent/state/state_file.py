@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict, cast
 
-from agent import jsonsafe
 from agent.clock import Clock
 from agent.errors import StateError
 from agent.model.events import EventJson, parse_event
 from agent.model.timefmt import parse_iso
 from agent.model.tracker import TransitionKind, VanishOutcome
-from agent.pathtrust import first_problem
+from agent.trust import jsonsafe
+from agent.trust.pathtrust import first_problem
 
 STATE_FILE = "state.json"
 STATE_FORMAT = 1
@@ -94,7 +94,7 @@ def file_format(data: Any) -> int:
 
 def check_dir(directory: str | os.PathLike[str], create: bool = False) -> None:
     """Refuse a state dir that anyone but root or maintd's user owns or could change, itself or through a directory
-    above it (`agent.pathtrust`): they could plant results, approvals or symlinks, or rename the state away.
+    above it (`agent.trust.pathtrust`): they could plant results, approvals or symlinks, or rename the state away.
     `create`: make a missing one first (mode 755, exclusively: one another user made in between is theirs)."""
     if create and not os.path.lexists(directory):
         # made in between: judged by its owner below; not makeable (read-only, no room): the first write says so

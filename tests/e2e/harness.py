@@ -23,6 +23,8 @@ from typing import Any
 import requests
 import yaml
 
+from tests.reaper import die_with_parent
+
 CLEAN_ENV = {k: v for k, v in os.environ.items()
              if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")}
 
@@ -72,7 +74,7 @@ class Process:
     def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.argv = argv
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=env or CLEAN_ENV)
+                                     env=env or CLEAN_ENV, preexec_fn=die_with_parent)
         self.lines: list[dict[str, Any]] = []
         self.raw: list[str] = []
         self._lock = threading.Lock()
@@ -203,6 +205,7 @@ class Agent(Process):
                 cfg[key] = {**cfg[key], **value}
             else:
                 cfg[key] = value
+        self.base = f"http://{cfg['server']['listen']}"  # the address a test chose (server.listen), if it did
         self.config_path = workdir / "maintd.yaml"
         self.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         os.chmod(self.config_path, 0o600)

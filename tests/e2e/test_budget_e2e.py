@@ -16,9 +16,9 @@ import pytest
 import requests
 
 from tests.azurite import Azurite, azurite, start  # noqa: F401 - the fixture
+from tests.cli.test_cli import maintd
 from tests.e2e.harness import Agent, free_port, wait_until
 from tests.e2e.test_store_e2e import metric, store_config
-from tests.test_cli import maintd
 
 pytestmark = pytest.mark.e2e
 

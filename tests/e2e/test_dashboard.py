@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.e2e.harness import free_port, http, wait_until
+from tests.reaper import die_with_parent
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +78,8 @@ class Prometheus:
         self.proc = subprocess.Popen([PROMETHEUS, f"--config.file={workdir / 'prometheus.yml'}",
                                       f"--storage.tsdb.path={workdir / 'tsdb'}",
                                       f"--web.listen-address={self.url.removeprefix('http://')}"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=die_with_parent)
         self.http = http()
 
     def query(self, expr: str) -> list[dict[str, Any]]:

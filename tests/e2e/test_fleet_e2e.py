@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from tests.cli.test_cli import maintd
 from tests.e2e.harness import free_port, wait_until
-from tests.test_cli import maintd
 
 pytestmark = pytest.mark.e2e
 

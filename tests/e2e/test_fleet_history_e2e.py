@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from tests.azurite import ACCOUNT, Azurite, azurite  # noqa: F401 - the fixture
+from tests.cli.test_cli import maintd
 from tests.e2e.harness import wait_until
 from tests.e2e.test_store_e2e import FLEX, hook, store_config
 from tests.store_chaos import ProxyConfig
 from tests.store_proxy import StoreProxy
-from tests.test_cli import maintd
 
 pytestmark = pytest.mark.e2e
 

@@ -11,6 +11,7 @@ import pytest
 
 from tests.e2e.harness import free_port, http, wait_until
 from tests.e2e.test_coordination_e2e import VMS, all_approvals, fleet
+from tests.reaper import die_with_parent
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +56,7 @@ def test_a_firing_prometheus_alert_holds_the_approval_until_it_stops(start_emula
     port = free_port()
     prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
                              f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
     try:
         url = f"http://127.0.0.1:{port}"
         session = http()

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.azurite import Azurite, azurite, start  # noqa: F401 - the fixture
+from tests.cli.test_cli import maintd
 from tests.e2e.harness import Agent, wait_until
-from tests.test_cli import maintd
 
 pytestmark = pytest.mark.e2e
 

@@ -182,7 +182,7 @@ def test_a_50_mb_listing_is_refused_with_little_memory_and_the_polls_keep_their_
     a 5 s stall, 80,784 log lines)."""
     import os
 
-    from tests.test_store_listing import JunkStore
+    from tests.store.test_store_listing import JunkStore
 
     junk = JunkStore(160_000)
     try:

@@ -1,5 +1,6 @@
-"""The disruption budget as a model: members race for places through one record with compare-and-swap, and a
-release hands its place to the next in line in the same write.
+"""The disruption budget as a model of the record: members race for places through one record with compare-and-swap,
+and a release hands its place to the next in line in the same write. (It models the record, not what each member
+believes about it: that, with leases, hints, pauses, partitions and the forced path, is budget_belief.py.)
 
 What each step calls of the real code: `budget_rules.live` and `apply_step` decide every change of the record
 (take, force, release, and the handoff `grant` inside every write) on the record as the member read it, at the
@@ -27,7 +28,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from agent.coordination.store.budget_rules import (
+from agent.fleet.budget_rules import (
     CHOSEN,
     FORCE,
     FORCED,

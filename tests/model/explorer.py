@@ -82,8 +82,9 @@ class Result:
 
 
 def explore(model: Model[S], *, max_states: int = 5_000_000,
-            outcomes: Mapping[str, Callable[[S], bool]] | None = None) -> Result:
-    """Visit every state reachable from the model's initial states; check each property in each."""
+            outcomes: Mapping[str, Callable[[S], bool]] | None = None, until: str | None = None) -> Result:
+    """Visit every state reachable from the model's initial states; check each property in each. `until`: stop as
+    soon as that property is found broken (a self-check needs its shortest counterexample, not the rest)."""
     started, cpu = time.monotonic(), time.process_time()
     result = Result(model.name)
     props = model.properties()
@@ -109,6 +110,9 @@ def explore(model: Model[S], *, max_states: int = 5_000_000,
                     result.violations[prop] = Counterexample(prop, problem, _timed(model, _path(parent, state)),
                                                              model.describe(state))
         if broken:
+            if until is not None and until in result.violations:
+                result.complete = False
+                break
             continue
         for label, nxt in model.steps(state):
             result.transitions += 1

@@ -28,7 +28,7 @@ from agent.coordination.coordinator import RETRY_FAILED_AFTER, Coordinator
 from agent.coordination.peers.peer_backend import PeerBackend
 from agent.model.approval import AUTO, FAILED, SENDING, SENT
 from agent.model.events import SCHEDULED
-from agent.windows.approval_policy import decide
+from agent.policy.approval_policy import decide
 from tests.model.common import (
     CRASH,
     DOWN,
@@ -129,7 +129,7 @@ def _peers(vm: Vm) -> dict[str, PeerState]:
 def peer_inputs(i: int, vm: Vm) -> tuple[list[str], list[str]]:
     """(peers not ready, lower-ranked peers still present) as the real coordinator computes them."""
     peers = _peers(vm)
-    stand_in = SimpleNamespace(settings=lambda: settings, _silent=lambda *args: None, _events={},
+    stand_in = SimpleNamespace(settings=lambda: settings, _silent=lambda *args: None, _events={}, _health=None,
                                peers=SimpleNamespace(run=lambda *args: None, peers_now=lambda exchange: peers))
     event = SimpleNamespace(resources=VMS, status=vm.seen)
     given = PeerBackend.inputs(stand_in, EVENT_ID, event, VMS[i], [] if vm.prepared else ["hook"],  # type: ignore[arg-type]

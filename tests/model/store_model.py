@@ -47,7 +47,7 @@ from agent.coordination.store.store_protocol import (
 )
 from agent.model.approval import AUTO, FAILED, SENDING, SENT
 from agent.model.events import SCHEDULED
-from agent.windows.approval_policy import decide
+from agent.policy.approval_policy import decide
 from tests.model.common import (
     CRASH,
     DOWN,

@@ -15,7 +15,7 @@ from agent.coordination import coordination_rules
 from agent.coordination.approver import Approver
 from agent.coordination.coordination_rules import not_ready
 from agent.coordination.peers import peer_backend
-from agent.coordination.store.budget_rules import CHOSEN
+from agent.fleet.budget_rules import CHOSEN
 from tests.model.budget_model import OUT, BudgetModel, dead_place_taken_over, granted_unnoticed
 from tests.model.common import LOST_ANSWER, PAUSE, POST_ERROR
 from tests.model.explorer import Result, explore

@@ -3,5 +3,5 @@ HTTP client for peers and Prometheus, and this VM's per-event exchange with its 
 readiness pushes, the leader-chain watch).
 
 May import: `agent.coordination` (its shared rules and settings, the `Backend` interface), `agent.model`,
-`agent.windows` (the approval modes), `agent.health` and the base.
+`agent.policy` (the approval modes), `agent.health` and the base.
 """

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from agent import logs
 from agent.clock import Clock
 from agent.coordination.backend import BackendStatus, EventView, FleetEvent, FleetStates, Inputs
 from agent.coordination.coordination_rules import (
+    health_word,
     lower_reachable,
     readiness_missing,
     right_to_post,
@@ -26,10 +26,12 @@ from agent.coordination.coordination_rules import (
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peer_directory import SHOWN_PEERS
 from agent.coordination.peers.peer_exchange import Exchange, PeerExchange, peer_fleet
+from agent.health.health_json import HealthView
 from agent.health.health_store import HealthState, HealthStore
 from agent.model.approval import ALLOWING, AUTO, AWAITING_PREPARATION, MANUAL
 from agent.model.events import SCHEDULED, Event
 from agent.model.tracker import Tracked
+from agent.telemetry import logs
 
 
 @dataclass
@@ -48,12 +50,15 @@ class PeerBackend:
         self.peers, self.settings, self.clock, self.health = peers, settings, clock, health
         self.log = logs.get("coordinator")
         self._events: dict[str, EventPeers] = {}
+        self._health: HealthView | None = None
+        """This VM's health as of this tick's start (what a ready follower tells its leader when it changes)."""
         self.published: Mapping[str, Exchange] = MappingProxyType({})
 
     # --- the loop ------------------------------------------------------------------------------
 
     def begin(self) -> None:
         self.peers.refresh([state.exchange for state in self._events.values()])
+        self._health = self.health.to_json() if self.health is not None else None
 
     def inputs(self, event_id: str, event: Event, vm_name: str, pending: Sequence[str], mode: str, manual: bool,
                sent: bool, now: float) -> Inputs:
@@ -64,7 +69,8 @@ class PeerBackend:
         lower, higher = split_ranks(event.resources, vm_name)
         if event.status == SCHEDULED and mode in ALLOWING and not sent:
             ready = not pending or mode not in AWAITING_PREPARATION
-            self.peers.run(event_id, state.exchange, vm_name, lower, higher, mode == AUTO, ready, now)
+            word = health_word(self._health, event_id) if self._health is not None else None
+            self.peers.run(event_id, state.exchange, vm_name, lower, higher, mode == AUTO, ready, now, word)
         peers = self.peers.peers_now(state.exchange)
         self._silent(event_id, state, tuple(silent_leaders(lower, peers, now, s.takeover_after, s.unreachable_peers,
                                                            s.peer_timeout)))

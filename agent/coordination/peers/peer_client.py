@@ -21,14 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agent import jsonsafe
 from agent.coordination.peers.peer_addressing import event_url
 from agent.errors import AnswerTooLarge
+from agent.trust import jsonsafe
 
 if TYPE_CHECKING:
     import requests
 
-    from agent.boundedhttp import Reply
+    from agent.net.boundedhttp import Reply
 
 MAX_ANSWER_BYTES = 256 * 1024
 MAX_PROMETHEUS_BYTES = 8 * 1024 * 1024
@@ -107,14 +107,14 @@ class PeerClient:
         """The one session, made at the first call."""
         with self._lock:
             if self._session is None:
-                from agent import boundedhttp
+                from agent.net import boundedhttp
 
                 self._session = boundedhttp.session(self.pool_size, trust_env=False)
             return self._session
 
     def _exchange(self, method: str, url: str, *, max_bytes: int, timeout: float | None = None,
                   truncate: bool = False, **kwargs: Any) -> Reply:
-        from agent import boundedhttp
+        from agent.net import boundedhttp
 
         return boundedhttp.exchange(self.session, method, url, timeout=self.timeout if timeout is None else timeout,
                                     max_bytes=max_bytes, truncate=truncate, **kwargs)
@@ -135,11 +135,13 @@ class PeerClient:
         except Exception as exc:  # whatever else the exchange raised, it is not a ready peer; asked again later
             return Answer(INVALID, f"{type(exc).__name__}: {str(exc)[:80]}")
 
-    def push_ready(self, base: str, event_id: str, vm_name: str) -> bool:
-        """Tell the peer at `base` (the acting leader) that this VM is ready; True when it took the message."""
+    def push_ready(self, base: str, event_id: str, vm_name: str, health: str | None = None) -> bool:
+        """Tell the peer at `base` (the acting leader) that this VM is ready, or (`health`) that its health changed
+        since; True when it took the message."""
+        body = {"vm": vm_name} if health is None else {"vm": vm_name, "health": health}
         try:
             r = self._exchange("POST", event_url(base, event_id, "/peer-ready"), max_bytes=MAX_ANSWER_BYTES,
-                               truncate=True, json={"vm": vm_name}, headers=self._headers())
+                               truncate=True, json=body, headers=self._headers())
             return 200 <= r.status < 300
         except Exception:  # a push is retried until taken; nothing it met may stop the lane
             return False

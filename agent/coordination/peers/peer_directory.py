@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TypedDict
 
-from agent import logs
 from agent.coordination.coordination_rules import PeerState
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peer_addressing import Address, folded, resolve, unusable_computer_name
@@ -22,6 +21,7 @@ from agent.health.health_store import HealthState, HealthStore
 from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
 from agent.model.tracker import Tracked
+from agent.telemetry import logs
 
 SHOWN_PEERS = 50
 """Peers listed per event in views (counts cover all of them)."""

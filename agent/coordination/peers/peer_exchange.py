@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import logs
 from agent.clock import Clock
 from agent.coordination.backend import PeerFleetApproval, PeerFleetEvent
 from agent.coordination.coordination_rules import (
@@ -39,7 +38,8 @@ from agent.coordination.peers.peer_client import INVALID, UNREACHABLE, Answer, P
 from agent.coordination.peers.peer_directory import PeerDirectory
 from agent.health.health_store import HealthStore
 from agent.lanes import Lanes
-from agent.metrics import Metrics
+from agent.telemetry import logs
+from agent.telemetry.metrics import Metrics
 
 
 @dataclass
@@ -52,6 +52,8 @@ class Exchange:
     push_to: str | None = None
     push_at: float = float("-inf")
     pushing: bool = False
+    health_told: str | None = None
+    """This VM's health word the acting leader last took (with its readiness, or since)."""
     resources: tuple[str, ...] = ()
     ranks: dict[str, int] = field(default_factory=dict)
 
@@ -187,18 +189,23 @@ class PeerExchange:
         self.on_change()
         return True
 
-    def _push(self, event_id: str, ex: Exchange, leader: str, vm_name: str, now: float) -> None:
-        """Tell the acting leader this VM is ready (retried every liveness interval until it takes it)."""
-        ex.push_to, ex.push_at, ex.pushing = leader, now, True
+    def _push(self, event_id: str, ex: Exchange, leader: str, vm_name: str, now: float, health: str | None,
+              readiness: bool = True) -> None:
+        """Tell the acting leader this VM is ready (retried every liveness interval until it takes it), or, once it
+        took that, that this VM's health changed (`readiness` False: retried on the next pass until taken)."""
+        if readiness:
+            ex.push_to, ex.push_at = leader, now
+        ex.pushing = True
 
         def post() -> None:
             url = self.address(leader).url
-            ok = url is not None and self.client.push_ready(url, event_id, vm_name)
+            ok = url is not None and self.client.push_ready(url, event_id, vm_name, None if readiness else health)
             if url is not None:
                 self.metrics.peer_requests.labels("pushed" if ok else "push_failed").inc()
             with self.lock:
                 ex.pushing = False
-                ex.told = leader if ok else ex.told
+                if ok:
+                    ex.told, ex.health_told = (leader if readiness else ex.told), health
 
         def failed(exc: Exception) -> None:
             with self.lock:
@@ -218,8 +225,9 @@ class PeerExchange:
                     if readiness_due(peer, now, poll, recheck_max)]
 
     def run(self, event_id: str, ex: Exchange, vm_name: str, lower: list[str], higher: list[str],
-            readiness: bool, locally_ready: bool, now: float) -> None:
-        """This tick's requests for one event: watch the leader chain, ask for readiness or push it."""
+            readiness: bool, locally_ready: bool, now: float, health: str | None = None) -> None:
+        """This tick's requests for one event: watch the leader chain, ask for readiness or push it (and, once the
+        acting leader took it, this VM's `health` word each time it changes: its fleet gate reads it again)."""
         s = self.settings()
         every = liveness_interval(self.poll_interval(), s.takeover_after)
         for name in watch_chain(lower, ex.peers):
@@ -232,9 +240,11 @@ class PeerExchange:
         if leads_soon(lower, ex.peers, now, s.takeover_after):
             for name, peer in self._readiness_due(ex, higher, now):
                 self._submit_ask(event_id, ex, name, peer, now)
-        elif ex.leader is not None and locally_ready and not ex.pushing \
-                and push_due(ex.leader, ex.told, ex.push_to, ex.push_at, now, every):
-            self._push(event_id, ex, ex.leader, vm_name, now)
+        elif ex.leader is not None and locally_ready and not ex.pushing:
+            if push_due(ex.leader, ex.told, ex.push_to, ex.push_at, now, every):
+                self._push(event_id, ex, ex.leader, vm_name, now, health)
+            elif ex.told == ex.leader and health != ex.health_told and health is not None:
+                self._push(event_id, ex, ex.leader, vm_name, now, health, readiness=False)
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no peer request is under way (tests, benchmarks)."""

@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
-from agent import jsonsafe
-from agent.pathtrust import first_problem
+from agent.trust import jsonsafe
+from agent.trust.pathtrust import first_problem
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_ENTRIES = 100_000

@@ -3,5 +3,5 @@ imports azure-storage-blob, the managed-identity token, the per-event exchange o
 approver thread's claim, and the backend as the coordinator sees it.
 
 May import: `agent.coordination` (its shared rules and settings, the `Backend` interface), `agent.model`,
-`agent.windows` (the approval modes), `agent.health` and the base.
+`agent.policy` (the approval modes), `agent.health` and the base.
 """

@@ -36,7 +36,7 @@ from azure.core.exceptions import (
 from azure.storage.blob import ContainerClient, LinearRetry
 
 from agent.coordination.store.store_protocol import RETRY_AFTER_MAX, Item, StoreError, Unchanged
-from agent.httpdates import parse_http_date, retry_after
+from agent.net.httpdates import parse_http_date, retry_after
 
 CONNECT_TIMEOUT, READ_TIMEOUT = 5.0, 10.0
 """Seconds to connect to the store and to wait for one answer."""

@@ -19,9 +19,9 @@ from typing import Any
 from azure.core.credentials import AccessToken
 from azure.core.exceptions import ClientAuthenticationError
 
-from agent import jsonsafe
 from agent.coordination.store.store_protocol import Fetch
 from agent.errors import MaintdError
+from agent.trust import jsonsafe
 
 STORAGE_RESOURCE = "https://storage.azure.com/"
 REFRESH_BEFORE = 300.0

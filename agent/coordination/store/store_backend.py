@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agent import logs
 from agent.clock import Clock
 from agent.coordination.backend import BackendStatus, EventView, FleetEvent, FleetStates, Inputs
 from agent.coordination.coordination_rules import OK, UNHEALTHY, UNREACHABLE, peer_state
@@ -31,12 +30,13 @@ from agent.coordination.store.store_protocol import (
 )
 from agent.health.health_json import HealthView
 from agent.health.health_store import HealthState, HealthStore
-from agent.metrics import STORE_OPS, Metrics
 from agent.model.approval import IMMEDIATE
 from agent.model.events import SCHEDULED, Event
 from agent.model.timefmt import iso_z_or_none
 from agent.model.tracker import Tracked
-from agent.windows.approval_policy import may_approve
+from agent.policy.approval_policy import may_approve
+from agent.telemetry import logs
+from agent.telemetry.metrics import STORE_OPS, Metrics
 
 SOURCE = "coordination"
 CONNECTION_STRING_KEY = "coordination.azure_blob.connection_string_file"

@@ -25,7 +25,6 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent import logs
 from agent.clock import Clock
 from agent.coordination.store.store_answers import PROBE_EVERY_S, AnsweredStore, Answers, affordable_wait
 from agent.coordination.store.store_answers import Store as Store  # re-exported: every path names it here
@@ -49,6 +48,7 @@ from agent.coordination.store.store_protocol import (
     vm_state,
 )
 from agent.lanes import Lanes
+from agent.telemetry import logs
 
 Mark = tuple[str, str]
 """A marker's content: (state, health)."""

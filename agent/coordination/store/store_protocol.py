@@ -31,6 +31,7 @@ from typing import Any
 
 from agent.coordination.coordination_rules import OK, UNHEALTHY, UNREACHABLE
 from agent.errors import MaintdError
+from agent.model.timefmt import aware_or_none
 
 VERSION = "1"
 PREPARING, READY = "preparing", "ready"
@@ -221,10 +222,6 @@ def parse_approval(event_id: str, metadata: Mapping[Any, Any], etag: str, age: f
     return Approval(fields["by"], fields["state"], int(attempt), etag, age, at)
 
 
-def _aware(value: object) -> datetime | None:
-    return value if isinstance(value, datetime) and value.utcoffset() is not None else None
-
-
 def same_etag(a: str, b: str) -> bool:
     """Whether two ETags name the same version: a listing gives them bare (`0x8D...`), headers quoted."""
     return a.strip('"') == b.strip('"')
@@ -233,7 +230,7 @@ def same_etag(a: str, b: str) -> bool:
 def age_of(item: Item, server_time: datetime) -> float | None:
     """Seconds since the blob was last written, on the store's own clock (never negative); None when the answer
     gave no usable Last-Modified (or no usable clock)."""
-    written, now = _aware(item.last_modified), _aware(server_time)
+    written, now = aware_or_none(item.last_modified), aware_or_none(server_time)
     return None if written is None or now is None else max(0.0, (now - written).total_seconds())
 
 
@@ -246,7 +243,7 @@ def _parse_item(event_id: str, folder: str, item: Item, server_time: datetime,
     etag = item.etag if isinstance(item.etag, str) else ""
     age = age_of(item, server_time)
     if rest == "approval":
-        at = _aware(item.last_modified)
+        at = aware_or_none(item.last_modified)
         lacks = [what for what, missing in (("ETag", not etag), ("Last-Modified", age is None)) if missing]
         unknown = f"no {' or '.join(lacks)} in the listing, so it is not taken over" if lacks else None
         parsed = parse_approval(event_id, item.metadata, etag, age or 0.0, names, at)
