@@ -17,7 +17,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -226,10 +225,10 @@ def start_group(start_emulator: StartEmulator, start_agent: StartAgent, tmp_path
                 vms: list[str], budget: dict[str, Any], *, zones: int = 0,
                 before: Callable[[str], None] | None = None, each: Callable[[str], dict[str, Any]] | None = None,
                 token: bool = False) -> Group:
-    """Members `vms` of group `web` on a new container, each on 127.0.0.(2 + i) through its own proxy, started
-    at once. `budget`: the budget's keys; `zones`: the emulator's zones (compute zone i % zones + 1, names from
-    IMDS); `before(container)`: runs before any member starts (a forged record); `each(vm)`: member_config's
-    keyword arguments for that member; `token`: a coordination token_file shared by the members."""
+    """Members `vms` of group `web` on a new container, each on 127.0.0.(2 + i) through its own proxy.
+    `budget`: the budget's keys; `zones`: the emulator's zones (compute zone i % zones + 1, names from IMDS);
+    `before(container)`: runs before any member starts (a forged record); `each(vm)`: member_config's keyword
+    arguments for that member; `token`: a coordination token_file shared by the members."""
     container = server.new_container()
     if before is not None:
         before(container)
@@ -249,8 +248,8 @@ def start_group(start_emulator: StartEmulator, start_agent: StartAgent, tmp_path
                             token_file=token_file, auto_name=zones > 0, **(each(vm) if each else {}))
         return start_agent(emu, vm, cfg, host=f"127.0.0.{2 + i}")
 
-    with ThreadPoolExecutor(len(vms)) as pool:
-        agents = dict(zip(vms, pool.map(one, enumerate(vms)), strict=True))
+    # one after another on the test's thread: a maintd dies with the thread that started it (tests/reaper.py)
+    agents = {vm: one((i, vm)) for i, vm in enumerate(vms)}
     zone = {vm: str(i % zones + 1) for i, vm in enumerate(vms)} if zones else {}
     return Group(emu, agents, proxies, gates, container, server, zone)
 
