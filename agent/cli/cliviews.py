@@ -18,7 +18,7 @@ WIDTH = 20
 """Where the values of `maintd status`'s sections start, so that every section lines up."""
 SHOWN_STATUS = {"version", "vm_name", "dry_run", "in_rotation", "rotation_reason", "drains", "health", "imds",
                 "events", "events_naming_this_vm", "not_ready", "state", "profile", "profile_approval",
-                "profile_next_change", "restart_needed", "coordination", "peers", "notes"}
+                "profile_next_change", "restart_needed", "coordination", "peers", "notes", "cluster"}
 """The keys of /v1/status that `status_text` words itself; any other is shown under "Other"."""
 EVENT_FIELDS = {"EventId", "EventType", "ResourceType", "Resources", "EventStatus", "NotBefore", "Description",
                 "EventSource", "DurationInSeconds", "LiveMigration", "vm_name", "present", "names_self", "rank",
@@ -71,6 +71,9 @@ def status_text(body: Mapping[str, Any]) -> str:
         ("not ready", [f"{eid}: {why}" for eid, reasons in not_ready.items() for why in (reasons or [])])],
         width=WIDTH)]
     lines += _notes([(eid, text(note)) for eid, note in _mapping(body.get("notes")).items()], WIDTH)
+    cluster = _mapping(body.get("cluster"))
+    if cluster:
+        lines += ["", *section("Cluster", [(key, text(value)) for key, value in cluster.items()], width=WIDTH)]
     lines += ["", *section("State", [
         ("directory", text(state.get("dir"))),
         ("unsaved changes", yes_no(state.get("unsaved_changes"))),
@@ -294,6 +297,12 @@ def budget_lines(b: Any) -> list[str]:
                  f"{text(b.get('members_known'))} members known"]
     if b.get("store_error"):
         lines.append(f"  store: {text(b['store_error'])}")
+    lines += [f"  this VM lost its place for {text(x.get('event_id'))} at {when(x.get('at'))}: "
+              f"{text(x.get('reason'))}; back in rotation, queued again" for x in b.get("lost") or []
+              if isinstance(x, Mapping)]
+    if b.get("odd_records"):
+        lines.append(f"  odd records: {text(b['odd_records'])} found and ignored "
+                     "(the Warning coordination/budget_records)")
     rows = [(text(h.get("vm")), "out", text(h.get("why")), when(h.get("since")), text(h.get("event_id")))
             for h in holders] + [(text(w.get("vm")), "waits", "-", when(w.get("since")), text(w.get("event_id")))
                                  for w in waiting]

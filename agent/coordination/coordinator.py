@@ -166,7 +166,10 @@ class Coordinator:
     def tick(self, tick: Tick) -> None:
         """Ask the backend and decide for every Scheduled event naming this VM; send approvals due (nothing
         while this VM's name is not known)."""
-        tracked, vm_name, profile, dry_run, now = tick.tracked, tick.vm_name, tick.profile, tick.dry_run, tick.monotonic
+        tracked = tick.tracked
+        vm_name = tick.vm_name
+        profile = tick.profile
+        now = tick.monotonic
         if vm_name is None:
             return
         self.directory.identity = tick.identity
@@ -182,7 +185,8 @@ class Coordinator:
                 continue
             state = self._events.setdefault(event_id, EventCoordination())
             mode, rule = profile.approval_for(t.event)
-            state.mode, state.rule = mode, rule
+            state.mode = mode
+            state.rule = rule
             pending = tick.pending_for(event_id)
             manual = self.store.result(event_id, MANUAL_APPROVAL_KEY) is not None
             sent = self._sent(event_id)
@@ -193,7 +197,7 @@ class Coordinator:
             decision = decide(
                 mode=mode, status=t.event.status, already_sent=sent,
                 manual_requested=manual, local_pending=pending, peers_not_ready=given.waiting,
-                lower_ranked_reachable=given.reachable if mode != MANUAL else [], dry_run=dry_run)
+                lower_ranked_reachable=given.reachable if mode != MANUAL else [], dry_run=tick.dry_run)
             if decision.approve and step is not None and step.action not in CLAIMS:
                 decision = Decision(False, step.reason)
             if decision.approve and self.budget is not None \
@@ -244,7 +248,8 @@ class Coordinator:
         outcomes = self.approver.outcomes()
         for outcome in outcomes:
             if (done := self._events.get(outcome.event_id)) is not None:
-                done.sending, done.held = False, outcome.held
+                done.sending = False
+                done.held = outcome.held
                 if outcome.held is not None:  # asked again at a bounded pace, not on the wake this outcome makes
                     done.gate_due = now + gate_recheck_delay(self.settings.approval_retry_for)
                 done.failed_at = outcome.failed_at if outcome.failed_at is not None else done.failed_at

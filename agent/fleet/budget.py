@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from agent.clock import Clock
@@ -94,6 +95,8 @@ class Budget:
         self._stamp = Every(config.member_ttl / 3, clock.monotonic())
         self._retry = RetryWait(answers)
         self._started: tuple[Want, ...] = ()
+        self._lost_at: dict[str, datetime] = {}
+        """When each place was lost (wall clock), for the fleet view."""
 
     def identify(self, vm: str, zone: str, fault_domain: str, scale_set: str) -> None:
         """This VM's name and topology, once IMDS told them; the group defaults to the scale set."""
@@ -117,7 +120,8 @@ class Budget:
     def tick(self, wants: Sequence[Want], out: bool, started: Sequence[Want] = ()) -> LeaveGate:
         """Take in the store's answers, send the next step, and say which events may leave rotation now (and which
         must return to it). `wants`: events whose preparation is due; `out`: this VM is out of rotation;
-        `started`: the Scheduled events it is out for (their preparation started)."""
+        `started`: the events it is out for (their preparation started; `committed` when the platform acts on one
+        now: a place lost for it keeps the VM out, forced)."""
         now, wall = self.clock.monotonic(), self.clock.now()
         self._absorb(now)
         self._check_lease(now)
@@ -245,9 +249,13 @@ class Budget:
         it) and the member queues again, unless its last safe moment has come: then it stays out, forced (B3)."""
         m, event = self.mine, self.mine.event if event is None else event
         self.metrics.budget_lost.labels(kind).inc()
+        self._lost_at[event] = self.clock.now()
+        want = m.known.get(event)
         forced = m.lose(now, forced_by(self.needs(), self.lead_time(), self.clock.now()), reason, event)
+        why = "the event is Started or approved: the platform acts now" if want is not None and want.committed \
+            else "its last safe moment has come"
         self.log.warning("budget.lost", event_id=event, group=self.group, reason=reason, effect=(
-            "stays out of rotation, forced: its last safe moment has come; written as forced" if forced else
+            f"stays out of rotation, forced ({why}); written as forced" if forced else
             "returns to rotation (the completed phase runs), never approves on this place, queues again"))
         self.hold = m.hold()
 
@@ -291,7 +299,10 @@ class Budget:
                             for h in places.holders],
                 "waiting": [{"vm": w.vm, "since": iso_z(w.since), "event_id": w.event, "zone": w.zone,
                              "url": w.url or None} for w in places.waiting],
-                "store_error": str(self.mine.error) if self.mine.error else None}
+                "store_error": str(self.mine.error) if self.mine.error else None,
+                "lost": [{"event_id": e, "reason": self.mine.lost_reason, "at": iso_z(self._lost_at[e])
+                          if e in self._lost_at else None} for e in sorted(self.mine.lost)],
+                "odd_records": self.steps.records.counted}
         for state, n in counts(places).items():
             self.metrics.budget_members.labels(state).set(n)
         self.snapshot = view

@@ -74,6 +74,9 @@ class Want:
     event_id: str
     event_type: str
     not_before: datetime | None
+    committed: bool = False
+    """The platform acts on it now: it is Started, or its approval was sent or ordered by an operator (B2: a lost
+    place for it keeps the VM out, forced, never returns it to rotation)."""
 
 
 @dataclass(frozen=True)
@@ -137,8 +140,11 @@ class Mine:
             -> list[Want]:
         """Remember the events asked for and the ones it is out for; the wanted ones `forced` now that were not (B3:
         kept until release, whatever their preparation does). A member without a place sends its FORCE step at
-        once, ahead of any backoff; those are returned (to be said)."""
+        once, ahead of any backoff; those are returned (to be said). A place lost for an event that became committed
+        since (a read in flight while it turned Started) is forced now, never returned to rotation."""
         self.known.update({w.event_id: w for w in (*started, *wants)})
+        for w in (w for w in started if w.committed and w.event_id in self.lost):
+            self.lost, self.forced[w.event_id] = self.lost - {w.event_id}, now
         new = [w for w in wants if w.event_id not in self.forced and forced(w)]
         for w in new:
             self.forced[w.event_id] = now
@@ -147,10 +153,11 @@ class Mine:
         return new if self.why is None else []
 
     def lose(self, now: float, forced: Callable[[Want], bool], reason: str, event: str) -> bool:
-        """B2: its place for `event` is gone. When the event is forced (its last safe moment has come) it stays out
-        as forced (B3: True); else the event returns to rotation. Either way it asks again at once."""
+        """B2: its place for `event` is gone. When the event is forced (its last safe moment has come) or committed
+        (Started, approved: the platform acts now) it stays out as forced (B3: True); else the event returns to
+        rotation. Either way it asks again at once."""
         want = self.known.get(event)
-        stays = event in self.forced or (want is not None and forced(want))
+        stays = event in self.forced or (want is not None and (want.committed or forced(want)))
         if stays:
             self.forced.setdefault(event, now)
         else:

@@ -98,6 +98,8 @@ class RecordProblems:
         self._said: tuple[frozenset[str], float] = (frozenset(), float("-inf"))
         self._reported: bool | None = None
         self._last = float("-inf")
+        self.counted = 0
+        """Odd records counted since maintd started (each once: the metric's sum), for the fleet view."""
 
     def found(self, group: str | None, problem: str, details: tuple[str, ...]) -> None:
         """A step found these odd records (`details`, one per record; none: the record was as written)."""
@@ -115,6 +117,7 @@ class RecordProblems:
                         self._seen.clear()
                     self._seen.add((problem, d))
                     self.metrics.budget_record_problems.labels(problem).inc()
+                    self.counted += 1
             self._last, key = now, frozenset(details)
             if key != self._said[0] or now - self._said[1] >= LOG_GAP_S:
                 self._said = (key, now)

@@ -71,6 +71,15 @@ def has_status(record: Mapping[str, Any] | None, status: ApprovalStatus) -> bool
     return record is not None and record.get("status") == status
 
 
+def acts_now(status: str, results: Mapping[str, Any]) -> bool:
+    """Whether the platform acts on an event now, whatever a disruption budget says: it is Started, this VM's
+    approval was sent (or is being sent: the POST may have gone), or an operator ordered it (`maintd approve`).
+    `status`: the event's, in IMDS's words (this module imports nothing of `agent`)."""
+    rec = results.get(APPROVAL_KEY)
+    return status != "Scheduled" or MANUAL_APPROVAL_KEY in results or (
+        isinstance(rec, Mapping) and (has_status(rec, SENT) or has_status(rec, SENDING)))
+
+
 def approved_by(record: Mapping[str, Any] | None) -> str | None:
     """The VM that sent the approval, when the record says it was sent."""
     by = record.get("by") if record is not None and has_status(record, SENT) else None

@@ -16,6 +16,7 @@ NotBefore minus `DEADLINE_MARGIN`; one that cannot start in time is recorded `sk
 A phase waits for a holding handler's whole run, for a non-holding one's first try only: past it the
 run goes on in the background (`background_runs`), recorded `running` with `background: true`, and
 the phase goes on; a `before_drain` handler runs right before the drain (`run_order`, decision 0236).
+What the records say of an event (ready, why not, its work done) is read by `readiness.py`.
 """
 
 from __future__ import annotations
@@ -45,21 +46,47 @@ from agent.model.tracker import Tracked, Transition, phase_for, phase_in
 from agent.prepare.background_runs import BackgroundRuns, RunThread
 from agent.prepare.run_order import FIRST_TRY, budget, holds, run_order, short_budget
 from agent.prepare.run_records import (
+    LEFT_THE_DOCUMENT,
+    PLACE_LOST,
     RunKey,
     RunRecord,
     attempt_of,
-    blocks,
     finished_record,
     interrupted_verdict,
     round_of,
     run_result,
-    why_not_ready,
 )
 from agent.telemetry import logs
 
 ResultListener = Callable[[str, str, str, Result], None]
 """Hears of each finished run, and of a run that went on in the background (outcome `running`): readiness may
 have changed."""
+
+
+class Cut(threading.Event):
+    """An event's cancel flag, and why its work was cut (the records' words: `run_records`)."""
+
+    why = LEFT_THE_DOCUMENT
+
+    def cut(self, why: str, outcome: str | None) -> str:
+        """Set, for `why` ("": the event left the document, as `outcome`); the reason its log lines give."""
+        self.why = why or self.why
+        self.set()
+        return why or f"event {outcome or 'gone'}"
+
+
+def why_cut(cut: threading.Event) -> str:
+    return cut.why if isinstance(cut, Cut) else LEFT_THE_DOCUMENT
+
+
+def settles(run: RunKey, phase: str | None, restore: int, rnd: int) -> bool:
+    """Whether settling the `running` records of an event in `phase` (in round `rnd`) settles `run`'s: with
+    `restore`, only that round's (a lost place's return to rotation, once the cut work on its lane is done: what
+    is still `running` then a crash cut; its `completed` runs go again); else all but a restore's while the event
+    is still Scheduled (the restore settles those, and runs them again)."""
+    if restore:
+        return run.round == restore and run.phase in (PHASE_SCHEDULED, PHASE_COMPLETED)
+    return not (phase == PHASE_SCHEDULED and run.phase == PHASE_COMPLETED and run.round < rnd)
 
 
 class Runner:
@@ -77,7 +104,7 @@ class Runner:
         self.log = logs.get("runner")
         self.stopping = threading.Event()
         self._lock = threading.Lock()
-        self._cuts: dict[str, threading.Event] = {}
+        self._cuts: dict[str, Cut] = {}
         """Per present event: set when it leaves the document (or maintd stops) to cut its work short."""
         self._running: dict[str, str] = {}
         """Per event: the scheduled/started handler running now."""
@@ -109,13 +136,12 @@ class Runner:
                 self._enqueue(PHASE_COMPLETED, parse_event(rec["event"]), bool(rec.get("names_self")),
                               rec.get("outcome"))
 
-    def _settle(self, event_id: str, phase: str | None) -> bool:
-        """Settle the event's `running` records: those of `phase` (the one it is in) may run again, the
-        others cannot (the event has moved on); True when one will run again."""
-        again = False
-        for key, rec in self.store.results(event_id).items():
+    def _settle(self, event_id: str, phase: str | None, restore: int = 0) -> bool:
+        """Settle the `running` records `settles` picks: `phase`'s may run again, the others not; True if one will."""
+        again, results = False, self.store.results(event_id)
+        for key, rec in results.items():
             run = RunKey.parse(key)
-            if run is not None and rec.get("outcome") == RUNNING:
+            if run is not None and rec.get("outcome") == RUNNING and settles(run, phase, restore, round_of(results)):
                 again |= self._settle_interrupted(event_id, run, rec, run.phase == phase)
         return again
 
@@ -136,34 +162,36 @@ class Runner:
         self.log.error("handler.interrupted", **fields, detail=why, action="recorded failed, not run again")
         return False
 
-    def _enqueue(self, phase: str, event: Event, names_self: bool, outcome: str | None, behind: bool = False) -> None:
-        eid, rnd = event.event_id, round_of(self.store.results(event.event_id))  # a later round changes no record
-        if phase == PHASE_COMPLETED:  # own lane, never behind the cut work (`behind`, a lost place: before a round)
-            cut, lane = self.stopping, (eid, "present" if behind else phase)
+    def _enqueue(self, phase: str, event: Event, names_self: bool, outcome: str | None, restore: int = 0) -> None:
+        eid, rnd = event.event_id, restore or round_of(self.store.results(event.event_id))  # a later one changes none
+        if phase == PHASE_COMPLETED:  # own lane, never behind the cut work (`restore`: a lost place's, before a round)
+            cut, lane = self.stopping, (eid, "present" if restore else phase)
         else:
             with self._lock:
-                cut, lane = self._cuts.setdefault(eid, threading.Event()), (eid, "present")
+                cut, lane = self._cuts.setdefault(eid, Cut()), (eid, "present")
         self._lanes.submit(lane, lambda: self._run_phase_logged(phase, event, names_self, outcome, cut, rnd))
 
-    def restore(self, event: Event, names_self: bool) -> None:
-        """A lost budget place (B2): the scheduled work cut as a cancel does, then `completed` in its round."""
-        self._preempt(event.event_id, "place lost")
-        self._enqueue(PHASE_COMPLETED, event, names_self, CANCELED, behind=True)
+    def restore(self, event: Event, names_self: bool, rnd: int) -> None:
+        """A lost budget place (B2): the scheduled work cut, then `completed` of round `rnd` (again at a restart)."""
+        self._preempt(event.event_id, "place lost", PLACE_LOST)
+        self._enqueue(PHASE_COMPLETED, event, names_self, CANCELED, restore=rnd)
 
-    def _preempt(self, event_id: str, outcome: str | None) -> None:
-        """Cut the event's scheduled/started work: the run under way ends early, the rest is skipped."""
+    def _preempt(self, event_id: str, outcome: str | None, why: str = "") -> None:
+        """Cut the event's scheduled/started work (for `why`): the run under way ends early, the rest is skipped."""
         with self._lock:
             cut = self._cuts.pop(event_id, None)
             running = self._running.get(event_id)
         if cut is None:
             return
-        cut.set()
+        reason = cut.cut(why, outcome)
         for name in ([running] if running is not None else []) + self._background.names(event_id):
-            self.log.warning("handler.canceling", event_id=event_id, handler=name, reason=f"event {outcome or 'gone'}")
+            self.log.warning("handler.canceling", event_id=event_id, handler=name, reason=reason)
 
     def _run_phase_logged(self, phase: str, event: Event, names_self: bool, outcome: str | None,
                           cut: threading.Event, rnd: int = 1) -> None:
         try:
+            if phase == PHASE_COMPLETED and rnd < round_of(self.store.results(event.event_id)):  # a restore, after the
+                self._settle(event.event_id, phase, rnd)  # cut work on its lane: what a crash cut of its round
             self._run_phase(phase, event, names_self, outcome, cut, rnd)
         except Exception as exc:  # never lose the lane: log and go on with the event's next phase
             self.log.error("runner.internal_error", event_id=event.event_id, phase=phase, error=repr(exc),
@@ -192,8 +220,8 @@ class Runner:
                               phase=phase)
                 continue
             if cut.is_set():
-                self._finish(handler, phase, event, key, Result(SKIPPED, "canceled: the event left the document "
-                                                                "before it ran"), 0.0, self.clock.now())
+                self._finish(handler, phase, event, key, Result(SKIPPED, f"canceled: {why_cut(cut)} before it ran"),
+                             0.0, self.clock.now())
                 continue
             attempt = 1 if rec is None else attempt_of(rec) + 1  # an interrupted run goes again
             run = partial(self._run_one, handler, phase, event, names_self, outcome, key, cut, attempt, leaving)
@@ -208,7 +236,7 @@ class Runner:
         base = max(spec.timeout, handler.minimum_timeout(settings))
         allowed = budget(base, phase, event.not_before, now)
         fields = {"event_id": event.event_id, "event_type": event.event_type, "handler": spec.name, "phase": phase}
-        if (short := short_budget(allowed, base)) is not None:
+        if (short := short_budget(allowed, handler.wanted_timeout(settings, base))) is not None:
             self.metrics.deadline_short.inc()
             self.log.warning("deadline.short", **fields, **short)
         if allowed <= 0:
@@ -250,7 +278,7 @@ class Runner:
              allowed: float, t0: float, now: datetime) -> None:
         """Wait for the run within its budget (a hung handler gets 5 s more), then record what it came to."""
         got = run.result(allowed + 5.0 - (self.clock.monotonic() - t0))
-        result = run_result(got, ctx.event_gone, self.stopping.is_set(), allowed)
+        result = run_result(got, ctx.event_gone, self.stopping.is_set(), allowed, why_cut(ctx.cancel))
         if result is None:
             self.log.warning("handler.abandoned", event_id=event.event_id, handler=handler.spec.name, phase=phase,
                              reason="maintd is stopping; the run will be settled at restart")
@@ -276,44 +304,7 @@ class Runner:
         with kept_in_memory():
             self.store.record(event_id, key, value, journal=journal)
 
-    # --- readiness and lifecycle ----------------------------------------------------------
-
-    def _blocking(self, event: Event, names_self: bool) -> list[tuple[Handler, dict[str, Any] | None]]:
-        if self.dry_run:
-            return []
-        out, rnd = [], round_of(self.store.results(event.event_id))
-        for handler in self.selected(PHASE_SCHEDULED, event, names_self):
-            rec = self.store.result(event.event_id, str(RunKey(handler.spec.name, PHASE_SCHEDULED, rnd)))
-            if blocks(rec, handler.spec.on_failure):
-                out.append((handler, rec))
-        return out
-
-    def pending(self, t: Tracked) -> list[str]:
-        """Scheduled-phase handlers that keep the VM from being ready for this event."""
-        return [h.spec.name for h, _ in self._blocking(t.event, t.names_self)]
-
-    def not_ready(self, t: Tracked) -> list[str]:
-        """Why the VM is not ready for this event, one sentence per handler, saying what to do."""
-        return [why_not_ready(h.spec.name, rec, h.spec.max_attempts, t.event.event_id)
-                for h, rec in self._blocking(t.event, t.names_self)]
-
-    def is_ready(self, t: Tracked) -> bool:
-        """Every scheduled handler finished ok (or failed under on_failure: continue)."""
-        return not self.pending(t)
-
-    def prepared(self, event: Event, names_self: bool) -> bool:
-        """Whether this VM got ready for the event (every scheduled handler settled; also once it has gone)."""
-        return not self._blocking(event, names_self)
-
-    def finished(self, event: Event, names_self: bool) -> bool:
-        """Whether a gone event's work is all done: no run of it running, and every `completed` handler that runs
-        for it has its result (the undrain, say): the event has ended for this VM. (An interrupted run that will not
-        run again keeps its `interrupted` record for good: it counts as done.)"""
-        results = self.store.results(event.event_id)
-        if any(r.get("outcome") == RUNNING for k, r in results.items() if RunKey.parse(k)):
-            return False
-        return all(str(RunKey(h.spec.name, PHASE_COMPLETED, round_of(results))) in results
-                   for h in self.selected(PHASE_COMPLETED, event, names_self) if h.spec.dry_run or not self.dry_run)
+    # --- lifecycle ------------------------------------------------------------------------
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no event has queued or running work, in the background too (tests, shutdown)."""

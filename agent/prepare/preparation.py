@@ -36,7 +36,7 @@ from agent.model.timefmt import iso_z, parse_iso
 from agent.model.tracker import APPEARED, VANISHED, Tracked, Transition
 from agent.policy.approval_policy import NOW, Profile
 from agent.prepare.prepare_plan import Plan, PlanView, PrepareConfig, make_plan, with_coordination
-from agent.prepare.run_records import ROUND_KEY, RunKey, round_of
+from agent.prepare.run_records import ROUND_KEY, RunKey, restoring, round_of
 from agent.state.state_store import Store
 from agent.telemetry import logs
 from agent.telemetry.metrics import Metrics
@@ -59,8 +59,8 @@ class Preparation:
 
     def __init__(self, *, store: Store, clock: Clock, metrics: Metrics, submit: Callable[[Transition], None],
                  profiles: tuple[Profile, ...], prepare: PrepareConfig, budget: bool = False,
-                 restore: Callable[[Event, bool], None] = lambda event, names_self: None) -> None:
-        """`restore`: the runner's, for an event whose place in the budget was lost (B2)."""
+                 restore: Callable[[Event, bool, int], None] = lambda event, names_self, rnd: None) -> None:
+        """`restore`: the runner's, for an event whose place in the budget was lost (B2), in the round it was lost."""
         self.store = store
         self.restore = restore
         self.clock = clock
@@ -102,9 +102,12 @@ class Preparation:
         self._export()
 
     def resume(self, tracked: Mapping[str, Tracked], now: datetime) -> dict[str, Tracked]:
-        """After a restart: the events whose work resumes now (the runner's `resume`); the others are held."""
+        """After a restart: the events whose work resumes now (the runner's `resume`); the others are held. A return
+        to rotation for a lost place (its round's `completed` phase) runs again first, for what a restart cut of it."""
         out: dict[str, Tracked] = {}
         for eid, t in tracked.items():
+            if _pending(t.event.status, t.names_self) and (rnd := restoring(self.store.results(eid))) is not None:
+                self.restore(t.event, t.names_self, rnd)  # a return to rotation a restart cut: what is left of it
             if _pending(t.event.status, t.names_self) and not self.started(eid):
                 plan = self._replan(t.event, "restart", now)
                 if not plan.due(now) or not self._gate.lets(eid):
@@ -166,9 +169,11 @@ class Preparation:
             self.log.warning("preparation.returned", event_id=eid, round=rnd, reason="its place in the disruption "
                              "budget was lost", action="back in rotation as after a cancel; prepared again (round "
                              f"{rnd + 1}) once it may leave")
-            self.restore(t.event, t.names_self)
-            self.store.record(eid, ROUND_KEY, {"round": rnd + 1, "at": iso_z(now), "reason": "place lost"},
-                              journal="preparation.returned", wait=False)
+            # the new round and the restore it owes first: any later write of the state (the restore's own
+            # `running` record) carries them, so a restart after a kill -9 runs the restore again
+            self.store.record(eid, ROUND_KEY, {"round": rnd + 1, "at": iso_z(now), "reason": "place lost",
+                                               "restore": rnd}, journal="preparation.returned", wait=False)
+            self.restore(t.event, t.names_self, rnd)
             with self._lock:
                 self._held[eid] = Transition(APPEARED, t.event, True, t.first_seen)
         if gate.revoked:

@@ -7,7 +7,7 @@ handlers and reads and writes the records; these decide.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NotRequired, TypedDict
 
 from agent.handlers.spec import HandlerSpec, Result
@@ -43,7 +43,9 @@ class RunKey:
 
 
 ROUND_KEY = "round"
-"""The state store's record of an event's round (`{"round": n, "at", "reason"}`); none means the first."""
+"""The state store's record of an event's round (`{"round": n, "at", "reason", "restore": n - 1}`); none means the
+first. `restore`: the round whose `completed` phase returns the VM to rotation (a lost place), recorded before it
+starts: a restart runs it again (what already ran is skipped, an interrupted run goes again)."""
 
 
 def round_of(results: dict[str, Any]) -> int:
@@ -51,6 +53,13 @@ def round_of(results: dict[str, Any]) -> int:
     rec = results.get(ROUND_KEY)
     value = rec.get("round") if isinstance(rec, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+
+
+def restoring(results: dict[str, Any]) -> int | None:
+    """The round whose return to rotation (a lost place's `completed` phase) the records say is to run, if any."""
+    rec = results.get(ROUND_KEY)
+    value = rec.get("restore") if isinstance(rec, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value < round_of(results) else None
 
 
 class RunRecord(TypedDict):
@@ -94,19 +103,27 @@ def finished_record(result: Result, on_failure: str, duration: float, started_at
     return record
 
 
-def run_result(result: Result | None, event_gone: bool, stopping: bool, allowed: float) -> Result | None:
+LEFT_THE_DOCUMENT = "the event left the document"
+"""Why an event's work was cut, in its records and logs: the event is gone (the handlers' own words too)."""
+PLACE_LOST = "its budget place was lost: back in rotation, queued again"
+"""Why an event's work was cut: its place in the disruption budget was lost (B2); it prepares again once seated."""
+
+
+def run_result(result: Result | None, event_gone: bool, stopping: bool, allowed: float,
+               why: str = LEFT_THE_DOCUMENT) -> Result | None:
     """What a run comes to: its own result (None when it did not return within its budget); canceled
-    when the event left the document meanwhile (unless it ended ok); None (abandoned, settled at the
-    next start) when maintd is stopping; otherwise timed out when it did not return."""
+    when its work was cut meanwhile (`event_gone`, for `why`: the event left the document, or its budget place
+    was lost) unless it ended ok; None (abandoned, settled at the next start) when maintd is stopping; otherwise
+    timed out when it did not return."""
     if result is not None and result.outcome == OK:
         return result
     if event_gone:
         if result is None:
-            return Result(CANCELED, "the event left the document; the handler did not return and was abandoned")
+            return Result(CANCELED, f"{why}; the handler did not return and was abandoned")
         if result.outcome != CANCELED:
-            return Result(CANCELED, f"the event left the document during the run ({result.outcome}: "
-                                    f"{result.detail})", result.exit_code, result.output)
-        return result
+            return Result(CANCELED, f"{why} during the run ({result.outcome}: {result.detail})", result.exit_code,
+                          result.output)
+        return replace(result, detail=result.detail.replace(LEFT_THE_DOCUMENT, why))
     if stopping:
         return None
     return result or Result(TIMED_OUT, f"still running after {allowed:.0f}s; abandoned")

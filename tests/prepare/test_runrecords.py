@@ -7,7 +7,7 @@ import pytest
 
 from agent.handlers.base import HandlerSpec, Result
 from agent.model.outcomes import CANCELED, FAILED, OK, TIMED_OUT
-from agent.prepare.run_records import RunKey, blocks, interrupted_verdict, run_result, why_not_ready
+from agent.prepare.run_records import PLACE_LOST, RunKey, blocks, interrupted_verdict, run_result, why_not_ready
 
 SPEC = HandlerSpec(name="drain", type="drain", phases=("scheduled",), max_attempts=3)
 
@@ -50,6 +50,16 @@ def test_a_run_comes_to_its_result_or_canceled_or_abandoned_or_timed_out():
     assert run_result(failed, False, True, 60) is None, "stopping: settled at the next start"
     assert run_result(None, False, False, 60) == Result(TIMED_OUT, "still running after 60s; abandoned")
     assert run_result(failed, False, False, 60) is failed
+
+
+def test_a_run_cut_by_a_lost_budget_place_says_so_and_not_that_the_event_left() -> None:
+    """The record (and `maintd events ID`) of a run cut because the VM's budget place was lost: why, in its words."""
+    hook = Result(CANCELED, "the event left the document: the hook's process group got SIGTERM; it exited", -15)
+    for got in (hook, Result(FAILED, "exit 1", 1), None):
+        result = run_result(got, True, False, 60, PLACE_LOST)
+        assert result is not None and result.outcome == CANCELED
+        assert "its budget place was lost: back in rotation, queued again" in result.detail
+        assert "left the document" not in result.detail
 
 
 def test_a_run_key_reads_back_what_it_writes_and_nothing_else():
