@@ -3,10 +3,12 @@
 Point an agent's connection string at `proxy.url` instead of Azurite's (`proxy.connection_string()`); the
 proxy forwards every request to Azurite and records it (`proxy.seen`). A test adds `Rule`s at run time,
 each matching a request pattern (method, a path regex, a query part, request metadata such as
-`x-ms-meta-state: claimed`) for `count` requests (None: until removed):
+`x-ms-meta-state: claimed`) for `count` requests (None: until removed), and only before the monotonic
+instant `until` when one is set (a fault that ends by itself):
 
     lose      forward the request (the write lands), then reset the connection instead of answering
     throttle  answer 503 ServerBusy with `Retry-After: <retry_after>` without forwarding
+    fail      answer `status` (500 InternalError) without forwarding: the store failing this VM's requests
     latency   hold the request `delay` seconds, then forward it
     rewrite   forward it and pass the answer's body through `edit` (a listing with an odd record)
     pad       forward a listing and pad its answer to `size` bytes with blobs of its folder (50 MB)
@@ -65,10 +67,14 @@ class Rule:
     retry_after: float = 2.0
     size: int = 50 << 20
     edit: Callable[[bytes], bytes] | None = None
+    status: int = 500
+    until: float | None = None
     fired: int = 0
 
     def matches(self, method: str, path: str, query: str, meta: dict[str, str]) -> bool:
         if self.count is not None and self.fired >= self.count:
+            return False
+        if self.until is not None and time.monotonic() >= self.until:
             return False
         return ((self.method is None or self.method == method)
                 and (self.path is None or re.search(self.path, path) is not None)
@@ -143,6 +149,13 @@ class StoreProxy:
                                b"The server is busy.</Message></Error>")
                     self._answer(503, [("Content-Type", "application/xml"), ("x-ms-error-code", "ServerBusy"),
                                        ("Retry-After", f"{rule.retry_after:g}")], payload)
+                    return
+                if rule is not None and kind == "fail":
+                    proxy._note(Request(at, self.command, path, query, meta, rule.status, kind))
+                    payload = (b'<?xml version="1.0" encoding="utf-8"?><Error><Code>InternalError</Code><Message>'
+                               b"The server encountered an internal error.</Message></Error>")
+                    self._answer(rule.status, [("Content-Type", "application/xml"),
+                                               ("x-ms-error-code", "InternalError")], payload)
                     return
                 if rule is not None and kind == "latency":
                     time.sleep(rule.delay)

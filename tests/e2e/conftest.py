@@ -28,8 +28,8 @@ def start_agent(tmp_path) -> Iterator[Callable[..., Agent]]:
     started: list[Agent] = []
 
     def start(emu: Emulator, name: str, extra: dict | None = None, env: dict | None = None,
-              port: int | None = None) -> Agent:
-        agent = Agent(tmp_path / name, emu.urls[name], name, extra, env, port)
+              port: int | None = None, host: str = "127.0.0.1") -> Agent:
+        agent = Agent(tmp_path / name, emu.urls[name], name, extra, env, port, host)
         started.append(agent)
         return agent
 

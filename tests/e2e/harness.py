@@ -32,12 +32,12 @@ CLEAN_ENV = {k: v for k, v in os.environ.items()
 _HANDED_OUT: set[int] = set()
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now, never one this process handed out before: the kernel may give a just-closed
     port again, and two VMs of one fleet given the same port made one VM answer for the other (a CI flake)."""
     while True:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             port: int = s.getsockname()[1]
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
@@ -164,10 +164,13 @@ class Agent(Process):
     """`maintd run` with a config written into `workdir`."""
 
     def __init__(self, workdir: Path, imds_url: str, name: str, extra: dict[str, Any] | None = None,
-                 env: dict[str, str] | None = None, port: int | None = None) -> None:
+                 env: dict[str, str] | None = None, port: int | None = None, host: str = "127.0.0.1") -> None:
+        """`host`: the loopback address it listens on (127.0.0.2, ... for members that have no address for each
+        other)."""
+        self.host = host
         for attempt in range(3):  # a port of our choosing that another process took first: choose again
             try:
-                self._start_on(port or free_port(), workdir, imds_url, name, extra, env)
+                self._start_on(port or free_port(self.host), workdir, imds_url, name, extra, env)
                 return
             except PortTaken:
                 if port is not None or attempt == 2:
@@ -178,7 +181,7 @@ class Agent(Process):
         self.port = port
         self.env = {**CLEAN_ENV, **(env or {})}
         self.workdir = workdir
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"http://{self.host}:{self.port}"
         workdir.mkdir(parents=True, exist_ok=True)
         # the secure default with this agent's own paths: root acts over its unix socket, scripts (post()) with the
         # token; loopback alone only reads
@@ -193,7 +196,7 @@ class Agent(Process):
             "identity": {"name": name},
             "state": {"dir": str(workdir / "state")},
             # every VM of a test fleet calls its peers from 127.0.0.1, which holds one client's share on each
-            "server": {"listen": f"127.0.0.1:{self.port}", "max_connections_per_client": 1024,
+            "server": {"listen": f"{self.host}:{self.port}", "max_connections_per_client": 1024,
                        "unix_socket": self.unix_socket, "token_file": str(token_file)},
             "log": {"format": "json", "level": "debug"},
         }
