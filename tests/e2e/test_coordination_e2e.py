@@ -14,8 +14,10 @@ pytestmark = pytest.mark.e2e
 
 VMS = ["vm-1", "vm-2", "vm-3"]
 WAIT_FOR_GO = "import os, time\nwhile not os.path.exists(os.environ['GO']): time.sleep(0.05)\n"
+SAY_STARTED = "import os\nopen(os.environ['STARTED'], 'w').close()\n"
 SAY_DONE = "open(os.environ['DONE'], 'w').close()\n"
-"""Appended to WAIT_FOR_GO: the hook says it has ended, which the test waits for."""
+"""Around WAIT_FOR_GO: the hook says it runs and that it has ended, which the test waits for (`handler.started` is
+logged before the hook's process exists: an agent frozen right after it had started none)."""
 
 
 def fleet(start_emulator, start_agent, extra_for=lambda vm: {}, coordination=None):
@@ -94,14 +96,15 @@ def test_a_leader_paused_past_takeover_after_mid_checkpoint_gets_no_post_before_
     its answers go silent for 4x takeover_after, its hook runs on). vm-2 takes over but, without vm-1's
     ready, never POSTs; the hook ends while vm-1 is still frozen: still no POST; vm-1 wakes and POSTs,
     once."""
-    go, done = tmp_path / "go", tmp_path / "done"
+    go, running, done = tmp_path / "go", tmp_path / "running", tmp_path / "done"
     checkpoint = {"handlers": [{"name": "checkpoint", "type": "exec", "phases": ["scheduled"],
-                                "command": [sys.executable, "-c", WAIT_FOR_GO + SAY_DONE],
-                                "env": {"GO": str(go), "DONE": str(done)}}]}
+                                "command": [sys.executable, "-c", SAY_STARTED + WAIT_FOR_GO + SAY_DONE],
+                                "env": {"GO": str(go), "STARTED": str(running), "DONE": str(done)}}]}
     emu, agents = fleet(start_emulator, start_agent, lambda vm: checkpoint if vm == "vm-1" else {},
                         coordination={"takeover_after": "2s"})
     eid = emu.add_event(event_type="Reboot", resources=VMS, notice=300)
     agents["vm-1"].wait_log("handler.started", event_id=eid, handler="checkpoint")
+    wait_until(running.exists, 30, "the leader's hook to run")
     leader = agents["vm-1"].proc.pid
     os.kill(leader, signal.SIGSTOP)
     try:
@@ -112,7 +115,7 @@ def test_a_leader_paused_past_takeover_after_mid_checkpoint_gets_no_post_before_
         more_polls(emu, ["vm-2", "vm-3"], 10)
         assert not all_approvals(emu), "no POST while the frozen leader's hook still runs"
         go.touch()  # the hook ends while its agent is still frozen: vm-1 has not said ready, nobody may POST
-        wait_until(done.exists, 10, "the frozen leader's hook to end")
+        wait_until(done.exists, 30, "the frozen leader's hook to end")
         more_polls(emu, ["vm-2", "vm-3"], 10)
         assert not all_approvals(emu), "a silent leader's readiness is never assumed"
     finally:
