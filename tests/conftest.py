@@ -1,8 +1,10 @@
-"""Shared fixtures: a fake clock, structlog reset and capture, a config writer."""
+"""Shared fixtures: a fake clock, structlog reset and capture, a config writer; `--random-order=SEED`."""
 
 from __future__ import annotations
 
 import os
+import random
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,6 +12,56 @@ import pytest
 import structlog
 
 from agent.clock import FakeClock
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--random-order", metavar="SEED", type=int, default=None,
+                     help="run the test files in an order shuffled by SEED (an integer), and the tests of each file "
+                          "too: to find tests that depend on the order (rerun with the same SEED to reproduce; "
+                          "e.g. --random-order=$RANDOM)")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    seed = config.getoption("random_order")
+    return None if seed is None else f"random order: --random-order={seed}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With --random-order: files shuffled, then the tests within each (a file's module fixtures stay shared)."""
+    seed = config.getoption("random_order")
+    if seed is None:
+        return
+    rng = random.Random(seed)
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    groups = list(files.values())
+    rng.shuffle(groups)
+    for group in groups:
+        rng.shuffle(group)
+    items[:] = [item for group in groups for item in group]
+
+
+GUARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM)
+
+
+@pytest.fixture(autouse=True)
+def _signals_as_found() -> Iterator[None]:
+    """A test leaves the signal handlers and the wakeup fd as it found them: one left behind (an in-process daemon's
+    SIGTERM handler) made the run itself ignore SIGTERM, and a test's signal must never outlive its handler.
+    Put back, and the test fails naming it."""
+    before = {s: signal.getsignal(s) for s in GUARDED}
+    wakeup = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup)
+    yield
+    changed = [signal.Signals(s).name for s in GUARDED if signal.getsignal(s) is not before[s]]
+    for s in GUARDED:
+        signal.signal(s, before[s])
+    left = signal.set_wakeup_fd(wakeup)
+    if left != wakeup:
+        changed.append(f"the wakeup fd ({left})")
+    if changed:
+        pytest.fail(f"the test left {', '.join(changed)} as it set them (put back now)")
 
 
 @pytest.fixture(autouse=True)

@@ -68,6 +68,7 @@ class Control:
         self.sleeper = clock.sleeper()
         self.stop, self.reload, self.second_stop = (SignalFlag(clock, self.sleeper) for _ in range(3))
         self._interrupt_poll = interrupt_poll
+        self._installed = False
 
     def request_stop(self, *_: Any) -> None:
         """Ask the loop to stop; a poll under way fails now, not at its timeout (signal-safe)."""
@@ -84,10 +85,13 @@ class Control:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         signal.signal(signal.SIGHUP, self.request_reload)
+        self._installed = True
 
     def stopping(self) -> None:
-        """From now on a SIGTERM ends the stop's drain wait (main thread only)."""
-        signal.signal(signal.SIGTERM, lambda *_: self.second_stop.set())
+        """From now on a SIGTERM ends the stop's drain wait (main thread only); only where `install` took the
+        signals over: a daemon run inside another program (the tests) leaves its SIGTERM alone."""
+        if self._installed:
+            signal.signal(signal.SIGTERM, lambda *_: self.second_stop.set())
 
 
 class Daemon:

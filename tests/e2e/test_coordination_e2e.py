@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 
 import pytest
 
@@ -15,6 +14,10 @@ pytestmark = pytest.mark.e2e
 
 VMS = ["vm-1", "vm-2", "vm-3"]
 WAIT_FOR_GO = "import os, time\nwhile not os.path.exists(os.environ['GO']): time.sleep(0.05)\n"
+SAY_STARTED = "import os\nopen(os.environ['STARTED'], 'w').close()\n"
+SAY_DONE = "open(os.environ['DONE'], 'w').close()\n"
+"""Around WAIT_FOR_GO: the hook says it runs and that it has ended, which the test waits for (`handler.started` is
+logged before the hook's process exists: an agent frozen right after it had started none)."""
 
 
 def fleet(start_emulator, start_agent, extra_for=lambda vm: {}, coordination=None):
@@ -27,6 +30,12 @@ def fleet(start_emulator, start_agent, extra_for=lambda vm: {}, coordination=Non
                  **extra_for(vm)}
         agents[vm] = start_agent(emu, vm, extra, port=ports[vm])
     return emu, agents
+
+
+def more_polls(emu, vms, n):
+    """Wait until each of `vms` has polled IMDS `n` more times (each poll is one tick of its agent)."""
+    seen = {vm: len(emu.requests(vm)) for vm in vms}
+    wait_until(lambda: all(len(emu.requests(vm)) >= seen[vm] + n for vm in vms), 20, f"{n} more polls of {vms}")
 
 
 def all_approvals(emu):
@@ -87,22 +96,27 @@ def test_a_leader_paused_past_takeover_after_mid_checkpoint_gets_no_post_before_
     its answers go silent for 4x takeover_after, its hook runs on). vm-2 takes over but, without vm-1's
     ready, never POSTs; the hook ends while vm-1 is still frozen: still no POST; vm-1 wakes and POSTs,
     once."""
-    go = tmp_path / "go"
+    go, running, done = tmp_path / "go", tmp_path / "running", tmp_path / "done"
     checkpoint = {"handlers": [{"name": "checkpoint", "type": "exec", "phases": ["scheduled"],
-                                "command": [sys.executable, "-c", WAIT_FOR_GO], "env": {"GO": str(go)}}]}
+                                "command": [sys.executable, "-c", SAY_STARTED + WAIT_FOR_GO + SAY_DONE],
+                                "env": {"GO": str(go), "STARTED": str(running), "DONE": str(done)}}]}
     emu, agents = fleet(start_emulator, start_agent, lambda vm: checkpoint if vm == "vm-1" else {},
                         coordination={"takeover_after": "2s"})
     eid = emu.add_event(event_type="Reboot", resources=VMS, notice=300)
     agents["vm-1"].wait_log("handler.started", event_id=eid, handler="checkpoint")
+    wait_until(running.exists, 30, "the leader's hook to run")
     leader = agents["vm-1"].proc.pid
     os.kill(leader, signal.SIGSTOP)
     try:
-        time.sleep(8)  # 4x takeover_after: vm-2 leads, vm-3 is ready; the old rule POSTed here
-        assert not all_approvals(emu), "no POST while the frozen leader's hook still runs"
+        # vm-2 says it leads (takeover_after of silence), vm-3 is ready: the old rule POSTed here; ten more
+        # ticks of both (each a peer round) give it every chance to
         silent = agents["vm-2"].wait_log("approval.leader_silent", event_id=eid)
         assert silent["peers"] == ["vm-1"]
+        more_polls(emu, ["vm-2", "vm-3"], 10)
+        assert not all_approvals(emu), "no POST while the frozen leader's hook still runs"
         go.touch()  # the hook ends while its agent is still frozen: vm-1 has not said ready, nobody may POST
-        time.sleep(3)
+        wait_until(done.exists, 30, "the frozen leader's hook to end")
+        more_polls(emu, ["vm-2", "vm-3"], 10)
         assert not all_approvals(emu), "a silent leader's readiness is never assumed"
     finally:
         os.kill(leader, signal.SIGCONT)

@@ -22,6 +22,13 @@ def approvals(emu, vms: list[str]) -> list[dict]:
     return [a for vm in vms for a in emu.approvals(vm)]
 
 
+def more_polls(emu, vms: list[str], n: int = 10) -> None:
+    """Wait until each of `vms` has polled IMDS `n` more times: each poll is one tick of its agent, a chance to
+    POST (a wait that proves something does not happen, as short as a few ticks of every VM)."""
+    seen = {vm: len(emu.requests(vm)) for vm in vms}
+    wait_until(lambda: all(len(emu.requests(vm)) >= seen[vm] + n for vm in vms), 30, f"{n} more polls of {vms}")
+
+
 def fleet(start_emulator, start_agent, tmp_path: Path, server, hook_seconds: tuple[float, ...]):
     """Agents with Flexible names on one new container, each with a hook of its own length (and its
     `done` marker file): (emulator, VM names, agents by name, the done dir, the container)."""
@@ -76,7 +83,7 @@ def test_the_store_gone_mid_event_holds_the_approval_warns_and_recovers(start_em
         slow = agents[vms[1]]
         slow.wait_log("store.request_failed", timeout=30)
         wait_until(lambda: (done / f"{vms[1]}.done").exists(), 20, "the slow hook")
-        time.sleep(2)
+        more_polls(emu, vms)
         assert approvals(emu, vms) == []
         polls = [r["time"] for r in emu.requests(vms[1]) if "scheduledevents" in r["path"] and r["time"] >= down_at]
         # a poll waiting on the store's 2 retries would stall >= 2 s (their 1 s backoffs); a loaded host alone
@@ -133,7 +140,7 @@ def test_an_approval_record_with_an_empty_attempt_is_taken_over_and_one_post_goe
             client.upload_blob(approval_blob(eid), b"", metadata=odd)
         emu.add_event(event_type="Reboot", resources=vms, notice=300, event_id=eid)
         wait_until(lambda: approvals(emu, vms), 40, "the POST after the unreadable record was taken over")
-        time.sleep(2)
+        more_polls(emu, vms)
         assert len(approvals(emu, vms)) == 1
         lines = [e for a in agents.values() for e in a.events("store.invalid_record")]
         assert lines and all(e["count"] == 1 for e in lines)
@@ -150,7 +157,7 @@ def test_a_forged_ready_marker_is_noticed_rewritten_and_no_post_before_the_victi
     hook (today: the forged `ready` stands, the POST goes at ~5 s, 3 s before the victim is done)."""
     from azure.storage.blob import ContainerClient
 
-    from agent.coordination.store.store_protocol import READY, marker_blob, marker_record
+    from agent.coordination.store.store_protocol import PREPARING, READY, marker_blob, marker_record
 
     server = start(tmp_path)
     try:
@@ -158,8 +165,11 @@ def test_a_forged_ready_marker_is_noticed_rewritten_and_no_post_before_the_victi
         victim = vms[0]
         eid = emu.add_event(event_type="Reboot", resources=vms, notice=300)
         agents[victim].wait_log("handler.started", timeout=20)
-        time.sleep(1)
         with ContainerClient.from_connection_string(server.connection_string(), container) as client:
+            blob = client.get_blob_client(marker_blob(eid, victim))
+            # forged over the victim's own `preparing`, not before it (the victim would overwrite it unseen)
+            wait_until(lambda: blob.exists() and blob.get_blob_properties().metadata.get("state") == PREPARING, 20,
+                       "the victim's `preparing` marker in the store")
             client.upload_blob(marker_blob(eid, victim), b"", metadata=marker_record(eid, victim, READY),
                                overwrite=True)
         agents[victim].wait_log("store.marker_forged", event_id=eid, timeout=20)
@@ -219,9 +229,9 @@ def test_a_50_mb_listing_is_refused_with_little_memory_and_the_polls_keep_their_
 def test_a_claimer_paused_after_its_claim_posts_nothing_once_another_vm_took_over(
         start_emulator, start_agent, tmp_path: Path) -> None:
     """The claimer's first POST is answered 500 and it is paused (SIGSTOP: a VM freeze, a live migration) right
-    after its claim, for 2 x takeover_after (8 s); another VM takes the claim over and POSTs. Resumed, the claimer
-    rechecks its claim before its retry (the deadline, the record's ETag) and sends nothing: one POST accepted in
-    all (before: the woken claimer POSTed again, 2 POSTs in 3 of 3 runs)."""
+    after its claim, until another VM has taken the claim over (past takeover_after, 4 s) and POSTed. Resumed,
+    the claimer rechecks its claim before its retry (the deadline, the record's ETag) and sends nothing: one POST
+    accepted in all (before: the woken claimer POSTed again, 2 POSTs in 3 of 3 runs)."""
     server = start(tmp_path)
     try:
         emu, vms, agents, done, container = fleet(start_emulator, start_agent, tmp_path, server, (0.5, 0.5, 2.0))
@@ -233,10 +243,13 @@ def test_a_claimer_paused_after_its_claim_posts_nothing_once_another_vm_took_ove
         agents[claimer].proc.send_signal(signal.SIGSTOP)
         try:
             wait_until(lambda: approvals(emu, vms), 20, "the taker's POST")
-            time.sleep(4)  # paused 2 x takeover_after in all
         finally:
             agents[claimer].proc.send_signal(signal.SIGCONT)
-        time.sleep(8)
+        # the woken claimer's attempt ends (withheld on its recheck, or failed), then it decides again after a
+        # fresh poll: ten ticks of every VM for a second POST to show
+        wait_until(lambda: agents[claimer].events("approval.withheld") or agents[claimer].events("approval.failed"),
+                   30, "the woken claimer's attempt to end")
+        more_polls(emu, vms)
         assert [a["vm"] for a in approvals(emu, vms)] != [claimer] and len(approvals(emu, vms)) == 1
         sent = [r for r in emu.requests(claimer) if r.get("method") == "POST" and r.get("status") == 200]
         assert sent == [], sent
