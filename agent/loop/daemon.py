@@ -181,6 +181,8 @@ class Daemon:
 
     def _sleep_until_due(self) -> None:
         wait = self.cadence.next_poll - self.clock.monotonic()
+        if self.parts.budget is not None:  # B2: a place's lease ends on time, whatever the poll interval or backoff
+            wait = min(wait, self.parts.budget.deadline() - self.clock.monotonic())
         if self.notifier.watchdog_interval is not None:
             wait = min(wait, self.notifier.watchdog_interval)
         if wait > 0 and not (self.control.stop.is_set() or self.control.reload.is_set() or self.inbox.waiting()):
