@@ -6,8 +6,8 @@ records (B5: counted and reported by `budget_records.RecordProblems`), drops the
 the stale member stamps, decides with the pure rules (`budget_rules.apply_step`), refreshes this member's own stamp
 once it is a third of `member_ttl` old, and writes the record back with If-Match, again on a conflict. A step that
 seats this member (`acquired`) always writes, even a body equal to the record read (B1: out by choice only on a write
-of its own; a release that seated it in the same second as its read leaves its entry as the TAKE would write it). The lane
-hands an immutable `Outcome` back through a queue the loop drains, and sends the members a write seated a wake
+of its own; a release that seated it in the same second as its read leaves its entry as the TAKE would write it).
+The lane hands an immutable `Outcome` back through a queue the loop drains, and sends the members a write seated a wake
 hint (`budget_wake`, an accelerator only).
 """
 

@@ -18,8 +18,8 @@ from agent.fleet.budget_rules import CHOSEN, places_blob
 from agent.loop.daemon import Daemon
 from agent.systemd import Notifier
 from tests.budget_fakes import CasStore
-from tests.fleet.test_budget_loop import HOOK
 from tests.fleet.test_budget_lease import RELEASE_AFTER, Link, Vm, record, run
+from tests.fleet.test_budget_loop import HOOK
 from tests.imds_server import FakeImds, wait_for
 from tests.loop.test_daemon import SE, doc, reboot
 from tests.store.test_store_exchange import MemoryStore
