@@ -146,16 +146,8 @@ class Budget:
         return self._gate(wants, now)
 
     def deadline(self) -> float:
-        """When the loop must run its next pass at the latest (monotonic; inf: no need), so that its sleep (the
-        poll interval, the IMDS backoff) never outlasts what this budget has due: its place's lease end (B2: lost on
-        time), its renewal, its next step (a waiter's poll, a retry)."""
-        m, now = self.mine, self.clock.monotonic()
-        times = [m.due] if not m.busy else []
-        if m.why is not None:
-            times.append(m.renew_at)
-        if m.why == CHOSEN:
-            times.append(m.lease_end)
-        return min((t for t in times if t > now), default=float("inf"))
+        """When the loop must run its next pass at the latest (monotonic; inf: no need): `Mine.deadline`."""
+        return self.mine.deadline(self.clock.monotonic())
 
     def _gate(self, wants: Sequence[Want], now: float) -> LeaveGate:
         gate = self.mine.gate(wants, now)
