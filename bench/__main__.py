@@ -11,7 +11,7 @@ from bench.common import write_summary
 
 ALL = ("parse_cost", "plan_cost", "steady", "detection", "approval", "probe_load", "probe_flood", "server_cost",
        "fleet", "silence", "silence_timing", "cli_watch", "model",
-       "store_chaos", "fleet_history", "budget", "gate_pace")
+       "store_chaos", "fleet_history", "budget", "gate_pace", "pacemaker")
 
 MODULES = {"model": "model_check"}
 """Benchmarks whose module is not named after them."""

@@ -18,7 +18,7 @@ WIDTH = 20
 """Where the values of `maintd status`'s sections start, so that every section lines up."""
 SHOWN_STATUS = {"version", "vm_name", "dry_run", "in_rotation", "rotation_reason", "drains", "health", "imds",
                 "events", "events_naming_this_vm", "not_ready", "state", "profile", "profile_approval",
-                "profile_next_change", "restart_needed", "coordination", "peers", "notes"}
+                "profile_next_change", "restart_needed", "coordination", "peers", "notes", "cluster"}
 """The keys of /v1/status that `status_text` words itself; any other is shown under "Other"."""
 EVENT_FIELDS = {"EventId", "EventType", "ResourceType", "Resources", "EventStatus", "NotBefore", "Description",
                 "EventSource", "DurationInSeconds", "LiveMigration", "vm_name", "present", "names_self", "rank",
@@ -71,6 +71,9 @@ def status_text(body: Mapping[str, Any]) -> str:
         ("not ready", [f"{eid}: {why}" for eid, reasons in not_ready.items() for why in (reasons or [])])],
         width=WIDTH)]
     lines += _notes([(eid, text(note)) for eid, note in _mapping(body.get("notes")).items()], WIDTH)
+    cluster = _mapping(body.get("cluster"))
+    if cluster:
+        lines += ["", *section("Cluster", [(key, text(value)) for key, value in cluster.items()], width=WIDTH)]
     lines += ["", *section("State", [
         ("directory", text(state.get("dir"))),
         ("unsaved changes", yes_no(state.get("unsaved_changes"))),
@@ -93,15 +96,16 @@ def _notes(rows: list[Row], width: int = 0) -> list[str]:
 
 
 def _coordination(c: Mapping[str, Any]) -> list[str]:
-    """The backend and its sources (peers) or the store and its last answer (azure_blob)."""
+    """The backend, then what it publishes: a store and its last answer, or the peers' sources; any other field
+    as it comes (a backend this view does not know shows its own fields)."""
     backend = c.get("backend")
-    if backend == "azure_blob":
+    if "store" in c:
         ago = c.get("store_last_answer_seconds_ago")
         rows: list[Row] = [("store", text(c.get("store"))),
                            ("last answer", f"{text(c.get('store_last_answer'))}"
                                            + (f", {duration(ago)} ago" if ago is not None else ""))]
         shown = {"backend", "store", "store_last_answer", "store_last_answer_seconds_ago"}
-    else:
+    elif "peer_url" in c:
         me = c.get("identity")
         rows = [("peer URL template", text(c.get("peer_url"))),
                 ("static peers", text(c.get("peers_static"))),
@@ -112,6 +116,8 @@ def _coordination(c: Mapping[str, Any]) -> list[str]:
                  if isinstance(me, Mapping) else "- (not learnt from IMDS; identity.name is used)")]
         shown = {"backend", "peer_url", "peers_static", "peers_file", "peers_file_entries", "peers_file_problem",
                  "identity"}
+    else:
+        rows, shown = [], {"backend"}
     rows += [(name, value) for key, value in c.items() if key not in shown for name, value in pairs({key: value})]
     return section(f"Coordination (backend {text(backend)})", rows, width=WIDTH)
 

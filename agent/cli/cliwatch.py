@@ -63,9 +63,12 @@ def short(name: str) -> str:
 
 
 def _coordination(c: Mapping[str, Any]) -> str:
-    if c.get("backend") == "azure_blob":
+    """One line of what the backend publishes: a store and its last answer, the peers' sources, or its name."""
+    if "store" in c:
         ago = c.get("store_last_answer_seconds_ago")
         return f"store, last answer {text(c.get('store_last_answer'))}" + (f" {duration(ago)} ago" if ago else "")
+    if "peer_url" not in c:
+        return text(c.get("backend"))
     return f"peers (template {text(c.get('peer_url'))}, {text(c.get('peers_static'))} static" + \
         (f", file {c['peers_file']}" if c.get("peers_file") else "") + ")"
 

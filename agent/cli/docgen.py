@@ -14,6 +14,7 @@ from pathlib import Path
 from prometheus_client.metrics import MetricWrapperBase
 
 from agent.config.config import Config
+from agent.coordination import backend_registry
 from agent.coordination.coordination_settings import AzureBlobConfig, BudgetConfig
 from agent.handlers.registry import CommonKeys, builtin_types
 from agent.health.health_rules import RuleSpec
@@ -42,7 +43,8 @@ def table(rows: list[tuple[str, str, str]]) -> str:
 def reference() -> str:
     """The whole configuration reference as markdown."""
     parts = ["#### Top-level sections", "",
-             table([r for r in describe(Config) if r[0].split(".")[0] not in LIST_SECTIONS]), ""]
+             table([(k, d, backend_registry.described() if k == "coordination.backend" else doc)
+                    for k, d, doc in describe(Config) if k.split(".")[0] not in LIST_SECTIONS]), ""]
     parts += ["#### `coordination.azure_blob` (with `coordination.backend: azure_blob`)", "",
               table(describe(AzureBlobConfig, "coordination.azure_blob.")), ""]
     parts += ["#### `coordination.budget` (with `coordination.backend: azure_blob`; see Disruption budgets)", "",

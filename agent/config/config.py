@@ -14,6 +14,7 @@ from pathlib import Path
 
 from agent.config.config_advice import unprepared_early_approvals
 from agent.config.config_loading import Marked, parse_yaml, read_text
+from agent.coordination import backend_registry
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.errors import ConfigError, ConfigValueError
 from agent.handlers.base import HandlerSpec
@@ -187,6 +188,10 @@ class Config:
             check_handler_names(self.profiles, {h.name for h in self.handlers})
         except ConfigValueError as exc:
             raise exc.under("profiles") from None
+        try:
+            backend_registry.check(self.coordination)
+        except ConfigValueError as exc:
+            raise exc.under("coordination") from None
 
 
 def loads(text_: str, source: str = "<string>") -> Config:

@@ -15,8 +15,8 @@ Two gates, both off unless configured (`gates:` at the top level, or per profile
   `on_failure: ignore`.
 
 The specs and verdicts are pure (`coordination_rules`); this module only gathers the answers
-through `peers.PeerClient`. Whatever goes wrong while reading a gate holds the approval, is logged
-and counted (`maintd_gate_check_failures_total`; the log line at most once a minute per gate and
+through the backend's `GateHttp` (`Backend.gate_input`). Whatever goes wrong while reading a gate holds
+the approval, is logged and counted (`maintd_gate_check_failures_total`; the log line at most once a minute per gate and
 error), and the gate is asked again later.
 
 Pace the remote queries, not the decision (issue 35 #3). Prometheus is queried at most once per
@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from agent.coordination.backend import FleetStates
+from agent.coordination.backend import FleetStates, GateHttp
 from agent.coordination.coordination_rules import (
     UNREACHABLE,
     Held,
@@ -46,7 +46,6 @@ from agent.coordination.coordination_rules import (
     peer_state,
     query_samples,
 )
-from agent.coordination.peers.peer_client import PeerClient
 from agent.health.health_json import HealthView
 from agent.model.gate_specs import FleetGate, Gates, PrometheusGate
 from agent.telemetry import logs
@@ -66,7 +65,7 @@ class Judged:
 class GateChecker:
     """Evaluates the gates of the profile in force for one event, right before the approval would go out."""
 
-    def __init__(self, client: PeerClient, peer_url: Callable[[str], str | None],
+    def __init__(self, client: GateHttp, peer_url: Callable[[str], str | None],
                  local_health: Callable[[], HealthView | None], max_concurrency: int, metrics: Metrics,
                  fleet_states: FleetStates | None = None, clock: Callable[[], float] = time.monotonic,
                  pace: Callable[[], float] = lambda: 5.0) -> None:

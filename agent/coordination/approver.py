@@ -22,11 +22,10 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from agent.clock import Clock
 from agent.coordination.approval_gates import GateChecker
-from agent.coordination.backend import Backend
+from agent.coordination.backend import Backend, Step
 from agent.coordination.coordination_rules import Held
 from agent.errors import ImdsError, kept_in_memory
 from agent.imds.imds_client import is_transient
@@ -37,9 +36,6 @@ from agent.retry import retrying as retrying_on
 from agent.state.state_store import Store
 from agent.telemetry import logs
 from agent.telemetry.metrics import Metrics
-
-if TYPE_CHECKING:  # the store backend's code loads only when the config chooses it
-    from agent.coordination.store.store_protocol import Step
 
 
 @dataclass(frozen=True)
@@ -52,7 +48,7 @@ class Order:
     gates: Gates
     resources: tuple[str, ...]
     step: Step | None
-    """The store backend's step (claim or take over); None on the peer backend."""
+    """The backend's step (the store's: claim or take over); None on a backend without steps (the peers)."""
     held_before: Held | None
     """The gate that held it last time (a hold is logged when it changes)."""
     retry_for: float

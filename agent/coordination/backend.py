@@ -1,31 +1,100 @@
-"""The one interface the coordinator has to a coordination backend: the peers (`coordination/peers/`)
-or a blob store (`coordination/store/`); a new backend, or the fleet's disruption budget, plugs in here.
+"""The one interface the coordinator has to a coordination backend, and what a backend is built from.
+
+A backend lives in a package of its own (the built-ins: the peers, `coordination/peers/`, and a blob store,
+`coordination/store/`), owns its settings' meaning and its views, and is registered by name in one place,
+`backend_registry` (`coordination.backend` chooses it): this module, the coordinator and the approver name
+none, and import none of them (tests/project/test_house.py holds it).
 
 The coordinator decides, orders and publishes; it knows no backend by name. Per tick, on the loop's
 thread: `begin`, then `inputs` for each event naming this VM (what the decision needs: who is not
 ready, who ranks before this VM and is still there, the backend's step), then `end` with the events
 still followed. On the approver thread, right before every send: `right_to_post`; the send itself
 goes through `send` (the store claims around it). Views (any thread): `hint`, `view`, `status`,
-`fleet`, and `gate_states` for the fleet gate.
+`fleet`, and `gate_input` for the gates (the fleet gate's input, the HTTP client they ask Prometheus with);
+`carrier` for what the fleet wing (the disruption budget, the fleet history) is carried by, if anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict
 
-from agent.coordination.peers.peer_directory import PeerSources
+from agent.clock import Clock
+from agent.health.health_json import HealthView
+from agent.health.health_store import HealthStore
 from agent.model.approval import ApprovalView
 from agent.model.events import Event
+from agent.model.identity import Identity
 from agent.model.tracker import Tracked
-
-if TYPE_CHECKING:
-    from agent.coordination.store.store_protocol import Step
+from agent.telemetry.metrics import Metrics
 
 FleetStates = Callable[[str, Sequence[str], str, bool], dict[str, str]]
 """(event id, Resources, this VM, warning as error) -> each VM's ok / unhealthy / unreachable: asked of the
-peers' /v1/health, or (backend azure_blob) read from their markers in the store."""
+peers' /v1/health, or read from what the backend last listed (the store: their markers)."""
+
+
+class Step(Protocol):
+    """A backend's protocol step for one event (the store's: wait, claim, take over, done)."""
+
+    @property
+    def action(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+
+class GateHttp(Protocol):
+    """The HTTP the gates ask with: a VM's /v1/health (the peers' fleet gate), Prometheus' API."""
+
+    def health(self, base: str) -> Any: ...
+
+    def prometheus(self, base: str, path: str, timeout: float, params: dict[str, str] | None = None) -> Any: ...
+
+
+@dataclass(frozen=True)
+class GateInput:
+    """What the gates read on this backend: their HTTP client, where a VM's /v1/health is (by name), and the fleet
+    gate's states when the backend has them itself (None: each VM's /v1/health is asked)."""
+
+    client: GateHttp
+    health_url: Callable[[str], str | None]
+    states: FleetStates | None = None
+
+
+@dataclass(frozen=True)
+class Carrier:
+    """A shared store a backend offers the fleet wing (the disruption budget, the fleet history): its handle,
+    how `maintd status` names it, and its answers' record (Retry-After)."""
+
+    store: Any
+    describe: str
+    answers: Any
+
+
+@dataclass(frozen=True)
+class BackendParts:
+    """What a backend is built from (`backend_registry`): the `coordination:` settings in force (a getter: a
+    reload replaces them), and the parts of the agent it may use. A backend takes the ones it needs."""
+
+    settings: Callable[[], Any]
+    """The `coordination:` section in force (`CoordinationConfig`; the backend reads its own keys)."""
+    clock: Clock
+    metrics: Metrics
+    health: HealthStore | None = None
+    on_change: Callable[[], None] = lambda: None
+    """Wakes the loop for a tick (a VM's word, an answer came in)."""
+    poll_interval: Callable[[], float] = lambda: 1.0
+    token_reader: Callable[[], str | None] = lambda: None
+    """The shared token peers send on /v1 reads (`coordination.token_file`)."""
+    identity: Callable[[], Identity | None] = lambda: None
+    """This VM's identity from IMDS compute (None until learnt)."""
+    local_health: Callable[[], HealthView | None] = lambda: None
+    warning_as_error: Callable[[], bool] = lambda: False
+    identity_token: Callable[[str, str | None], Any] | None = None
+    """A managed identity's token from IMDS (resource, client id)."""
+    secret: Callable[[str, str | None], str | None] | None = None
+    """A secret file's content (config key, path), reported when it cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -73,25 +142,11 @@ class CoordinationView(ApprovalView):
     peers: NotRequired[dict[str, PeerView]]
 
 
-class PeersCoordination(PeerSources):
-    """`maintd status`'s `coordination` on the peers backend: its name and where the peers' addresses come from."""
-
-    backend: str
-
-
-class StoreCoordination(TypedDict):
-    """`maintd status`'s `coordination` on the store backend: the store, its last answer and how long ago."""
-
-    backend: str
-    store: str
-    store_last_answer: str
-    store_last_answer_seconds_ago: float | None
-
-
 class BackendStatus(TypedDict):
-    """A backend's part of `maintd status`; the peers backend adds each pending event's peers (name: its line)."""
+    """A backend's part of `maintd status`: `coordination` (its `backend` name first, then what it shows: the peers'
+    sources, the store and its last answer); the peers backend adds each pending event's peers (name: its line)."""
 
-    coordination: PeersCoordination | StoreCoordination
+    coordination: Mapping[str, object]
     peers: NotRequired[dict[str, dict[str, str]]]
 
 
@@ -102,45 +157,9 @@ class FleetVm(TypedDict):
     state: str
 
 
-class PeerFleetApproval(TypedDict):
-    """This VM's approval record as the peers backend's fleet view shows it (read back: any field may be missing)."""
-
-    by: str | None
-    state: str | None
-    at: str | None
-
-
-class PeerFleetEvent(TypedDict):
-    """One event of `maintd fleet` on the peers backend: each VM as this VM heard it, and its own approval."""
-
-    event_id: str
-    source: str
-    vms: list[FleetVm]
-    approval: PeerFleetApproval | None
-
-
-class StoreFleetApproval(TypedDict):
-    """Who approved (or claimed) an event, as the store last said."""
-
-    by: str
-    state: str
-    attempt: int
-    at: str | None
-
-
-class StoreFleetEvent(TypedDict):
-    """One event of `maintd fleet` on the store backend: each VM's marker, the approval, what the store got wrong."""
-
-    event_id: str
-    source: str
-    vms: list[FleetVm]
-    approval: StoreFleetApproval | None
-    store_error: str | None
-    problems: list[str]
-
-
-FleetEvent = PeerFleetEvent | StoreFleetEvent
-"""One pending event naming this VM, as its backend shows it in `maintd fleet` (`source` says which)."""
+FleetEvent = Mapping[str, object]
+"""One pending event naming this VM, as its backend shows it in `maintd fleet`: `event_id`, `source` (which
+backend's word), `vms` (`FleetVm`s), `approval`, and what else the backend shows (its own TypedDict)."""
 
 
 class Backend(Protocol):
@@ -165,8 +184,11 @@ class Backend(Protocol):
              post: Callable[[float], bool]) -> None:
         """Send the approval with `post(within)` (approver thread), with whatever the backend does around it."""
 
-    def gate_states(self) -> FleetStates | None:
-        """The fleet gate's input on this backend; None: the gate asks the peers' /v1/health."""
+    def gate_input(self) -> GateInput:
+        """What the gates read on this backend (see `GateInput`)."""
+
+    def carrier(self) -> Carrier | None:
+        """The shared store the fleet wing is carried by; None: no budget, no fleet history on this backend."""
 
     def hint(self, event_id: str, name: str) -> bool:
         """A peer says it became ready: True if it is asked again at once (any thread)."""

@@ -1,13 +1,14 @@
-"""The `coordination:` section: the backend (peers or a blob store), how peers are reached, the store,
-and when one takes over (pure settings; the config wing reads the file, this wing owns what the keys
-mean)."""
+"""The `coordination:` section: the backend's name, how peers are reached, the store, the budget, and when
+one takes over (pure settings; the config wing reads the file, this wing owns what the keys mean). Which
+names are backends, and what each needs of these keys, is `backend_registry`'s (`check`): this module
+lists none."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
 
-from agent.coordination.peers.peer_addressing import template_fields
+from agent.coordination.member_urls import template_fields
 from agent.errors import ConfigValueError
 from agent.model.config_schema import choice, duration, integer, mapping_of, opt, optional, section, text
 
@@ -104,9 +105,9 @@ class BudgetConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CoordinationConfig:
-    backend: str = opt(choice("peers", "azure_blob"), "peers",
-                       "peers: VMs ask each other on port 8088; azure_blob: they coordinate through a blob "
-                       "container (no addressing, no inbound port; see Coordinating through Azure Storage)")
+    backend: str = opt(text(r"^\S{1,64}$", "a coordination backend's name"), "peers",
+                       "the backend the VMs coordinate through: one `backend_registry` knows (each says what it "
+                       "does; the config's check refuses any other)")
     azure_blob: AzureBlobConfig | None = opt(optional(section(AzureBlobConfig)), None,
                                              "the store, with backend: azure_blob")
     peer_url: str = opt(text(r"^https?://\S+$", "a URL template such as http://{computer_name}:8088"),
@@ -138,12 +139,7 @@ class CoordinationConfig:
                                       "Disruption budgets)")
 
     def validate(self) -> None:
-        if self.backend == "azure_blob" and self.azure_blob is None:
-            raise ConfigValueError("azure_blob", "backend azure_blob needs the store: azure_blob: {account_url: "
-                                                 "https://ACCOUNT.blob.core.windows.net, container: maintd}")
-        if self.budget is not None and self.backend != "azure_blob":
-            raise ConfigValueError("budget", "a disruption budget needs the shared store: set backend: azure_blob "
-                                             "(the peer backend has no place where a whole group can agree)")
+        """The keys' own checks; what a backend needs of them is `backend_registry.check`'s (the config runs it)."""
         try:
             template_fields(self.peer_url)
         except ValueError as exc:

@@ -2,8 +2,8 @@
 
 Rank = position of this VM in the event's Resources; rank 0 leads. The coordinator decides, orders
 and publishes; what the other VMs said comes from one `Backend` (`agent.coordination.backend`): the
-peers (`peers/peer_backend.py`) or a blob store (`store/store_backend.py`), and it knows neither by
-name. The approver runs the gates and sends the approval.
+one the config chooses (`backend_registry`: the peers, a blob store, or one a test plugs in), and it knows
+none by name. The approver runs the gates and sends the approval.
 
 The POST (`approver`) is recorded before (`sending`) and after (`sent` or `failed`) in the state
 store: a restart never re-sends a `sent` approval, and a `sending` one (crash between POST and
@@ -28,20 +28,19 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from agent.clock import Clock
+from agent.coordination import backend_registry
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.approver import Approver, Order
-from agent.coordination.backend import Backend, BackendStatus, CoordinationView, FleetEvent
+from agent.coordination.backend import Backend, BackendParts, BackendStatus, CoordinationView, FleetEvent
 from agent.coordination.coordination_rules import Held, gate_recheck_delay, unwell
 from agent.coordination.coordination_settings import CoordinationConfig
-from agent.coordination.peers.peer_addressing import Address
-from agent.coordination.peers.peer_backend import PeerBackend
-from agent.coordination.peers.peer_exchange import PeerExchange
 from agent.health.health_json import HealthView
 from agent.health.health_store import HealthStore
 from agent.loop.tick import Tick
 from agent.model.approval import APPROVAL_KEY, MANUAL, MANUAL_APPROVAL_KEY, SENDING, SENT, has_status
 from agent.model.events import SCHEDULED
 from agent.model.gate_specs import NO_GATES, Gates
+from agent.model.identity import Identity
 from agent.model.tracker import Tracked
 from agent.policy.approval_policy import Decision, decide
 from agent.state.state_store import Store
@@ -50,7 +49,7 @@ from agent.telemetry.metrics import EVENT_TYPES, GATE_NAMES, Metrics
 
 
 class ApprovalBudget(Protocol):
-    """What the coordinator asks of the disruption budget (`store/budget.Budget`): may this event be approved
+    """What the coordinator asks of the disruption budget (`fleet/budget.Budget`): may this event be approved
     early (None), or why not; may it still be sent (the approver's recheck: this VM's own place within its lease,
     any thread); and the group as the API shows it."""
 
@@ -61,7 +60,7 @@ class ApprovalBudget(Protocol):
 
 
 CLAIMS = ("claim", "take_over")
-"""The backend steps that let this VM approve (the store's: it claims first); any other step holds it."""
+"""The backend steps that let this VM approve (a backend with steps claims first); any other step holds it."""
 RETRY_FAILED_AFTER = 10.0
 """Seconds before an approval whose retries all failed is tried again (the event may still be Scheduled)."""
 
@@ -99,8 +98,9 @@ class Coordinator:
                  gates: Gates = NO_GATES, local_health: Callable[[], HealthView | None] = lambda: None,
                  warning_as_error: bool = False, health: HealthStore | None = None,
                  backend: Backend | None = None, budget: ApprovalBudget | None = None) -> None:
-        """`backend`: the blob store's (`coordination.backend: azure_blob`); the peers' when none is given;
-        `budget`: the disruption budget (store backend only), asked before every early approval."""
+        """`backend`: the one the wiring built; when none is given, the one `settings.backend` names, built here from
+        these parts (`backend_registry`); `budget`: the disruption budget (a backend with a shared store only),
+        asked before every early approval."""
         self.settings, self.health, self.budget = settings, health, budget
         self.approve_fn = approve
         self.store = store
@@ -108,16 +108,19 @@ class Coordinator:
         self.poll_interval = poll_interval
         self.on_change = on_change
         self.log = logs.get("coordinator")
-        self.peers = PeerExchange(lambda: self.settings, lambda: self.poll_interval, clock, token_reader=token_reader,
-                                  metrics=metrics, on_change=lambda: self.on_change(), health=health)
-        self.client, self.directory = self.peers.client, self.peers.directory
-        self.backend: Backend = backend or PeerBackend(self.peers, lambda: self.settings, clock, health)
+        self.identity: Identity | None = None
+        """This VM's identity as the loop's last pass knew it (the backend reads it through `BackendParts`)."""
+        self.backend: Backend = backend or backend_registry.build(BackendParts(
+            lambda: self.settings, clock, metrics, health, on_change=lambda: self.on_change(),
+            poll_interval=lambda: self.poll_interval, token_reader=token_reader, identity=lambda: self.identity,
+            local_health=local_health, warning_as_error=lambda: self.warning_as_error))
         self._events: dict[str, EventCoordination] = {}
         self.published: Mapping[str, Published] = MappingProxyType({})
         self.gates = gates
         self.warning_as_error = warning_as_error
-        self.gate_checker = GateChecker(self.client, lambda name: self.address(name).url, local_health,
-                                        settings.max_concurrency, metrics, self.backend.gate_states(), clock.monotonic,
+        gate_input = self.backend.gate_input()
+        self.gate_checker = GateChecker(gate_input.client, gate_input.health_url, local_health,
+                                        settings.max_concurrency, metrics, gate_input.states, clock.monotonic,
                                         lambda: gate_recheck_delay(self.settings.approval_retry_for))
         self.local_health = local_health
         self._own_health: frozenset[tuple[str, str, str]] | None = None
@@ -129,11 +132,7 @@ class Coordinator:
                                  gate_checker=self.gate_checker, backend=self.backend, done=lambda: self.on_change(),
                                  right=self.still_right)
 
-    # --- peers ------------------------------------------------------------------------
-
-    def address(self, name: str) -> Address:
-        """Where a peer is asked (see `directory`)."""
-        return self.directory.address(name)
+    # --- other VMs' word -----------------------------------------------------------------
 
     def hint(self, event_id: str, name: str) -> bool:
         """A peer says it became ready: ask it again at once (its word is checked, not trusted; rate-limited)."""
@@ -158,18 +157,21 @@ class Coordinator:
         self.on_change()
 
     def wait_idle(self, timeout: float) -> bool:
-        """Block until no peer request or approval is under way (tests, benchmarks); `timeout` per kind."""
-        return self.peers.wait_idle(timeout) and self.backend.wait_idle(timeout) and self.approver.wait_idle(timeout)
+        """Block until no backend request or approval is under way (tests, benchmarks); `timeout` per kind."""
+        return self.backend.wait_idle(timeout) and self.approver.wait_idle(timeout)
 
     # --- decisions ----------------------------------------------------------------------
 
     def tick(self, tick: Tick) -> None:
         """Ask the backend and decide for every Scheduled event naming this VM; send approvals due (nothing
         while this VM's name is not known)."""
-        tracked, vm_name, profile, dry_run, now = tick.tracked, tick.vm_name, tick.profile, tick.dry_run, tick.monotonic
+        tracked = tick.tracked
+        vm_name = tick.vm_name
+        profile = tick.profile
+        now = tick.monotonic
         if vm_name is None:
             return
-        self.directory.identity = tick.identity
+        self.identity = tick.identity
         self.scheduled = frozenset(eid for eid, t in tracked.items() if t.event.status == SCHEDULED)
         self.absorb(now)
         self.backend.begin()
@@ -182,7 +184,8 @@ class Coordinator:
                 continue
             state = self._events.setdefault(event_id, EventCoordination())
             mode, rule = profile.approval_for(t.event)
-            state.mode, state.rule = mode, rule
+            state.mode = mode
+            state.rule = rule
             pending = tick.pending_for(event_id)
             manual = self.store.result(event_id, MANUAL_APPROVAL_KEY) is not None
             sent = self._sent(event_id)
@@ -193,7 +196,7 @@ class Coordinator:
             decision = decide(
                 mode=mode, status=t.event.status, already_sent=sent,
                 manual_requested=manual, local_pending=pending, peers_not_ready=given.waiting,
-                lower_ranked_reachable=given.reachable if mode != MANUAL else [], dry_run=dry_run)
+                lower_ranked_reachable=given.reachable if mode != MANUAL else [], dry_run=tick.dry_run)
             if decision.approve and step is not None and step.action not in CLAIMS:
                 decision = Decision(False, step.reason)
             if decision.approve and self.budget is not None \
@@ -244,7 +247,8 @@ class Coordinator:
         outcomes = self.approver.outcomes()
         for outcome in outcomes:
             if (done := self._events.get(outcome.event_id)) is not None:
-                done.sending, done.held = False, outcome.held
+                done.sending = False
+                done.held = outcome.held
                 if outcome.held is not None:  # asked again at a bounded pace, not on the wake this outcome makes
                     done.gate_due = now + gate_recheck_delay(self.settings.approval_retry_for)
                 done.failed_at = outcome.failed_at if outcome.failed_at is not None else done.failed_at
@@ -308,5 +312,4 @@ class Coordinator:
     def stop(self) -> None:
         """Cut retries short and stop the worker pools."""
         self.approver.stop()
-        self.peers.stop()
         self.backend.stop()

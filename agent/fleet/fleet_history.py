@@ -36,6 +36,9 @@ from agent.model.fleet_records import EXISTED, FAILED, RECORDED, SENDING, Histor
 from agent.model.timefmt import instant_or_none, iso_z
 from agent.telemetry import logs
 
+HistoryUnreadable = StoreError
+"""What `FleetHistory.read` raises when the store cannot answer (the API answers 503)."""
+
 HISTORY_KEY = "history"
 """The state store's record, per event, of this VM's history write: {"status", "attempt", "at", "error"}."""
 

@@ -172,6 +172,11 @@ class Handler:
         """A floor under the configured timeout (a drain needs its whole LB wait)."""
         return 0.0
 
+    def wanted_timeout(self, settings: Settings, configured: float) -> float:
+        """What a run needs before NotBefore: a budget NotBefore cuts below it is a `deadline.short`. The
+        configured timeout; a handler whose run may last until NotBefore by design (a hold) needs its floor."""
+        return configured
+
     def keep(self) -> float | None:
         """Work that lasts while maintenance lasts (keep a silence or a lease alive), on maintd's keeper
         thread: called when maintd starts, after each run of this handler, and again after the seconds it

@@ -25,7 +25,7 @@ from agent.model.events import KNOWN_TYPES
 ENTRY_POINT_GROUP = "maintd.handlers"
 
 
-BUILTIN_TYPES = ("drain", "exec", "webhook", "health", "alertmanager")
+BUILTIN_TYPES = ("drain", "exec", "webhook", "health", "alertmanager", "pacemaker")
 
 
 def _builtin(name: str) -> type[Handler] | None:
@@ -46,6 +46,9 @@ def _builtin(name: str) -> type[Handler] | None:
     if name == "alertmanager":
         from agent.handlers.alertmanager import AlertmanagerHandler
         return AlertmanagerHandler
+    if name == "pacemaker":
+        from agent.handlers.pacemaker import PacemakerHandler
+        return PacemakerHandler
     return None
 
 
@@ -91,7 +94,7 @@ def available() -> dict[str, type[Handler]]:
 @dataclasses.dataclass(frozen=True)
 class CommonKeys:
     name: str = opt(text(r"^[A-Za-z0-9_.-]{1,64}$", "letters, digits, _ . - (up to 64)"), doc="unique handler name")
-    type: str = opt(text(), doc="handler type (drain, exec, webhook, health, alertmanager, or a plugin)")
+    type: str = opt(text(), doc="handler type (drain, exec, webhook, health, alertmanager, pacemaker, or a plugin)")
     phases: tuple[str, ...] = opt(list_of(choice(*PHASES), min_len=1, unique=True), doc="phases it runs in")
     event_types: tuple[str, ...] = opt(list_of(text(), unique=True), (), "only these EventTypes (default all)")
     event_sources: tuple[str, ...] = opt(list_of(choice("Platform", "User"), unique=True), (),

@@ -2,7 +2,7 @@
 
 Everything here runs on HTTP server threads. It reads what the loop publishes (an immutable
 `LoopView`, replaced each tick) and the thread-safe parts it is given (state store, health store,
-rotation, runner, coordinator), and records an operator's wish (drain, manual approval) for the
+rotation, readiness, coordinator), and records an operator's wish (drain, manual approval) for the
 loop to act on. It never sees the loop itself.
 """
 
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 from agent import __version__
 from agent.clock import Clock
 from agent.config.config import Config
+from agent.coordination import backend_registry
 from agent.coordination.backend import BackendStatus, CoordinationView, FleetEvent
 from agent.coordination.coordinator import Coordinator
 from agent.handlers.base import NOTE_PREFIX
@@ -29,9 +30,9 @@ from agent.model.events import SCHEDULED, EventJson
 from agent.model.timefmt import iso_z, iso_z_or_none, since_instant
 from agent.model.tracker import Tracked, VanishOutcome
 from agent.policy.approval_policy import DEFAULT_PROFILE, Profile
-from agent.prepare.handler_runner import Runner
 from agent.prepare.preparation import Preparation
 from agent.prepare.prepare_plan import PlanView
+from agent.prepare.readiness import Readiness
 from agent.state.state_file import HistoryEntry
 from agent.state.state_store import Store
 from agent.telemetry import logs
@@ -110,6 +111,13 @@ class StatusAnswer(BackendStatus):
     profile_next_change: str | None
     restart_needed: list[str]
     notes: dict[str, str]
+    cluster: dict[str, str]
+    """This node in its HA cluster, by the `pacemaker` handlers' health reports: `<handler>/node` (online, standby,
+    the resources on it), `<handler>/hold`, `<handler>/event` -> "State: description"; empty without one."""
+
+
+CLUSTER_SOURCE = "pacemaker"
+"""The SourceId the `pacemaker` handler reports under (`agent.handlers.pacemaker.SOURCE`)."""
 
 
 class EventDetail(EventJson, CoordinationView):
@@ -188,7 +196,8 @@ class LocalApi:
     """Implements `server.Backend` over the parts it reads."""
 
     def __init__(self, view: Callable[[], LoopView], *, store: Store, health: HealthStore, rotation: Rotation,
-                 runner: Runner, coordinator: Coordinator, preparation: Preparation, metrics: Metrics, clock: Clock,
+                 readiness: Readiness, coordinator: Coordinator, preparation: Preparation, metrics: Metrics,
+                 clock: Clock,
                  peer_token: Callable[[], str | None], history: FleetHistory | None = None,
                  history_group: Callable[[], str],
                  budget_wake: Callable[[Any], WakeAnswer] | None = None) -> None:
@@ -196,7 +205,7 @@ class LocalApi:
         self.store = store
         self.health_store = health
         self.rotation = rotation
-        self.runner = runner
+        self.readiness = readiness
         self.coordinator = coordinator
         self.preparation = preparation
         self.metrics = metrics
@@ -244,13 +253,15 @@ class LocalApi:
             "events": len(lv.tracked),
             "events_naming_this_vm": sum(1 for t in lv.tracked.values() if t.names_self),
             "not_ready": {eid: why for eid, t in lv.tracked.items()
-                          if t.names_self and t.event.status == SCHEDULED and (why := self.runner.not_ready(t))},
+                          if t.names_self and t.event.status == SCHEDULED and (why := self.readiness.not_ready(t))},
             "state": {"dir": str(self.store.dir), "unsaved_changes": self.store.dirty,
                       "write_error": self.store.write_error},
             "profile": lv.profile.name, "profile_approval": lv.profile.approval,
             "profile_next_change": iso_z_or_none(nxt),
             "restart_needed": list(lv.restart_needed),
             "notes": self._notes(lv.tracked),
+            "cluster": {e.report.property: f"{e.report.state.label}: {e.report.description}"
+                        for e in self.health_store.snapshot() if e.report.source_id == CLUSTER_SOURCE},
             **self.coordinator.status(lv.tracked, lv.vm_name),
         }
 
@@ -270,7 +281,7 @@ class LocalApi:
         mine = {eid: t for eid, t in lv.tracked.items() if t.names_self}
         budget = self.coordinator.budget
         view: FleetView = {"vm_name": lv.vm_name, "backend": lv.config.coordination.backend,
-                           "events": self.coordinator.fleet(mine, lv.vm_name, self.runner.is_ready)}
+                           "events": self.coordinator.fleet(mine, lv.vm_name, self.readiness.is_ready)}
         if budget is not None:
             view["budget"] = budget.snapshot
         return view
@@ -278,23 +289,25 @@ class LocalApi:
     def fleet_history(self, since: str | None) -> FleetHistoryAnswer:
         """The group's past events from the store (`maintd fleet --history`); 409 on the peer backend."""
         if self.history is None:
-            raise ApiError(409, "fleet history needs the store backend (coordination.backend: azure_blob); "
+            raise ApiError(409, "fleet history needs the store backend (coordination.backend: "
+                                f"{' or '.join(backend_registry.shared_store_names())}); "
                                 "`maintd events --history` shows this VM's own past events from its audit journal")
         now = self.clock.now()
         try:
             start = since_instant(since or HISTORY_SINCE, now)
         except ValueError as exc:
             raise ApiError(400, f"since: {exc}") from None
-        from agent.coordination.store.store_protocol import StoreError
+        from agent.fleet.fleet_history import HistoryUnreadable
 
         try:
-            return {"backend": "azure_blob", **self.history.read(self.history_group(), start, now)}
-        except StoreError as exc:
+            return {"backend": self.view().config.coordination.backend,
+                    **self.history.read(self.history_group(), start, now)}
+        except HistoryUnreadable as exc:
             raise ApiError(503, f"the store did not answer: {exc}") from None
 
     def _ready(self, tracked: Tracked | None) -> bool:
         """Whether this VM has finished preparing for the event (every scheduled handler settled)."""
-        return tracked is not None and tracked.event.status == SCHEDULED and self.runner.is_ready(tracked)
+        return tracked is not None and tracked.event.status == SCHEDULED and self.readiness.is_ready(tracked)
 
     def event(self, event_id: str) -> EventDetail | None:
         lv = self.view()
@@ -320,7 +333,7 @@ class LocalApi:
             "rank": rank,
             "first_seen": first_seen,
             "ready": self._ready(tracked),
-            "not_ready": (self.runner.not_ready(tracked)
+            "not_ready": (self.readiness.not_ready(tracked)
                           if tracked is not None and tracked.event.status == SCHEDULED else []),
             "results": self.store.results(event_id),
             "history": record.get("history", []) if record is not None else [],
@@ -373,9 +386,10 @@ class LocalApi:
         return {"event_id": event_id, "asked_again": self.coordinator.hint(event_id, vm)}
 
     def budget_wake(self, body: Any) -> WakeAnswer:
-        """A wake hint of the disruption budget (`store/budget.Budget.wake`); 409 when this VM has no budget."""
+        """A wake hint of the disruption budget (`fleet/budget.Budget.wake`); 409 when this VM has no budget."""
         if self._budget_wake is None:
-            raise ApiError(409, "no disruption budget here (coordination.budget with backend azure_blob)")
+            raise ApiError(409, "no disruption budget here (coordination.budget with backend "
+                                f"{' or '.join(backend_registry.shared_store_names())})")
         try:
             return self._budget_wake(body)
         except ValueError as exc:

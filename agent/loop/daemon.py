@@ -5,13 +5,15 @@ The loop polls once per `imds.poll_interval` (deadline += interval, so 3600 poll
 worker threads, record in the state store and hand their word to the loop's `Inbox` (a queue and a
 wake; nothing of the loop's is read on their threads). Each pass takes the inbox, polls if due, and
 hands one frozen `Tick` (the pass's clock reading, the events, this VM, the profile in force, the
-pending handlers) down to the coordinator and the preparation. The IMDS request runs on the loop's own
-thread with one deadline for the whole exchange (a stop interrupts it at once); only IMDS's slow
-first answer, longer than a watchdog interval, waits on a thread of its own while the loop keeps
-pinging the systemd watchdog. Signal handlers only record (`Control`: flags that take no lock, and
-every signal wakes the loop's sleep through its self-pipe); the loop acts on them on its next wake.
+pending handlers) down to the coordinator and the preparation. The poll is `poller.py`'s: the IMDS
+request runs on the loop's own thread with one deadline for the whole exchange (a stop interrupts it
+at once); only IMDS's slow first answer, longer than a watchdog interval, waits on a thread of its
+own while the loop keeps pinging the systemd watchdog. Signal handlers only record (`Control`: flags
+that take no lock, and every signal wakes the loop's sleep through its self-pipe); the loop acts on
+them on its next wake.
 
-The parts are built in `wiring.py`; what the loop reports (logs, metrics, health) is worded in
+The parts are built in `wiring.py`; the pass's budget and fleet steps are `fleet_pass.py`'s, the identity
+lookup's thread `identity_lookup.py`'s; what the loop reports (logs, metrics, health) is worded in
 `report.py`; what the HTTP API shows is read from the `LoopView` the loop publishes each tick.
 """
 
@@ -31,8 +33,8 @@ from agent.health.tcp_probe import TcpProbe
 from agent.http.routes import ApiServer
 from agent.imds.imds_client import PollResult
 from agent.loop.api import LoopView
-from agent.loop.cadence import Cadence
 from agent.loop.inbox import Inbox, Taken
+from agent.loop.poller import Poller
 from agent.loop.report import Reporter
 from agent.loop.tick import Tick
 from agent.loop.wiring import STOP_DRAIN, Parts, serve
@@ -41,7 +43,7 @@ from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.tracker import Tracked, Transition, diff
 from agent.policy.approval_policy import Profile, in_force
 from agent.state.state_file import LoadReport
-from agent.systemd import Notifier, call_pinging
+from agent.systemd import Notifier
 from agent.telemetry import logs
 from agent.telemetry.metrics import Metrics
 
@@ -98,9 +100,17 @@ class Daemon:
         self.parts = Parts(config, clock, self.inbox, metrics=metrics, boot_id=boot_id, notifier=notifier)
         p = self.parts
         self.config_path = config_path
-        self.clock, self.metrics, self.notifier = clock, p.metrics, p.notifier
-        self.store, self.health, self.rotation = p.store, p.health, p.rotation
-        self.runner, self.coordinator, self.rules, self.preparation = p.runner, p.coordinator, p.rules, p.preparation
+        self.clock = clock
+        self.metrics = p.metrics
+        self.notifier = p.notifier
+        self.store = p.store
+        self.health = p.health
+        self.rotation = p.rotation
+        self.runner = p.runner
+        self.readiness = p.readiness
+        self.coordinator = p.coordinator
+        self.rules = p.rules
+        self.preparation = p.preparation
         self.report = Reporter(p.metrics, p.health, clock)
         self.log = logs.get("daemon")
         self.server: ApiServer | None = None
@@ -109,7 +119,9 @@ class Daemon:
         self.vm_name: str | None = p.vm_name
         self.tracked: dict[str, Tracked] = {}
         self.document: Document | None = None
-        self.cadence = Cadence(next_poll=clock.monotonic(), started_at=clock.monotonic())
+        self.poller = Poller(p, clock, p.notifier, self.report, alive=self._alive,
+                             identity_known=self._identity_changed)
+        self.cadence = self.poller.cadence
         self.last_tick = clock.monotonic()
         self._pruned_at = float("-inf")
         self._resume_pending = False  # `start` sets it: work resumes at the first successful poll
@@ -154,14 +166,14 @@ class Daemon:
                       endpoint=self.config.imds.endpoint, dry_run=self.config.dry_run, boot_id=self.boot_id)
         self.health.set("imds", "poll", HealthState.OK, "starting: no poll yet")
         if self.vm_name is None:
-            self.parts.look_up_identity(attempts=5)  # off the loop: the first polls wait for it, the loop goes on
+            self.parts.identity_lookup.start(attempts=5)  # off the loop: the first polls wait for it, the loop goes on
         self._resume_pending = True  # from the first successful poll, with the events as IMDS shows them then
         self.rules.start()
         self._publish()
 
     def resolve_identity(self, attempts: int) -> None:
         """Learn this VM's name from IMDS now, on this thread (`maintd run --once`; the loop never does)."""
-        identity = self.parts.ask_identity(attempts, self.control.stop)
+        identity = self.parts.identity_lookup.ask(attempts, self.control.stop)
         if identity is not None:
             self.parts.use_identity(identity)
         self._identity_changed()
@@ -191,22 +203,22 @@ class Daemon:
         and hand it down (coordinator, preparation), flush pending state."""
         began = self.clock.monotonic()
         self.last_tick = began
-        self.parts.look_at_budget(self.tracked)  # B2: a lost place is lost before anything acts on it
+        self.parts.fleet_pass.look_at_budget(self.tracked)  # B2: a lost place is lost before anything acts on it
         if self.control.reload.is_set():
             self.control.reload.clear()
             self.reload()
         taken = self._take_inbox()
-        due = began >= self.cadence.next_poll
-        polled = self._poll(began) if due else None
+        due = self.poller.due(began)
+        polled = self.poller.poll(began, named=self.vm_name is not None) if due else None
         now = self.clock.now()
         profile = self._update_profile(now)
         transitions = [] if polled is None else self._poll_succeeded(polled, now)
-        tick = Tick.of(self.tracked, self.vm_name, profile, self.config.dry_run, self.runner.pending, now=now,
+        tick = Tick.of(self.tracked, self.vm_name, profile, self.config.dry_run, self.readiness.pending, now=now,
                        monotonic=self.clock.monotonic(), identity=self.parts.identity)
         if polled is not None or (not due and self._coordination_wanted(taken, tick)):
             self.coordinator.tick(tick)  # right after a successful poll, or a VM just became ready: never stale
-        self.preparation.tick(tick, self.parts.leave_gate(tick))
-        self.parts.record_ended(self.vm_name)
+        self.preparation.tick(tick, self.parts.fleet_pass.leave_gate(tick))
+        self.parts.fleet_pass.record_ended(self.vm_name)
         self._prune_state(began)
         self.report.state_write_status(self.store)
         c = self.cadence
@@ -230,42 +242,6 @@ class Daemon:
             return False
         return taken.changed or any(f.phase == PHASE_SCHEDULED and tick.ready(f.event_id) for f in taken.finished)
 
-    def _poll(self, now: float) -> PollResult | None:
-        """The poll, once this VM's name is known: IMDS's answer, or None (no name yet, or failed: backing off)."""
-        interval, backoff = self.config.imds.poll_interval, self.config.imds.max_backoff
-        if self.vm_name is None and not self._identity_arrived(now):
-            return None
-        try:
-            result = self._fetch()
-        except ImdsError as exc:
-            self.cadence.failed(self.clock.monotonic(), interval, backoff, exc.retry_after)
-            self.report.poll_failed(exc, self.cadence.failures)
-            return None
-        self.cadence.succeeded(self.clock.monotonic(), interval)
-        self.report.poll_succeeded()
-        return result
-
-    def _identity_arrived(self, now: float) -> bool:
-        """Take the identity a lookup found off the loop; while none has, the poll waits (a failed lookup backs
-        off like a failed poll, then another starts)."""
-        taken = self.parts.take_identity()
-        if taken:
-            self._identity_changed()
-            return True
-        if taken is False:
-            self.cadence.failed(now, self.config.imds.poll_interval, self.config.imds.max_backoff)
-        else:
-            self.parts.look_up_identity(attempts=1)
-            self.cadence.next_poll = now + self.config.imds.poll_interval
-        return False
-
-    def _fetch(self) -> PollResult:
-        """The GET on the loop's own thread (its deadline bounds it, a stop interrupts it); only IMDS's
-        slow first answer waits on a thread of its own while the loop keeps pinging the watchdog."""
-        imds = self.parts.imds
-        return call_pinging(imds.get_document, self.notifier, self.clock.monotonic, imds.next_timeout,
-                            self._alive)
-
     def _alive(self) -> None:
         self.last_tick = self.clock.monotonic()
         self._publish()
@@ -283,7 +259,7 @@ class Daemon:
     def dry_poll(self) -> tuple[Document, list[Transition]]:
         """One poll diffed against the saved state, acting on nothing (`maintd run --once`)."""
         assert self.vm_name is not None
-        document = self._fetch().document
+        document = self.poller.fetch().document
         if document is None:
             raise ImdsError("IMDS answered 304 Not Modified to a first request")
         _, transitions = diff(self.store.tracked(), document, vm_name=self.vm_name, boot_id=self.boot_id,
@@ -309,7 +285,8 @@ class Daemon:
         profile, selection = in_force(self.config.profiles, now)
         previous = self.profile
         self.report.profile(profile, previous, self.config.profiles)
-        self.profile, self.profile_next_change = profile, selection.next_change
+        self.profile = profile
+        self.profile_next_change = selection.next_change
         if profile != previous:
             self.parts.publish_settings(profile)
         return profile

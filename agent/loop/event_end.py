@@ -24,7 +24,7 @@ from agent.model.approval import APPROVAL_KEY, SENT, approved_by, has_status
 from agent.model.events import STARTED, parse_event
 from agent.model.outcomes import PHASE_SCHEDULED
 from agent.model.timefmt import optional_iso
-from agent.prepare.handler_runner import Runner
+from agent.prepare.readiness import Readiness
 from agent.prepare.run_records import RunKey
 from agent.state.state_file import EventRecord
 from agent.state.state_store import Store
@@ -74,7 +74,7 @@ def outcome_for(vm: str, record: EventRecord, results: dict[str, dict[str, Any]]
                      chosen=chosen, ended_at=ended, day=(not_before or first_seen).date())
 
 
-def fleet_history(blobs: Callable[[], BlobStore] | None, store: Store, runner: Runner, clock: Clock,
+def fleet_history(blobs: Callable[[], BlobStore] | None, store: Store, readiness: Readiness, clock: Clock,
                   count_error: Callable[[], None], group: Callable[[], str],
                   budget: Budget | None) -> tuple[FleetHistory | None, EventEnds | None]:
     """The fleet history's lane and the loop's part that feeds it, on the store backend (`blobs`); none otherwise."""
@@ -84,17 +84,17 @@ def fleet_history(blobs: Callable[[], BlobStore] | None, store: Store, runner: R
 
     history = FleetHistory(blobs, lambda eid, value, wait: store.record(eid, HISTORY_KEY, value, wait=wait), clock,
                            count_error)
-    return history, EventEnds(store, runner, history, clock, group,
+    return history, EventEnds(store, readiness, history, clock, group,
                               **({"chosen": budget.reason_for} if budget is not None else {}))
 
 
 class EventEnds:
     """The loop's part: finds the events that ended for this VM and hands each outcome to the history lane once."""
 
-    def __init__(self, store: Store, runner: Runner, history: FleetHistory, clock: Clock,
+    def __init__(self, store: Store, readiness: Readiness, history: FleetHistory, clock: Clock,
                  group: Callable[[], str], chosen: Callable[[str], str | None] = lambda _: None) -> None:
         self.store = store
-        self.runner = runner
+        self.readiness = readiness
         self.history = history
         self.clock = clock
         self.group = group
@@ -137,9 +137,9 @@ class EventEnds:
         if attempt is None:
             return
         event = parse_event(rec["event"])
-        if not self.runner.finished(event, True):
+        if not self.readiness.finished(event, True):
             return
-        outcome = outcome_for(vm_name, rec, self.store.results(eid), self.runner.prepared(event, True),
+        outcome = outcome_for(vm_name, rec, self.store.results(eid), self.readiness.prepared(event, True),
                               self.chosen(eid))
         self._sent[eid] = attempt
         self.history.write(self.group(), outcome, attempt)

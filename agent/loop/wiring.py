@@ -8,9 +8,7 @@ kept and named), `serve` starts the HTTP server (and the TCP probe) over the API
 
 from __future__ import annotations
 
-import concurrent.futures
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import fields, replace
 from functools import reduce
 from pathlib import Path
@@ -19,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 from agent.clock import Clock, Waitable
 from agent.config import config as config_mod
 from agent.config.config import Config, ServerConfig
+from agent.coordination import backend_registry
+from agent.coordination.backend import Backend, BackendParts, Carrier
 from agent.coordination.coordinator import Coordinator
-from agent.errors import ConfigError, ImdsError, kept_in_memory
+from agent.errors import ConfigError, kept_in_memory
 from agent.handlers.base import Result, Services
 from agent.handlers.registry import instantiate
 from agent.handlers.spec import Settings
@@ -30,31 +30,25 @@ from agent.health.rotation import Rotation
 from agent.health.sampling import RuleEngine
 from agent.health.tcp_probe import TcpProbe
 from agent.http.routes import ApiServer
-from agent.imds.imds_client import ImdsClient, is_transient
+from agent.imds.imds_client import ImdsClient
 from agent.loop.api import LocalApi, LoopView
 from agent.loop.event_end import fleet_history
+from agent.loop.fleet_pass import FleetPass, history_group, lead_seconds, preparation_needs
+from agent.loop.identity_lookup import IdentityLookup
 from agent.loop.inbox import Inbox
-from agent.loop.tick import Tick
-from agent.model.approval import acts_now
-from agent.model.budget_gate import NO_BUDGET, LeaveGate
-from agent.model.events import SCHEDULED
 from agent.model.identity import Identity
-from agent.model.outcomes import PHASE_SCHEDULED
-from agent.model.tracker import Tracked
-from agent.policy.approval_policy import NOW, Profile
+from agent.policy.approval_policy import Profile
 from agent.prepare.handler_runner import Runner
 from agent.prepare.keeper import Keeper
 from agent.prepare.preparation import Preparation
-from agent.prepare.run_order import phase_time
-from agent.retry import retrying as retrying_on
+from agent.prepare.readiness import Readiness
 from agent.state.state_store import Store
 from agent.systemd import Notifier, system_is_stopping
 from agent.telemetry import logs
 from agent.telemetry.metrics import Metrics
 from agent.trust.secretfile import SecretFiles
 
-if TYPE_CHECKING:  # the store backend's parts load only when the config chooses it (decision 0220)
-    from agent.coordination.store.store_backend import StoreBackend
+if TYPE_CHECKING:  # the budget's parts load only when the config asks for one (decision 0220)
     from agent.fleet.budget import Budget
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -62,7 +56,7 @@ STOP_DRAIN = "stop"
 """The rotation drain key maintd holds while it stops (removed when it starts again)."""
 RESTART_KEYS: tuple[str, ...] = (
     "state.dir", *(f"server.{f.name}" for f in fields(ServerConfig)), "probe.path", "probe.mode", "probe.listen",
-    "coordination.max_concurrency", "coordination.backend", "coordination.azure_blob", "coordination.budget")
+    "coordination.max_concurrency", "coordination.backend", *backend_registry.sections(), "coordination.budget")
 """Keys a reload cannot apply to a running daemon (the listening sockets, the route table, the state dir,
 the peer pools' size, the coordination backend — two protocols must never meet within one event): they
 keep their running values until a restart. Every other key is applied by `Parts.reconfigure`
@@ -136,9 +130,11 @@ class Parts:
                                  health=self.health)
         self.runner = Runner(instantiate(config.handlers, self.services), self.services, dry_run=config.dry_run,
                              on_result=self._handler_finished)
+        self.readiness = Readiness.of(self.runner)
         self.keeper = Keeper(lambda: self.runner.handlers, clock)
-        backend = self._store_backend()
-        self.budget = make_budget(self, backend)
+        backend = self._backend()
+        carrier = backend.carrier()
+        self.budget = make_budget(self, carrier)
         if self.budget is not None and self.vm_name is not None:  # named in the config: no IMDS topology
             self.budget.identify(self.vm_name, "", "", "")
         self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
@@ -151,70 +147,29 @@ class Parts:
             warning_as_error=config.health.consider_warning_as_error, health=self.health,
             backend=backend, budget=self.budget)
         self.history, self.event_ends = fleet_history(
-            None if backend is None else backend.exchange.store, self.store, self.runner, clock,
+            None if carrier is None else carrier.store, self.store, self.readiness, clock,
             self.metrics.lane_errors.labels("history").inc, self.history_group, self.budget)
+        self.fleet_pass = FleetPass(self.budget, self.event_ends, self.preparation, self.rotation, self.store,
+                                    clock)
         self.rules = RuleEngine(config.health_rules, self.health, clock, self.metrics)
-        self._stopping = threading.Event()  # cuts an identity lookup's retries short at stop
-        self._lookup: concurrent.futures.Future[Identity | None] | None = None
+        self.identity_lookup = IdentityLookup(clock, self.health, lambda: self.imds.compute_identity(),
+                                              lambda: self.config.imds.max_backoff)
         self.restart_needed: tuple[str, ...] = ()
 
-    def _store_backend(self) -> StoreBackend | None:
-        """The blob store backend, when the config chooses it (the peers otherwise; never both in one run)."""
-        c = self.config.coordination
-        if c.backend != "azure_blob" or c.azure_blob is None:
-            return None
-        from agent.coordination.store.store_backend import StoreBackend  # the peers backend never loads it
-
-        return StoreBackend(c.azure_blob,
-                            token=lambda resource, client_id: self.imds.identity_token(resource, client_id),
-                            clock=self.clock, metrics=self.metrics, health=self.health, secret=self.secrets.read,
-                            on_change=self.inbox.coordination_changed,
-                            takeover_after=lambda: self.config.coordination.takeover_after,
-                            local_health=self.health_json,
-                            warning_as_error=lambda: self.config.health.consider_warning_as_error)
-
-    def lead_seconds(self) -> float:
-        lead = self.config.prepare.lead_time
-        return 0.0 if lead == NOW else float(lead)
-
-    def look_at_budget(self, tracked: Mapping[str, Tracked]) -> None:
-        """B2, first in every loop pass: a place whose lease ended is lost before anything acts on it."""
-        if self.budget is not None:
-            self.preparation.revoke(self.budget.look(), tracked, self.clock.now())
-
-    def leave_gate(self, tick: Tick) -> LeaveGate:
-        """The disruption budget's word to preparation (the loop's thread): which due events may leave rotation.
-        This VM is out while drained, or while an event naming it is prepared or Started."""
-        if self.budget is None:
-            return NO_BUDGET
-        from agent.fleet.budget import Want
-        wants = [Want(e.event_id, e.event_type, e.not_before) for e in self.preparation.wanting(tick.now)]
-        started = [Want(eid, t.event.event_type, t.event.not_before, acts_now(t.event.status, self.store.results(eid)))
-                   for eid, t in tick.tracked.items() if t.names_self and self.preparation.started(eid)]
-        out = bool(self.rotation.drains() or started) or any(
-            t.names_self and t.event.status != SCHEDULED for t in tick.tracked.values())
-        gate = self.budget.tick(wants, out, started)
-        self.budget.publish()
-        return gate
-
-    def preparation_needs(self) -> float:
-        """What this VM's preparation needs before NotBefore: its drain wait plus its hooks' timeouts (a non-holding
-        one's first try only: the rest of its run goes on in the background)."""
-        return self.services.settings.drain_wait + sum(phase_time(h) for h in self.config.handlers
-                                                       if PHASE_SCHEDULED in h.phases and h.type != "drain")
-
-    def record_ended(self, vm_name: str | None) -> None:
-        """The loop's tick: each event that ended for this VM goes to the fleet history once (store backend)."""
-        if self.event_ends is not None:
-            self.event_ends.tick(vm_name)
+    def _backend(self) -> Backend:
+        """The coordination backend the config chooses (`backend_registry`; only its code loads), from the parts
+        any backend may need."""
+        return backend_registry.build(BackendParts(
+            lambda: self.config.coordination, self.clock, self.metrics, self.health,
+            on_change=self.inbox.coordination_changed, poll_interval=lambda: self.config.imds.poll_interval,
+            token_reader=self.peer_token, identity=lambda: self.coordinator.identity, local_health=self.health_json,
+            warning_as_error=lambda: self.config.health.consider_warning_as_error,
+            identity_token=lambda resource, client_id: self.imds.identity_token(resource, client_id),
+            secret=self.secrets.read))
 
     def history_group(self) -> str:
-        """The fleet history's group: the budget's (`coordination.budget.group`, else its scale set), else this
-        VM's scale set (learnt from IMDS), else `_`."""
-        identity = self.identity
-        budget_group = self.budget.group if self.budget is not None else None
-        from agent.fleet.history_protocol import group_name
-        return group_name(budget_group, identity.scale_set if identity is not None else None)
+        """The fleet history's group (read by the history and the API on each use)."""
+        return history_group(self.budget, self.identity)
 
     def _handler_finished(self, event_id: str, handler: str, phase: str, result: Result) -> None:
         """On the handler's thread: the result to the loop's inbox (no loop state read), the keeper's wake."""
@@ -254,7 +209,8 @@ class Parts:
         new = with_values_of(old, new, RESTART_KEYS)
         logs.configure(new.log.format, new.log.level)
         self.store.retention = new.state.retention
-        self.store.journal_max_bytes, self.store.journal_keep = new.state.journal_max_bytes, new.state.journal_keep
+        self.store.journal_max_bytes = new.state.journal_max_bytes
+        self.store.journal_keep = new.state.journal_keep
         self.rotation.configure(new.probe.fail_on, new.health.consider_warning_as_error)
         if new.imds != old.imds:
             self.imds.close()  # its kept poll socket: the new client opens its own
@@ -262,7 +218,7 @@ class Parts:
         if new.identity != old.identity:  # as a fresh start with the new config: a name, or a lookup
             self.vm_name = None if new.identity.name == "auto" else new.identity.name
             self.identity = None
-            self._lookup = None  # a lookup under way answers for the old config: its result is dropped
+            self.identity_lookup.drop()  # a lookup under way answers for the old config: its result is dropped
         if new.handlers != old.handlers:
             self.runner.handlers = instantiate(new.handlers, self.services)
             for h in self.runner.handlers:
@@ -279,51 +235,19 @@ class Parts:
         self.config = new
         return new
 
-    def ask_identity(self, attempts: int, cancel: Waitable) -> Identity | None:
-        """Ask IMDS for this VM's compute identity (tenacity on the injected clock); None, reported, when IMDS
-        cannot tell. Takes up to `attempts` compute calls of up to 10 s: never on the loop's thread."""
-        retrying = retrying_on(self.clock, retry_if=is_transient, attempts=attempts, cancel=cancel,
-                               maximum=min(10.0, self.config.imds.max_backoff))
-        log = logs.get("daemon")
-        try:
-            identity: Identity = retrying(self.imds.compute_identity)
-        except ImdsError as exc:
-            log.error("identity.failed", error=str(exc), body=exc.body[:200] or None,
-                      hint="set identity.name in the config if IMDS compute metadata is not available")
-            self.health.set("imds", "identity", HealthState.ERROR, f"cannot learn this VM's name from IMDS: {exc}")
-            return None
-        log.info("identity.resolved", vm_name=identity.name, computer_name=identity.computer_name or None,
-                 scale_set=identity.scale_set or None)
-        self.health.set("imds", "identity", HealthState.OK, f"this VM is {identity.name}")
-        return identity
-
     def use_identity(self, identity: Identity) -> None:
         """This VM is `identity`: its name for the loop, computer name and scale set for addressing peers."""
-        self.vm_name, self.identity = identity.name, identity
+        self.vm_name = identity.name
+        self.identity = identity
         if self.budget is not None:
             self.budget.identify(identity.name, identity.zone, identity.fault_domain, identity.scale_set)
-
-    def look_up_identity(self, attempts: int) -> None:
-        """Start asking IMDS for this VM's identity on a thread of its own, unless a lookup runs already
-        (a daemon thread: a compute call under way never holds up the exit)."""
-        if self._lookup is None:
-            self._lookup = concurrent.futures.Future()
-            threading.Thread(target=self._look_up, args=(self._lookup, attempts), name="identity", daemon=True).start()
-
-    def _look_up(self, lookup: concurrent.futures.Future[Identity | None], attempts: int) -> None:
-        try:
-            lookup.set_result(self.ask_identity(attempts, self._stopping))
-        finally:
-            if not lookup.done():  # a bug in the lookup (logged by the thread's excepthook): the loop asks again
-                lookup.set_result(None)
 
     def take_identity(self) -> bool | None:
         """On the loop: apply a finished lookup; True when this VM's name is known now, False when IMDS could
         not tell (ask again later), None while no lookup has finished."""
-        lookup = self._lookup
-        if lookup is None or not lookup.done():
+        lookup = self.identity_lookup.take()
+        if lookup is None:
             return None
-        self._lookup = None
         identity = lookup.result()
         if identity is not None and self.config.identity.name == "auto":  # not overtaken by a reload naming the VM
             self.use_identity(identity)
@@ -360,7 +284,7 @@ class Parts:
 
     def stop(self, handler_grace: float) -> None:
         """Let handlers finish for `handler_grace` seconds, stop the workers, write the state a last time."""
-        self._stopping.set()
+        self.identity_lookup.stop()
         self.runner.stop(handler_grace)
         self.keeper.stop()
         self.rules.stop()
@@ -373,29 +297,31 @@ class Parts:
             self.store.flush()
 
 
-def make_budget(parts: Parts, backend: StoreBackend | None) -> Budget | None:
-    """The disruption budget, when the config asks for one (the store backend only: refused otherwise)."""
+def make_budget(parts: Parts, carrier: Carrier | None) -> Budget | None:
+    """The disruption budget, when the config asks for one (on a backend with a shared store only: refused
+    otherwise)."""
     c = parts.config.coordination
-    if backend is None or c.budget is None:
+    if carrier is None or c.budget is None:
         return None
-    from agent.coordination.peers.peer_addressing import member_url
+    from agent.coordination.member_urls import member_url
     from agent.fleet.budget import Budget
     from agent.fleet.budget_wake import WakeSender, advertised, primary_ip
 
     states = {"ok": HealthState.OK, "warning": HealthState.WARNING}
-    return Budget(c.budget, store=backend.exchange.store, describe=backend.config.describe, clock=parts.clock,
+    return Budget(c.budget, store=carrier.store, describe=carrier.describe, clock=parts.clock,
                   on_change=parts.inbox.coordination_changed, metrics=parts.metrics,
                   health=lambda prop, state, text: parts.health.set("coordination", prop, states[state], text),
-                  needs=parts.preparation_needs, lead_time=parts.lead_seconds,
+                  needs=lambda: preparation_needs(parts.services.settings, parts.config.handlers),
+                  lead_time=lambda: lead_seconds(parts.config.prepare.lead_time),
                   wake_sender=None if (wake := c.budget.wake_url) is None else WakeSender(  # B5: hints by name
                       parts.peer_token, parts.metrics, lambda name: member_url(wake, name, parts.identity)),
                   url=advertised(c.budget.advertise, parts.config.server.listen, primary_ip),
-                  answers=backend.exchange.answers)
+                  answers=carrier.answers)
 
 
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:
     """The API facade over the parts it reads and the loop's published view."""
-    return LocalApi(view, store=parts.store, health=parts.health, rotation=parts.rotation, runner=parts.runner,
+    return LocalApi(view, store=parts.store, health=parts.health, rotation=parts.rotation, readiness=parts.readiness,
                     coordinator=parts.coordinator, preparation=parts.preparation, metrics=parts.metrics,
                     clock=parts.clock, peer_token=parts.peer_token, history=parts.history,
                     history_group=parts.history_group,

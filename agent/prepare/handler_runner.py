@@ -16,6 +16,7 @@ NotBefore minus `DEADLINE_MARGIN`; one that cannot start in time is recorded `sk
 A phase waits for a holding handler's whole run, for a non-holding one's first try only: past it the
 run goes on in the background (`background_runs`), recorded `running` with `background: true`, and
 the phase goes on; a `before_drain` handler runs right before the drain (`run_order`, decision 0236).
+What the records say of an event (ready, why not, its work done) is read by `readiness.py`.
 """
 
 from __future__ import annotations
@@ -50,12 +51,10 @@ from agent.prepare.run_records import (
     RunKey,
     RunRecord,
     attempt_of,
-    blocks,
     finished_record,
     interrupted_verdict,
     round_of,
     run_result,
-    why_not_ready,
 )
 from agent.telemetry import logs
 
@@ -237,7 +236,7 @@ class Runner:
         base = max(spec.timeout, handler.minimum_timeout(settings))
         allowed = budget(base, phase, event.not_before, now)
         fields = {"event_id": event.event_id, "event_type": event.event_type, "handler": spec.name, "phase": phase}
-        if (short := short_budget(allowed, base)) is not None:
+        if (short := short_budget(allowed, handler.wanted_timeout(settings, base))) is not None:
             self.metrics.deadline_short.inc()
             self.log.warning("deadline.short", **fields, **short)
         if allowed <= 0:
@@ -305,44 +304,7 @@ class Runner:
         with kept_in_memory():
             self.store.record(event_id, key, value, journal=journal)
 
-    # --- readiness and lifecycle ----------------------------------------------------------
-
-    def _blocking(self, event: Event, names_self: bool) -> list[tuple[Handler, dict[str, Any] | None]]:
-        if self.dry_run:
-            return []
-        out, rnd = [], round_of(self.store.results(event.event_id))
-        for handler in self.selected(PHASE_SCHEDULED, event, names_self):
-            rec = self.store.result(event.event_id, str(RunKey(handler.spec.name, PHASE_SCHEDULED, rnd)))
-            if blocks(rec, handler.spec.on_failure):
-                out.append((handler, rec))
-        return out
-
-    def pending(self, t: Tracked) -> list[str]:
-        """Scheduled-phase handlers that keep the VM from being ready for this event."""
-        return [h.spec.name for h, _ in self._blocking(t.event, t.names_self)]
-
-    def not_ready(self, t: Tracked) -> list[str]:
-        """Why the VM is not ready for this event, one sentence per handler, saying what to do."""
-        return [why_not_ready(h.spec.name, rec, h.spec.max_attempts, t.event.event_id)
-                for h, rec in self._blocking(t.event, t.names_self)]
-
-    def is_ready(self, t: Tracked) -> bool:
-        """Every scheduled handler finished ok (or failed under on_failure: continue)."""
-        return not self.pending(t)
-
-    def prepared(self, event: Event, names_self: bool) -> bool:
-        """Whether this VM got ready for the event (every scheduled handler settled; also once it has gone)."""
-        return not self._blocking(event, names_self)
-
-    def finished(self, event: Event, names_self: bool) -> bool:
-        """Whether a gone event's work is all done: no run of it running, and every `completed` handler that runs
-        for it has its result (the undrain, say): the event has ended for this VM. (An interrupted run that will not
-        run again keeps its `interrupted` record for good: it counts as done.)"""
-        results = self.store.results(event.event_id)
-        if any(r.get("outcome") == RUNNING for k, r in results.items() if RunKey.parse(k)):
-            return False
-        return all(str(RunKey(h.spec.name, PHASE_COMPLETED, round_of(results))) in results
-                   for h in self.selected(PHASE_COMPLETED, event, names_self) if h.spec.dry_run or not self.dry_run)
+    # --- lifecycle ------------------------------------------------------------------------
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no event has queued or running work, in the background too (tests, shutdown)."""

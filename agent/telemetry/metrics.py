@@ -157,7 +157,47 @@ class Metrics:
         self.silence_failures = Counter("maintd_silence_failures_total",
                                         "Requests to make, extend or expire an Alertmanager silence that failed "
                                         "(after retries, per replica)", ["handler"], registry=r)
+        self._pacemaker(r)
         self._initialise()
+
+    def _pacemaker(self, r: CollectorRegistry) -> None:
+        """The `pacemaker` handler's family: this node's state in its cluster and what the handler did."""
+        h = ["handler"]
+        self.pacemaker_online = Gauge("maintd_pacemaker_node_online", "1 while this node is online in its "
+                                      "Pacemaker cluster (as crm_mon says)", h, registry=r)
+        self.pacemaker_standby = Gauge("maintd_pacemaker_node_standby", "1 while this node is in standby", h,
+                                       registry=r)
+        self.pacemaker_resources = Gauge("maintd_pacemaker_resources_active", "Cluster resources active on this "
+                                         "node", h, registry=r)
+        self.pacemaker_nodes_online = Gauge("maintd_pacemaker_nodes_online", "Cluster nodes online and not in "
+                                            "standby, this one included", h, registry=r)
+        self.pacemaker_standby_total = Counter("maintd_pacemaker_standby_total", "Times the handler put this node "
+                                               "in standby for an event", h, registry=r)
+        self.pacemaker_holds = Counter("maintd_pacemaker_holds_total", "Holds: the node stayed in (no standby) "
+                                       "because taking it out would break min_online (each new reason counted)",
+                                       h, registry=r)
+        self.pacemaker_move_seconds = Histogram("maintd_pacemaker_move_seconds", "From standby until no resource "
+                                                "is active on this node", h, registry=r,
+                                                buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 600))
+        self.pacemaker_errors = Counter("maintd_pacemaker_errors_total", "Events the handler could not prepare the "
+                                        "cluster for, by reason (whole_cluster, cannot_leave, held, command_failed)",
+                                        ["handler", "reason"], registry=r)
+        self.pacemaker_command_failures = Counter("maintd_pacemaker_command_failures_total", "Cluster commands "
+                                                  "(crm_mon, cibadmin, crm_attribute, crm_node) that failed",
+                                                  ["handler", "command"], registry=r)
+
+    def init_pacemaker(self, name: str) -> None:
+        """A pacemaker handler's series, at zero before its first look at the cluster."""
+        for gauge in (self.pacemaker_online, self.pacemaker_standby, self.pacemaker_resources,
+                      self.pacemaker_nodes_online):
+            gauge.labels(name)
+        self.pacemaker_standby_total.labels(name)
+        self.pacemaker_holds.labels(name)
+        self.pacemaker_move_seconds.labels(name)
+        for reason in ("whole_cluster", "cannot_leave", "held", "command_failed"):
+            self.pacemaker_errors.labels(name, reason)
+        for command in ("crm_mon", "cibadmin", "crm_attribute", "crm_node"):
+            self.pacemaker_command_failures.labels(name, command)
 
     def _initialise(self) -> None:
         for endpoint in IMDS_ENDPOINTS:

@@ -7,15 +7,8 @@ import os
 import pytest
 
 from agent.config.config import ConfigError, loads
-from agent.coordination.peers.peer_addressing import (
-    base36,
-    event_url,
-    folded,
-    from_template,
-    peer_fields,
-    resolve,
-    template_fields,
-)
+from agent.coordination.member_urls import base36, from_template, peer_fields, template_fields
+from agent.coordination.peers.peer_addressing import event_url, folded, resolve
 from agent.coordination.peers.peers_file import PeersFile
 from agent.model.identity import Identity, identity_from_compute
 from tests.imds_server import wait_for

@@ -158,7 +158,7 @@ def test_a_peer_answering_under_its_own_name_is_ready(tmp_path, clock, peers):
 def test_resource_names_that_are_not_host_names_get_no_request_and_no_token(tmp_path, clock, peers):
     """`127.0.0.1:19999/steal?x=` in Resources is never turned into an address: it stays unreachable."""
     coord, sent, _ = make_coordinator(tmp_path, clock)
-    coord.client.token_reader = lambda: "secret"
+    coord.backend.peers.client.token_reader = lambda: "secret"
     t = tracked(clock, ["vm1", "127.0.0.1:19999/steal?x=", "a/../b"])
     run(coord, t, "vm1", clock, 3)
     assert [c.request.url for c in peers.calls] == [] and sent == []
@@ -187,13 +187,14 @@ def test_peers_file_problems_are_reported_in_health_and_a_fix_is_used_at_once(tm
     peers.add(responses.GET, "http://old.invalid:1/v1/events/E1", body=requests.ConnectionError("down"))
     peers.add(responses.GET, "http://new.invalid:2/v1/events/E1", json=view("vm2"))
     t = tracked(clock, ["vm1", "vm2"])
-    wait_for(lambda: step(coord, t, "vm1") or coord.address("vm2").url == "http://old.invalid:1")  # the first look
+    wait_for(lambda: step(coord, t, "vm1")  # the first look
+             or coord.backend.peers.address("vm2").url == "http://old.invalid:1")
     run(coord, t, "vm1", clock, 20)
     path.write_text("vm2: [broken\n")  # the watcher's thread sees it within a second; the ticks go on meanwhile
     wait_for(lambda: step(coord, t, "vm1") or any(e.report.source_id == "coordination" for e in health.snapshot()))
-    assert coord.address("vm2").url == "http://old.invalid:1"
+    assert coord.backend.peers.address("vm2").url == "http://old.invalid:1"
     path.write_text("vm2: http://new.invalid:2\n")
-    wait_for(lambda: step(coord, t, "vm1") or coord.address("vm2").url == "http://new.invalid:2")
+    wait_for(lambda: step(coord, t, "vm1") or coord.backend.peers.address("vm2").url == "http://new.invalid:2")
     step(coord, t, "vm1")
     assert sent == [["E1"]], "the new address was asked at once, not after the backoff"
     assert not any(e.report.source_id == "coordination" for e in health.snapshot())

@@ -68,7 +68,7 @@ def test_a_holder_cut_off_from_the_store_past_its_lease_returns_to_rotation_and_
     link = Link(places)
     assert d.parts.budget is not None
     d.parts.budget.open_store = lambda: link
-    d.coordinator.backend.exchange.open_store = lambda: markers  # type: ignore[attr-defined]
+    d.coordinator.backend.exchange.client.open_store = lambda: markers  # type: ignore[attr-defined]
     d.start()
     try:
         wait_for(lambda: (passes(d, clock, 1), d.rotation.drains())[1])
@@ -103,7 +103,7 @@ def test_a_vm_paused_past_its_lease_looks_first_and_approves_nothing_on_the_plac
     places, markers = CasStore(clock), MemoryStore()
     assert d.parts.budget is not None
     d.parts.budget.open_store = lambda: places
-    d.coordinator.backend.exchange.open_store = lambda: markers  # type: ignore[attr-defined]
+    d.coordinator.backend.exchange.client.open_store = lambda: markers  # type: ignore[attr-defined]
     d.start()
     try:
         wait_for(lambda: (passes(d, clock, 1), d.rotation.drains())[1])

@@ -175,7 +175,7 @@ def test_a_url_forged_into_the_record_never_receives_the_token() -> None:
     """A waiter's entry says its `url` is a listener of the forger's: the release's hint, with the coordination
     token, goes only to the address wake_url derives for the waiter's name; the forged listener receives nothing.
     A name that is not a host name gets no hint at all."""
-    from agent.coordination.peers.peer_addressing import member_url
+    from agent.coordination.member_urls import member_url
 
     seen: list[tuple[int, str, str]] = []
     servers = []

@@ -175,11 +175,12 @@ class Lane:
 def test_the_loop_hands_an_event_over_once_and_only_after_its_completed_runs_finished(tmp_path, clock):
     from agent.loop.event_end import CHECK_EVERY, EventEnds
     from agent.model.tracker import Tracked, Transition
+    from agent.prepare.readiness import Readiness
     from tests.prepare.test_runner import ev, make, spec
 
     runner, store, _ = make(tmp_path, clock, spec("prep"), spec("undo", phases=("completed",)))
     lane = Lane()
-    ends = EventEnds(store, runner, lane, clock, lambda: "web")  # type: ignore[arg-type]
+    ends = EventEnds(store, Readiness.of(runner), lane, clock, lambda: "web")  # type: ignore[arg-type]
     e = ev(clock=clock)
     appeared = Transition("appeared", e, True, clock.now())
     store.apply({"E1": Tracked(e, True, clock.now(), "b", False)}, [appeared])
@@ -198,7 +199,7 @@ def test_the_loop_hands_an_event_over_once_and_only_after_its_completed_runs_fin
     assert [(g, o.event_id, o.vm, n) for g, o, n in lane.handed] == [("web", "E1", "vm1", 1)]
     assert lane.handed[0][1].ready_at is not None and lane.handed[0][1].prepared_before_start is True
     store.record("E1", "history", {"status": SENDING, "attempt": 1, "at": iso_z(clock.now())})
-    restarted = EventEnds(store, runner, lane, clock, lambda: "web")  # type: ignore[arg-type]
+    restarted = EventEnds(store, Readiness.of(runner), lane, clock, lambda: "web")  # type: ignore[arg-type]
     restarted.tick("vm1")  # killed mid-request: once more, and never a third time
     clock.advance(CHECK_EVERY)
     restarted.tick("vm1")

@@ -76,7 +76,7 @@ def test_a_whole_event_is_handled_without_one_file_call_on_the_loop(tmp_path, cl
         assert d.preparation.view("E1", {})["preparation"] == "held"
         clock.advance(19 * 60 + 30)
         d.tick()  # released: the preparation starts
-        wait_for(lambda: d.runner.is_ready(d.tracked["E1"]))
+        wait_for(lambda: d.readiness.is_ready(d.tracked["E1"]))
         clock.advance(40)
         d.tick()  # the slot is open and this VM is ready: the approval goes out
         d.coordinator.wait_idle(5)

@@ -209,9 +209,9 @@ APPLIED: dict[str, tuple[str, Check]] = {
     "health.consider_warning_as_error": ("health: {consider_warning_as_error: true}",
                                          lambda d: d.coordinator.warning_as_error is True),
     "coordination.peer_url": ("coordination: {peer_url: 'http://{name}:9999'}",
-                              lambda d: d.coordinator.address("vm-7").url == "http://vm-7:9999"),
+                              lambda d: d.coordinator.backend.peers.address("vm-7").url == "http://vm-7:9999"),
     "coordination.peers": ("coordination: {peers: {vm-7: 'http://10.0.0.7:8088'}}",
-                           lambda d: d.coordinator.address("vm-7").url == "http://10.0.0.7:8088"),
+                           lambda d: d.coordinator.backend.peers.address("vm-7").url == "http://10.0.0.7:8088"),
     "coordination.peers_file": ("coordination: {peers_file: /nonexistent/peers.yaml}",
                                 lambda d: d.coordinator.settings.peers_file == "/nonexistent/peers.yaml"),
     "coordination.token_file": ("coordination: {token_file: /nonexistent/token}",
@@ -223,7 +223,7 @@ APPLIED: dict[str, tuple[str, Check]] = {
     "coordination.takeover_after": ("coordination: {takeover_after: 5m}",
                                     lambda d: d.coordinator.settings.takeover_after == 300.0),
     "coordination.request_timeout": ("coordination: {request_timeout: 1s}", lambda d: d.tick() is not None
-                                     and d.coordinator.client.timeout == 1.0),
+                                     and d.coordinator.backend.peers.client.timeout == 1.0),
     "coordination.peer_recheck_max": ("coordination: {peer_recheck_max: 30s}",
                                       lambda d: d.coordinator.settings.peer_recheck_max == 30.0),
     "coordination.approval_retry_for": ("coordination: {approval_retry_for: 2m}",
@@ -306,13 +306,14 @@ def test_an_identity_change_to_auto_is_learned_off_the_loop_and_reaches_every_pa
     """From a named VM to `auto`: the loop asks IMDS on a thread of its own, then the name reaches the loop,
     the API, the handlers' settings and the coordinator's addressing (computer name, scale set)."""
     agent.reload_with("identity: {name: auto}\n")
-    assert agent.vm_name is None and agent.coordinator.directory.identity is None
+    assert agent.vm_name is None and agent.coordinator.backend.peers.directory.identity is None
     wait_for(lambda: polls_during(agent, clock, 1) is not None and agent.vm_name == "vm-auto")
     assert agent.api.status()["vm_name"] == "vm-auto" and agent.parts.services.settings.vm_name == "vm-auto"
-    assert agent.coordinator.directory.identity == Identity("vm-auto", "vm-auto", "")
+    assert agent.coordinator.backend.peers.directory.identity == Identity("vm-auto", "vm-auto", "")
     agent.reload_with("identity: {name: vm3}\n")
     polls_during(agent, clock, 1)  # the identity reaches the coordinator in the next pass's Tick
-    assert agent.coordinator.directory.identity is None, "a named VM addresses peers as a fresh start would"
+    assert agent.coordinator.backend.peers.directory.identity is None, \
+        "a named VM addresses peers as a fresh start would"
     assert agent.api.status()["vm_name"] == "vm3" and agent.parts.services.settings.vm_name == "vm3"
 
 

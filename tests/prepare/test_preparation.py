@@ -117,7 +117,7 @@ def test_a_three_day_reboot_prepares_before_the_night_window_and_is_approved_ins
     run_until(d, clock, at("2026-01-05T21:29:50"))
     assert ran(d) is None
     run_until(d, clock, at("2026-01-05T21:30:02"))
-    assert ran(d)["outcome"] == "ok" and d.runner.is_ready(d.tracked["E1"])
+    assert ran(d)["outcome"] == "ok" and d.readiness.is_ready(d.tracked["E1"])
     assert not approvals(imds), "ready, but business hours still forbid approval"
     assert prepare_series(d) == [], "nothing waits any more"
 
@@ -168,7 +168,7 @@ def test_a_window_that_closes_before_the_vm_is_ready_sends_nothing(make, clock, 
         d.tick()
     gate.write_text("")
     run_until(d, clock, at("2026-01-05T22:07:00"))
-    assert ran(d)["outcome"] == "ok" and d.runner.is_ready(d.tracked["E1"])
+    assert ran(d)["outcome"] == "ok" and d.readiness.is_ready(d.tracked["E1"])
     run_until(d, clock, at("2026-01-06T09:00:00"))
     assert not approvals(imds), "never outside the window"
     assert plan_of(d, "E1")["approve_reason"] == "no_window"

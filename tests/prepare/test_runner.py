@@ -13,6 +13,7 @@ from agent.health.rotation import Rotation
 from agent.model.events import Event
 from agent.model.tracker import Tracked, Transition
 from agent.prepare.handler_runner import Runner
+from agent.prepare.readiness import Readiness
 from agent.prepare.run_records import RunKey
 from agent.state.state_store import Store
 from agent.telemetry.metrics import Metrics
@@ -126,7 +127,7 @@ def test_a_run_interrupted_by_a_crash_runs_again_with_the_next_attempt(tmp_path,
     runner, store, t = interrupted(tmp_path, clock, 1)
     assert CALLS == [("a", "scheduled", "E1")] and ATTEMPTS == [2]
     assert store.result("E1", str(RunKey("a", "scheduled")))["outcome"] == OK
-    assert runner.is_ready(t)
+    assert Readiness.of(runner).is_ready(t)
 
 
 def test_interrupted_runs_stop_after_max_attempts_and_say_what_to_do(tmp_path, clock):
@@ -134,7 +135,7 @@ def test_interrupted_runs_stop_after_max_attempts_and_say_what_to_do(tmp_path, c
     runner, store, t = interrupted(tmp_path, clock, 3)
     assert CALLS == []
     assert store.result("E1", str(RunKey("a", "scheduled")))["outcome"] == FAILED
-    assert runner.not_ready(t) == ["a failed (interrupted, attempt 3 of 3); on_failure: block — "
+    assert Readiness.of(runner).not_ready(t) == ["a failed (interrupted, attempt 3 of 3); on_failure: block — "
                                    "approve by hand with `maintd approve E1`"]
 
 
@@ -142,7 +143,7 @@ def test_rerun_interrupted_false_keeps_at_most_once(tmp_path, clock):
     """rerun_interrupted: false records an interrupted run failed and never runs it again."""
     runner, store, t = interrupted(tmp_path, clock, 1, rerun_interrupted=False)
     assert CALLS == []
-    assert "rerun_interrupted: false" in runner.not_ready(t)[0]
+    assert "rerun_interrupted: false" in Readiness.of(runner).not_ready(t)[0]
 
 
 def test_an_interrupted_completed_run_of_a_gone_event_runs_again(tmp_path, clock):
@@ -207,10 +208,11 @@ def test_not_ready_reasons_say_what_holds_the_vm(tmp_path, clock):
     Recorder.behaviour = {"b": FAILED}
     runner, _, _ = make(tmp_path, clock, spec("a"), spec("b"))
     t = Tracked(ev(clock=clock), True, clock.now(), "b", False)
-    assert runner.not_ready(t) == ["a has not run yet", "b has not run yet"]
+    assert Readiness.of(runner).not_ready(t) == ["a has not run yet", "b has not run yet"]
     runner.submit(appeared(t.event))
     runner.wait_idle(5)
-    assert runner.not_ready(t) == ["b failed; on_failure: block — approve by hand with `maintd approve E1`"]
+    assert Readiness.of(runner).not_ready(t) == [
+        "b failed; on_failure: block — approve by hand with `maintd approve E1`"]
 
 
 def test_the_profile_snapshot_narrows_the_handlers(tmp_path, clock):
@@ -232,7 +234,7 @@ def test_a_raising_handler_is_a_failed_result_and_block_keeps_the_vm_not_ready(t
     rec = store.result("E1", str(RunKey("a", "scheduled")))
     assert rec["outcome"] == FAILED and "boom" in rec["detail"]
     assert [c[0] for c in CALLS] == ["a", "b"]
-    assert runner.pending(Tracked(e, True, clock.now(), "b", False)) == ["a"]
+    assert Readiness.of(runner).pending(Tracked(e, True, clock.now(), "b", False)) == ["a"]
 
 
 def test_on_failure_continue_counts_as_ready(tmp_path, clock):
@@ -242,7 +244,7 @@ def test_on_failure_continue_counts_as_ready(tmp_path, clock):
     e = ev(clock=clock)
     runner.submit(appeared(e))
     runner.wait_idle(5)
-    assert runner.is_ready(Tracked(e, True, clock.now(), "b", False))
+    assert Readiness.of(runner).is_ready(Tracked(e, True, clock.now(), "b", False))
 
 
 def test_filters_select_by_type_source_and_scope(tmp_path, clock):
@@ -278,6 +280,31 @@ def test_budget_is_capped_by_not_before_and_too_late_is_skipped(tmp_path, clock)
     assert sample(services.metrics, "maintd_deadline_short_total") == 2
 
 
+class UntilNotBefore(Recorder):
+    """A handler whose run may last until NotBefore by design (a hold): it needs only its floor."""
+
+    def wanted_timeout(self, settings, configured):
+        return 30.0
+
+
+def test_a_handler_that_may_hold_until_not_before_is_short_only_below_what_it_needs(tmp_path, clock):
+    """A 1 h timeout cut to the 15 min before NotBefore is no shortfall for a hold that needs 30 s (no
+    `deadline.short`); with 20 s left it is one."""
+    Recorder.behaviour = {"a": "budget"}
+    store = Store(tmp_path, clock)
+    health = HealthStore(clock)
+    services = Services(clock=clock, store=store, metrics=Metrics(), rotation=Rotation(store, health, ["*"]),
+                        health=health, settings=Settings(vm_name="vm1"))
+    runner = Runner([UntilNotBefore(spec("a", timeout=3600.0), services)], services)
+    runner.submit(appeared(ev("E1", clock=clock)))
+    runner.wait_idle(5)
+    assert sample(services.metrics, "maintd_deadline_short_total") == 0
+    soon = clock.now() + timedelta(seconds=25)
+    runner.submit(appeared(Event("E2", "Reboot", "Scheduled", ("vm1",), not_before=soon)))
+    runner.wait_idle(5)
+    assert sample(services.metrics, "maintd_deadline_short_total") == 1
+
+
 def test_dry_run_runs_only_opted_in_handlers(tmp_path, clock):
     """In dry-run mode only handlers with dry_run: true run, and readiness does not wait for the rest."""
     runner, _, _ = make(tmp_path, clock, spec("a"), spec("b", dry_run=True), dry_run=True)
@@ -285,7 +312,7 @@ def test_dry_run_runs_only_opted_in_handlers(tmp_path, clock):
     runner.submit(appeared(e))
     runner.wait_idle(5)
     assert CALLS == [("b", "scheduled", "E1")]
-    assert runner.is_ready(Tracked(e, True, clock.now(), "b", False))
+    assert Readiness.of(runner).is_ready(Tracked(e, True, clock.now(), "b", False))
 
 
 def test_vanished_event_runs_completed_handlers_with_the_outcome(tmp_path, clock):

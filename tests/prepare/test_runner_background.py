@@ -17,6 +17,7 @@ from agent.model.events import Event
 from agent.model.outcomes import RUNNING
 from agent.model.tracker import Tracked, Transition
 from agent.prepare.handler_runner import Runner
+from agent.prepare.readiness import Readiness
 from agent.prepare.run_order import FIRST_TRY
 from agent.prepare.run_records import RunKey
 from agent.state.state_store import Store
@@ -105,13 +106,15 @@ def test_a_silence_that_cannot_be_made_costs_the_drain_only_its_first_try(tmp_pa
     e = reboot(clock)
     t0 = clock.monotonic()
     runner.submit(Transition("appeared", e, True, clock.now()))
-    wait_until(lambda: store.result("E1", str(RunKey("hook", "scheduled"))), 10, "the hook after the drain to run")
+    wait_until(lambda: any(entry["event"] == "handler.finished" and entry["handler"] == "hook" for entry in logs), 10,
+               "the hook after the drain to finish")
     assert started_in_order(logs, "scheduled") == ["silence", "drain", "hook"]
     assert SCRIPT.budgets["drain:scheduled"] == LB_WAIT + 5 and SCRIPT.budgets["hook:scheduled"] == 10.0
     assert clock.monotonic() - t0 == pytest.approx(FIRST_TRY), "the phase waited for the first try only"
     rec = store.result("E1", str(RunKey("silence", "scheduled")))
     assert rec["outcome"] == RUNNING and rec["background"] is True
-    assert runner.is_ready(Tracked(e, True, clock.now(), "b", False)), "readiness never waits on the background"
+    ready = Readiness.of(runner).is_ready(Tracked(e, True, clock.now(), "b", False))
+    assert ready, "readiness never waits on the background"
     assert any(entry["event"] == "handler.background" and entry["handler"] == "silence" for entry in logs)
 
     SCRIPT.release.set()  # the helper answers at last (here: still failing)
@@ -130,13 +133,14 @@ def test_a_holding_handler_is_waited_for_and_a_quick_one_is_not_sent_to_the_back
     e = reboot(clock, 120)
     runner.submit(Transition("appeared", e, True, clock.now()))
     assert SCRIPT.entered.wait(10)
-    assert not runner.is_ready(Tracked(e, True, clock.now(), "b", False)), "a holding run holds readiness"
+    assert not Readiness.of(runner).is_ready(Tracked(e, True, clock.now(), "b", False)), "a holding run holds readiness"
     assert store.result("E1", str(RunKey("checkpoint", "scheduled")))["outcome"] == RUNNING
     SCRIPT.release.set()
     assert runner.wait_idle(10)
     assert store.result("E1", str(RunKey("quick", "scheduled"))).get("background") is None
     assert not [entry for entry in logs if entry["event"] == "handler.background"]
-    assert runner.pending(Tracked(e, True, clock.now(), "b", False)) == ["checkpoint"], "it failed, and holds"
+    pending = Readiness.of(runner).pending(Tracked(e, True, clock.now(), "b", False))
+    assert pending == ["checkpoint"], "it failed, and holds"
 
 
 @pytest.mark.parametrize("listed", [("drain", "silence"), ("silence", "drain"), ("hook", "drain", "silence")])
@@ -203,6 +207,7 @@ def test_the_budget_counts_a_non_holding_handlers_first_try_only(tmp_path, clock
     holding hook's whole timeout, a silence's first try (its retries go on in the background, not in the phase)."""
     from agent.config.config import loads
     from agent.loop.daemon import Daemon
+    from agent.loop.fleet_pass import preparation_needs
     from agent.systemd import Notifier
 
     cfg = loads(f"identity: {{name: vm1}}\nstate: {{dir: {tmp_path}}}\nimds: {{endpoint: 'http://127.0.0.1:9'}}\n"
@@ -213,6 +218,6 @@ def test_the_budget_counts_a_non_holding_handlers_first_try_only(tmp_path, clock
                 "  - {name: notify, type: webhook, phases: [scheduled], timeout: 20s, url: 'http://hook:80/x'}\n")
     d = Daemon(cfg, clock, boot_id="boot-1", notifier=Notifier({}))
     try:
-        assert d.parts.preparation_needs() == LB_WAIT + FIRST_TRY + 20.0
+        assert preparation_needs(d.parts.services.settings, d.config.handlers) == LB_WAIT + FIRST_TRY + 20.0
     finally:
         d.shutdown()

@@ -21,6 +21,7 @@ BASE_PACKAGES = ("net", "telemetry", "trust")
 WINGS = sorted(p.parent.name for p in AGENT.glob("*/__init__.py") if p.parent.name not in BASE_PACKAGES)
 PURE = ("agent.model", "agent.policy", "agent.coordination.coordination_rules",
         "agent.coordination.peers.peer_addressing", "agent.coordination.coordination_settings",
+        "agent.coordination.member_urls",
         "agent.prepare.prepare_plan", "agent.prepare.run_records", "agent.prepare.run_order",
         "agent.health.health_rules", "agent.http.http_wire", "agent.loop.cadence", "agent.trust.jsonsafe",
         "agent.coordination.store.store_protocol", "agent.fleet.history_protocol", "agent.cli.clitext",
@@ -228,6 +229,27 @@ backend can be read, changed and tested without the store's, and the other way r
             if room(module) == sub and (bad := sorted(t for t in targets if room(t) not in ok | {sub})):
                 offenders[module] = bad
     assert offenders == {}
+
+
+GENERIC = ("agent.coordination.coordinator", "agent.coordination.approver", "agent.coordination.approval_gates",
+           "agent.coordination.backend", "agent.coordination.coordination_settings", "agent.loop.wiring",
+           "agent.loop.api", "agent.cli.cliviews", "agent.cli.cliwatch")
+"""The modules that work with any coordination backend: each is registered in one place (`backend_registry`),
+builds its own `Backend`, and owns its views and its keys' meaning (decision 0180)."""
+
+
+def test_the_generic_coordination_modules_import_no_backend_and_name_none():
+    """A backend plugs in without a change here: none of these imports `agent.coordination.peers` or
+    `agent.coordination.store` (at any level of the file), nor spells the store backend's name as a string ("peers"
+    is also a field of the views, and the settings' default: `coordination.backend` is peers unless set)."""
+    edges, files = graph(), {module_name(p): p for p in AGENT.rglob("*.py")}
+    backends = ("agent.coordination.peers", "agent.coordination.store")
+    assert set(GENERIC) <= set(files)
+    assert {m: sorted(t for t in edges[m] if t.startswith(backends)) for m in GENERIC} == {m: [] for m in GENERIC}
+    named = {m: sorted({node.value for node in ast.walk(ast.parse(files[m].read_text(encoding="utf-8")))
+                        if isinstance(node, ast.Constant) and node.value == "azure_blob"})
+             for m in GENERIC}
+    assert named == {m: [] for m in GENERIC}
 
 
 def test_the_room_of_a_module():

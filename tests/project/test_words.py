@@ -33,6 +33,10 @@ SAME_SPELLING = {
     ("agent/health/rotation.py", "manual", "constant"): "the operator's drain (a rotation key named once, "
                                                         "in its wing), not the approval mode",
     ("agent/loop/wiring.py", "failed", "labels"): "a refused config reload (maintd_config_reloads_total)",
+    ("agent/handlers/pacemaker.py", "auto", "value"): "the pacemaker handler's `node: auto` (config)",
+    ("agent/handlers/pacemaker.py", "auto", "self.options.node"): "the pacemaker handler's `node: auto` (config)",
+    ("agent/handlers/pacemaker.py", "held", "labels"): "a pacemaker hold (maintd_pacemaker_errors_total's kind), not a "
+                                                       "preparation plan's word",
 }
 """Config values and other words that share a spelling with a protocol word but are not one: (module, word, what it
 is compared with, or `constant`, `labels`, `Literal`) -> what the word is there."""

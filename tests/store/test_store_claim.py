@@ -24,7 +24,7 @@ def backend(clock: FakeClock, blobs: MemoryStore, metrics: Metrics | None = None
     b = StoreBackend(AzureBlobConfig(account_url="https://a.blob.core.windows.net"), token=lambda r, c: b"",
                      clock=clock, metrics=metrics or Metrics(), health=HealthStore(clock),
                      secret=lambda key, path: None, on_change=lambda: None, takeover_after=lambda: 60.0)
-    b.exchange.open_store = lambda: blobs
+    b.exchange.client.open_store = lambda: blobs
     return b
 
 

@@ -33,7 +33,7 @@ def setup(tmp_path, clock, blobs: MemoryStore, approve=None, **settings):
     backend = StoreBackend(cfg.azure_blob, token=lambda r, c: b"", clock=clock, metrics=Metrics(), health=health,
                            secret=lambda key, path: None, on_change=lambda: None, takeover_after=lambda: 60.0,
                            local_health=lambda: health.to_json(False))
-    backend.exchange.open_store = lambda: blobs
+    backend.exchange.client.open_store = lambda: blobs
     coord = Coordinator(cfg, approve=approve or sent.append, store=Store(tmp_path, clock), clock=clock,
                         metrics=Metrics(), poll_interval=1.0, backend=backend, health=health,
                         local_health=lambda: health.to_json(False))

@@ -35,7 +35,7 @@ def rig(tmp_path, clock: FakeClock, store: WholeStore, budget: bool):
     backend = StoreBackend(cfg.azure_blob, token=lambda r, c: b"", clock=clock, metrics=Metrics(), health=health,
                            secret=lambda key, path: None, on_change=lambda: None, takeover_after=lambda: 60.0,
                            local_health=lambda: health.to_json(False))
-    backend.exchange.open_store = lambda: store
+    backend.exchange.client.open_store = lambda: store
     places = Budget(BudgetConfig(group="web"), store=backend.exchange.store, describe="fake", clock=clock,
                     on_change=lambda: None, health=lambda *_: None, metrics=Metrics(), needs=lambda: 30.0,
                     lead_time=lambda: 0.0, answers=backend.exchange.answers) if budget else None

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from agent.clock import Clock
-from agent.coordination.backend import BackendStatus, EventView, FleetEvent, FleetStates, Inputs
+from agent.coordination.backend import BackendParts, BackendStatus, Carrier, EventView, FleetEvent, GateInput, Inputs
 from agent.coordination.coordination_rules import (
     health_word,
     lower_reachable,
@@ -30,6 +30,7 @@ from agent.health.health_json import HealthView
 from agent.health.health_store import HealthState, HealthStore
 from agent.model.approval import ALLOWING, AUTO, AWAITING_PREPARATION, MANUAL
 from agent.model.events import SCHEDULED, Event
+from agent.model.identity import Identity
 from agent.model.tracker import Tracked
 from agent.telemetry import logs
 
@@ -42,12 +43,23 @@ class EventPeers:
     silent: tuple[str, ...] = ()
 
 
+def build(parts: BackendParts) -> PeerBackend:
+    """The peers backend for `coordination.backend: peers` (`backend_registry`): its exchange (addressing, the
+    HTTP client, the lanes), on the settings in force."""
+    settings = cast(Callable[[], CoordinationConfig], parts.settings)
+    exchange = PeerExchange(settings, parts.poll_interval, parts.clock, token_reader=parts.token_reader,
+                            metrics=parts.metrics, on_change=parts.on_change, health=parts.health)
+    return PeerBackend(exchange, settings, parts.clock, parts.health, parts.identity)
+
+
 class PeerBackend:
     """Coordination through the peers: O(N) requests per event, the leader chain, readiness pushes."""
 
     def __init__(self, peers: PeerExchange, settings: Callable[[], CoordinationConfig], clock: Clock,
-                 health: HealthStore | None) -> None:
+                 health: HealthStore | None, identity: Callable[[], Identity | None] = lambda: None) -> None:
         self.peers, self.settings, self.clock, self.health = peers, settings, clock, health
+        self.identity = identity
+        """This VM's identity (Uniform scale-set computer names are derived from it), read at each tick's start."""
         self.log = logs.get("coordinator")
         self._events: dict[str, EventPeers] = {}
         self._health: HealthView | None = None
@@ -57,6 +69,7 @@ class PeerBackend:
     # --- the loop ------------------------------------------------------------------------------
 
     def begin(self) -> None:
+        self.peers.directory.identity = self.identity()
         self.peers.refresh([state.exchange for state in self._events.values()])
         self._health = self.health.to_json() if self.health is not None else None
 
@@ -122,7 +135,12 @@ class PeerBackend:
              post: Callable[[float], bool]) -> None:
         post(retry_for)
 
-    def gate_states(self) -> FleetStates | None:
+    def gate_input(self) -> GateInput:
+        """The fleet gate asks each peer's /v1/health, at its address, with the peers' client (and token)."""
+        return GateInput(self.peers.client, lambda name: self.peers.address(name).url)
+
+    def carrier(self) -> Carrier | None:
+        """No shared store: no disruption budget, no fleet history on this backend."""
         return None
 
     # --- views ---------------------------------------------------------------------------------

@@ -16,22 +16,14 @@ body included, says the peer is alive, and not ready.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
+from agent.coordination.gate_http import MAX_ANSWER_BYTES, GateClient
 from agent.coordination.peers.peer_addressing import event_url
 from agent.errors import AnswerTooLarge
 from agent.trust import jsonsafe
 
-if TYPE_CHECKING:
-    import requests
-
-    from agent.net.boundedhttp import Reply
-
-MAX_ANSWER_BYTES = 256 * 1024
-MAX_PROMETHEUS_BYTES = 8 * 1024 * 1024
 READY, NOT_READY, UNREACHABLE, INVALID = "ready", "not_ready", "unreachable", "invalid"
 """Outcomes of a readiness ask (the `outcome` label of maintd_peer_requests_total)."""
 
@@ -85,39 +77,12 @@ def readiness(status: int, body: bytes, name: str, rank: int) -> Answer:
     return Answer(READY, "ready")
 
 
-def _json(reply: Reply, max_bytes: int) -> Any:
-    """The JSON of a 2xx answer; ValueError for any other status or a body that is not JSON."""
-    if not 200 <= reply.status < 300:
-        raise ValueError(f"answered {reply.status}")
-    return jsonsafe.loads(reply.body, max_bytes=max_bytes)
-
-
-class PeerClient:
-    """HTTP to peers and gates on one session; thread-safe (requests' pool is)."""
+class PeerClient(GateClient):
+    """HTTP to peers and gates on one session (a `GateClient` with the peers' token); thread-safe."""
 
     def __init__(self, token_reader: Callable[[], str | None], timeout: float, pool_size: int) -> None:
+        super().__init__(timeout, pool_size)
         self.token_reader = token_reader
-        self.timeout = timeout
-        self.pool_size = pool_size
-        self._lock = threading.Lock()
-        self._session: requests.Session | None = None
-
-    @property
-    def session(self) -> requests.Session:
-        """The one session, made at the first call."""
-        with self._lock:
-            if self._session is None:
-                from agent.net import boundedhttp
-
-                self._session = boundedhttp.session(self.pool_size, trust_env=False)
-            return self._session
-
-    def _exchange(self, method: str, url: str, *, max_bytes: int, timeout: float | None = None,
-                  truncate: bool = False, **kwargs: Any) -> Reply:
-        from agent.net import boundedhttp
-
-        return boundedhttp.exchange(self.session, method, url, timeout=self.timeout if timeout is None else timeout,
-                                    max_bytes=max_bytes, truncate=truncate, **kwargs)
 
     def _headers(self) -> dict[str, str]:
         token = self.token_reader()
@@ -145,20 +110,3 @@ class PeerClient:
             return 200 <= r.status < 300
         except Exception:  # a push is retried until taken; nothing it met may stop the lane
             return False
-
-    def health(self, base: str) -> Any:
-        """The peer's `/v1/health` JSON; raises OSError (no answer in time) or ValueError when there is none."""
-        r = self._exchange("GET", f"{base}/v1/health", max_bytes=MAX_ANSWER_BYTES, headers=self._headers())
-        return _json(r, MAX_ANSWER_BYTES)
-
-    def prometheus(self, base: str, path: str, timeout: float, params: dict[str, str] | None = None) -> Any:
-        """A Prometheus API answer's JSON (no peer token); raises OSError (no answer in time) or ValueError."""
-        r = self._exchange("GET", f"{base.rstrip('/')}{path}", max_bytes=MAX_PROMETHEUS_BYTES, timeout=timeout,
-                           params=params)
-        return _json(r, MAX_PROMETHEUS_BYTES)
-
-    def close(self) -> None:
-        """Close the pooled connections (if a call ever opened any)."""
-        with self._lock:
-            if self._session is not None:
-                self._session.close()

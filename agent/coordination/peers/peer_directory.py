@@ -15,7 +15,8 @@ from typing import TypedDict
 
 from agent.coordination.coordination_rules import PeerState
 from agent.coordination.coordination_settings import CoordinationConfig
-from agent.coordination.peers.peer_addressing import Address, folded, resolve, unusable_computer_name
+from agent.coordination.member_urls import unusable_computer_name
+from agent.coordination.peers.peer_addressing import Address, folded, resolve
 from agent.coordination.peers.peers_file import PeersWatch
 from agent.health.health_store import HealthState, HealthStore
 from agent.model.events import SCHEDULED

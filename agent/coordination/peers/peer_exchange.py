@@ -17,10 +17,10 @@ import functools
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from agent.clock import Clock
-from agent.coordination.backend import PeerFleetApproval, PeerFleetEvent
+from agent.coordination.backend import FleetVm
 from agent.coordination.coordination_rules import (
     PeerState,
     acting_leader,
@@ -40,6 +40,23 @@ from agent.health.health_store import HealthStore
 from agent.lanes import Lanes
 from agent.telemetry import logs
 from agent.telemetry.metrics import Metrics
+
+
+class PeerFleetApproval(TypedDict):
+    """This VM's approval record as the peers backend's fleet view shows it (read back: any field may be missing)."""
+
+    by: str | None
+    state: str | None
+    at: str | None
+
+
+class PeerFleetEvent(TypedDict):
+    """One event of `maintd fleet` on the peers backend: each VM as this VM heard it, and its own approval."""
+
+    event_id: str
+    source: str
+    vms: list[FleetVm]
+    approval: PeerFleetApproval | None
 
 
 @dataclass

@@ -6,7 +6,7 @@ left to the event's NotBefore (`affordable_wait`, pure): a store that asks for a
 early approval.
 
 Every path to the store (the exchange's markers and listings, the approver's claim, the budget, the fleet
-history) goes through the one client `StoreExchange.store` opens, wrapped here: each request that returns (an
+history) goes through the one client `SharedClient` opens, wrapped here: each request that returns (an
 answer, a condition that did not hold and absence included) moves `Answers.count` on. A path the store asked to
 wait (a 503/429 with Retry-After) keeps PROBE_EVERY_S of it (all of a shorter one: the request the store asked to
 wait is never sent again sooner), then notes the count, and its wait ends as soon as the count moved: the first
@@ -102,6 +102,37 @@ class RetryWait:
             return False
         self.early_from, self.mark = float("inf"), None
         return True
+
+
+class SharedClient:
+    """The one store client every path shares (the exchange's requests, the claim, the budget, the history), opened
+    on first use by whichever worker asks first (the token and the SDK's import cost land there), its answers
+    counted in `answers`."""
+
+    def __init__(self, open_store: Callable[[], Store]) -> None:
+        self.open_store = open_store
+        self.answers = Answers()
+        self._store: Store | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Store:
+        """The client, opened now if it is not yet (a failure to open is a `StoreError`, and the next call tries
+        again)."""
+        with self._lock:
+            if self._store is None:
+                try:
+                    self._store = AnsweredStore(self.open_store(), self.answers)
+                except StoreError:
+                    raise
+                except Exception as exc:  # an SDK that cannot even build its client is a store failure like any other
+                    raise StoreError("error", f"cannot open the store: {str(exc)[:300]}") from None
+            return self._store
+
+    def close(self) -> None:
+        """Close the client, if it was opened."""
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
 
 
 class AnsweredStore:

@@ -12,12 +12,23 @@ to the store before an event names this VM.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from agent.clock import Clock
-from agent.coordination.backend import BackendStatus, EventView, FleetEvent, FleetStates, Inputs
+from agent.coordination.backend import (
+    BackendParts,
+    BackendStatus,
+    Carrier,
+    EventView,
+    FleetEvent,
+    FleetVm,
+    GateInput,
+    Inputs,
+)
+from agent.coordination.backend import Step as BackendStep
 from agent.coordination.coordination_rules import OK, UNHEALTHY, UNREACHABLE, peer_state
-from agent.coordination.coordination_settings import AzureBlobConfig
+from agent.coordination.coordination_settings import AzureBlobConfig, CoordinationConfig
+from agent.coordination.gate_http import GateClient
 from agent.coordination.store.store_claim import StoreClaims
 from agent.coordination.store.store_exchange import FORGED, Store, StoreExchange
 from agent.coordination.store.store_protocol import (
@@ -53,6 +64,40 @@ def own_health(local_health: HealthView | None, event_id: str, warning_as_error:
     return OK if peer_state(local_health, event_id, warning_as_error) == OK else UNHEALTHY
 
 
+class StoreFleetApproval(TypedDict):
+    """Who approved (or claimed) an event, as the store last said."""
+
+    by: str
+    state: str
+    attempt: int
+    at: str | None
+
+
+class StoreFleetEvent(TypedDict):
+    """One event of `maintd fleet` on the store backend: each VM's marker, the approval, what the store got wrong."""
+
+    event_id: str
+    source: str
+    vms: list[FleetVm]
+    approval: StoreFleetApproval | None
+    store_error: str | None
+    problems: list[str]
+
+
+def build(parts: BackendParts) -> StoreBackend:
+    """The store backend for `coordination.backend: azure_blob` (`backend_registry`): its section, a managed
+    identity's token from IMDS (or the connection string's file)."""
+    settings = cast(Callable[[], CoordinationConfig], parts.settings)
+    config, token, secret = settings().azure_blob, parts.identity_token, parts.secret
+    if config is None or token is None or secret is None or parts.health is None:
+        raise ValueError("the store backend needs coordination.azure_blob, IMDS tokens, secret files and health")
+    s = settings()
+    return StoreBackend(config, token=token, clock=parts.clock, metrics=parts.metrics, health=parts.health,
+                        secret=secret, on_change=parts.on_change, takeover_after=lambda: settings().takeover_after,
+                        local_health=parts.local_health, warning_as_error=parts.warning_as_error,
+                        gate_client=GateClient(s.request_timeout, s.max_concurrency))
+
+
 class StoreBackend:
     """The coordinator's side of the store: thread use as in `store_exchange` (loop, workers, approver)."""
 
@@ -60,7 +105,9 @@ class StoreBackend:
                  health: HealthStore, secret: Callable[[str, str | None], str | None],
                  on_change: Callable[[], None], takeover_after: Callable[[], float],
                  local_health: Callable[[], HealthView | None] = lambda: None,
-                 warning_as_error: Callable[[], bool] = lambda: False) -> None:
+                 warning_as_error: Callable[[], bool] = lambda: False, gate_client: GateClient | None = None) -> None:
+        self.gate_client = gate_client or GateClient(2.0, 16)
+        """What the Prometheus gate asks with (no peer is asked on this backend)."""
         self.local_health = local_health
         self.warning_as_error = warning_as_error
         self.config = config
@@ -152,15 +199,15 @@ class StoreBackend:
             sent = left > 0 and post(min(retry_for, left))
         self.claims.settle(event_id, vm_name, claim, sent)
 
-    def send(self, event_id: str, vm_name: str, step: Step | None, retry_for: float,
+    def send(self, event_id: str, vm_name: str, step: BackendStep | None, retry_for: float,
              post: Callable[[float], bool]) -> None:
         if step is None:
             post(retry_for)
-        else:
-            self.claim_and_post(event_id, vm_name, step, retry_for, post)
+        else:  # a step is this backend's own (`inputs` made it)
+            self.claim_and_post(event_id, vm_name, cast(Step, step), retry_for, post)
 
     def right_to_post(self, event_id: str, resources: tuple[str, ...], vm_name: str, mode: str,
-                      step: Step | None) -> str | None:
+                      step: BackendStep | None) -> str | None:
         """This VM's claim still holds (`claim_still_holds`), when it claimed."""
         return None if step is None else self.claim_still_holds(event_id)
 
@@ -192,16 +239,21 @@ class StoreBackend:
               approval: Callable[[str], dict[str, Any] | None]) -> list[FleetEvent]:
         """For `maintd fleet`: each event naming this VM still in the document, its VMs and their state as the
         store last said, and who approved (or claimed) and when."""
-        return [{"event_id": v.event_id, "source": "store",
+        return [StoreFleetEvent({"event_id": v.event_id, "source": "store",
                  "vms": [{"name": n, "state": s} for n, s in v.vms],
                  "approval": None if v.approval is None else {
                      "by": v.approval.by, "state": v.approval.state, "attempt": v.approval.attempt,
                      "at": iso_z_or_none(v.approval.at)},
-                 "store_error": v.error, "problems": list(v.problems)}
+                 "store_error": v.error, "problems": list(v.problems)})
                 for v in self.exchange.snapshot.events]
 
-    def gate_states(self) -> FleetStates | None:
-        return self.fleet_states
+    def gate_input(self) -> GateInput:
+        """The fleet gate reads the markers of the last listing; Prometheus is asked with a client of its own."""
+        return GateInput(self.gate_client, lambda name: None, self.fleet_states)
+
+    def carrier(self) -> Carrier:
+        """The store carries the disruption budget and the fleet history."""
+        return Carrier(self.exchange.store, self.config.describe, self.exchange.answers)
 
     def fleet_states(self, event_id: str, resources: Sequence[str], vm_name: str,
                      warning_as_error: bool) -> dict[str, str]:
@@ -217,4 +269,5 @@ class StoreBackend:
 
     def stop(self) -> None:
         self.exchange.stop()
+        self.gate_client.close()
 

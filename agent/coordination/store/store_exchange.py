@@ -21,12 +21,11 @@ import dataclasses
 import functools
 import queue
 import random
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agent.clock import Clock
-from agent.coordination.store.store_answers import PROBE_EVERY_S, AnsweredStore, Answers, affordable_wait
+from agent.coordination.store.store_answers import PROBE_EVERY_S, SharedClient, affordable_wait
 from agent.coordination.store.store_answers import Store as Store  # re-exported: every path names it here
 from agent.coordination.store.store_protocol import (
     APPROVED,
@@ -141,37 +140,27 @@ class StoreExchange:
     def __init__(self, open_store: Callable[[], Store], describe: str, clock: Clock, *,
                  on_change: Callable[[], None], report: Report, takeover_after: Callable[[], float],
                  count_error: Callable[[], None] = lambda: None, max_workers: int = 4) -> None:
-        self.open_store = open_store
+        self.client = SharedClient(open_store)
         self.takeover_after = takeover_after
         self.clock = clock
         self.on_change = on_change
         self.report = report
         self.log = logs.get("coordinator")
         self.snapshot = Snapshot(describe)
-        self._store: Store | None = None
-        self._open_lock = threading.Lock()
         self._results: queue.SimpleQueue[Result] = queue.SimpleQueue()
         self._events: dict[str, EventState] = {}
         self.count_error = count_error
         self._lanes = Lanes(max_workers, "store", count_error)
         self._last: tuple[str, float | None] = ("no request yet", None)
         self._healthy: bool | None = None
-        self.answers = Answers()
+        self.answers = self.client.answers
         """Answers from the store by any path through `store` (B6: the first ends every Retry-After's wait)."""
 
     # --- worker side -----------------------------------------------------------------------
 
     def store(self) -> Store:
-        """The store client, opened on first use (on a worker: the token and the SDK's import cost land there)."""
-        with self._open_lock:
-            if self._store is None:
-                try:
-                    self._store = AnsweredStore(self.open_store(), self.answers)
-                except StoreError:
-                    raise
-                except Exception as exc:  # an SDK that cannot even build its client is a store failure like any other
-                    raise StoreError("error", f"cannot open the store: {str(exc)[:300]}") from None
-            return self._store
+        """The store client every path shares (`SharedClient`: opened on first use, on a worker)."""
+        return self.client.get()
 
     def warm(self) -> None:
         """Open the store client on a worker now (the SDK's import, ~0.25 s of CPU), so the first event does not
@@ -389,6 +378,4 @@ class StoreExchange:
 
     def stop(self) -> None:
         self._lanes.shutdown()
-        with self._open_lock:
-            if self._store is not None:
-                self._store.close()
+        self.client.close()
