@@ -145,6 +145,10 @@ class Budget:
         self.health(HEALTH, *health_words(m, self.group, wants, self.describe))
         return self._gate(wants, now)
 
+    def deadline(self) -> float:
+        """When the loop must run its next pass at the latest (monotonic; inf: no need): `Mine.deadline`."""
+        return self.mine.deadline(self.clock.monotonic())
+
     def _gate(self, wants: Sequence[Want], now: float) -> LeaveGate:
         gate = self.mine.gate(wants, now)
         self.hold = self.mine.hold()
@@ -166,6 +170,9 @@ class Budget:
             return (READ, m.event) if look else (None, "")
         if self.places is None:
             return READ, ""  # once after a start: be counted among the members, find a place held before it
+        held = self.places.holder(self._name())
+        if m.waiting_for and held is not None and held.why == CHOSEN and held.event == m.waiting_for:
+            return TAKE, m.waiting_for  # listed by another's write (a start finds it seated): confirm it (B1)
         if wants:
             return TAKE, wants[0].event_id
         return (READ, "") if self._stamp.due(self.clock.monotonic()) else (None, "")  # B5: counted while idle
@@ -200,7 +207,9 @@ class Budget:
         lease = lease_end(o.sent_at, held.renewed, o.date, self.config.release_after) \
             if held is not None and o.date is not None else float("-inf")
         if m.why is None and o.result == "read" and not m.lost:  # after a start: out for what the record says
-            if held is not None:  # held before it: within what its entry's age leaves of the lease
+            if held is not None and held.why == CHOSEN:  # B1: maybe seated by another's write while it was down
+                m.waiting_since, m.waiting_for = now, held.event  # confirmed by a TAKE of its own before it is out
+            elif held is not None:  # forced before it: within what its entry's age leaves of the lease
                 m.why, m.event, m.since, m.renew_at, m.lease_end = held.why, held.event, now, now, lease
                 m.reasons.setdefault(held.event, held.why)
             for w in (w for w in self._started if held is None or held.event != w.event_id):

@@ -184,6 +184,17 @@ class Mine:
     def hold(self) -> Hold:
         return Hold(self.why, self.event, self.lease_end, frozenset(self.forced))
 
+    def deadline(self, now: float) -> float:
+        """The first of what is due after `now` (inf: nothing): a place's lease end (B2: lost on time), its renewal,
+        the next step (a waiter's poll, a retry; none while one is in flight). The loop's sleep ends by it, whatever
+        the poll interval or the IMDS backoff."""
+        times = [] if self.busy else [self.due]
+        if self.why is not None:
+            times.append(self.renew_at)
+        if self.why == CHOSEN:
+            times.append(self.lease_end)
+        return min((t for t in times if t > now), default=float("inf"))
+
 
 def approval_held(resources: Sequence[str], event_id: str, places: Places | None, me: str, hold: Hold,
                   now: float) -> str | None:

@@ -4,8 +4,10 @@
 A step reads the places record (If-None-Match on the ETag last seen: a 304 costs no body, B4), leaves out its odd
 records (B5: counted and reported by `budget_records.RecordProblems`), drops the members that never came back and
 the stale member stamps, decides with the pure rules (`budget_rules.apply_step`), refreshes this member's own stamp
-once it is a third of `member_ttl` old, and writes the record back with If-Match, again on a conflict. The lane
-hands an immutable `Outcome` back through a queue the loop drains, and sends the members a write seated a wake
+once it is a third of `member_ttl` old, and writes the record back with If-Match, again on a conflict. A step that
+seats this member (`acquired`) always writes, even a body equal to the record read (B1: out by choice only on a write
+of its own; a release that seated it in the same second as its read leaves its entry as the TAKE would write it).
+The lane hands an immutable `Outcome` back through a queue the loop drains, and sends the members a write seated a wake
 hint (`budget_wake`, an accelerator only).
 """
 
@@ -51,6 +53,12 @@ from agent.lanes import Lanes
 
 CAS_TRIES = 8
 """Compare-and-swap attempts of one step before it reports a conflict and tries again on the next tick."""
+
+
+def confirms(result: str) -> bool:
+    """Whether a step that came to `result` writes even a body equal to the record it read (If-Match): a seat
+    (`acquired`) is confirmed by a write of its own (B1), also when a release seated it in the same second."""
+    return result == "acquired"
 
 
 class BudgetStore(ConditionalStore, Protocol):
@@ -103,7 +111,7 @@ def step(store: BudgetStore, group: str, action: Action, me: Me, event: str, cap
         result, reason, new = apply_step(places, action, me, event, cap_of(len(places.members) or 1), spread, now,
                                          release_after / 4)
         new = stamped(new, me.vm, now, member_ttl)  # B5: counted while it runs, even idle
-        if new == places and not freed:
+        if new == places and not freed and not confirms(result):
             return Outcome(action, event, result, places, reason, freed=freed, sent_at=sent_at, date=now, odd=odd)
         body = render_places(group, new)
         if (written := store.write_body(name, body, etag)) is not None:

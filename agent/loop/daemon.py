@@ -196,7 +196,7 @@ class Daemon:
             self._sleep_until_due()
 
     def _sleep_until_due(self) -> None:
-        wait = self.cadence.next_poll - self.clock.monotonic()
+        wait = min(self.cadence.next_poll, budget_deadline(self.parts)) - self.clock.monotonic()
         if self.notifier.watchdog_interval is not None:
             wait = min(wait, self.notifier.watchdog_interval)
         if wait > 0 and not (self.control.stop.is_set() or self.control.reload.is_set() or self.inbox.waiting()):
@@ -339,3 +339,9 @@ class Daemon:
         if self.server is not None:
             self.server.close()
         self.log.info("daemon.stopped", polls=self.cadence.polls)
+
+
+def budget_deadline(parts: Parts) -> float:
+    """When the disruption budget needs the loop's next pass at the latest (monotonic; inf: no budget): its place's
+    lease end (B2: lost on time, whatever `imds.poll_interval` or the IMDS backoff), its renewal, its next step."""
+    return parts.budget.deadline() if parts.budget is not None else float("inf")

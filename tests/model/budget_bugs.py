@@ -10,7 +10,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 from unittest import mock
 
-from agent.fleet import budget, budget_lease, budget_rules
+from agent.fleet import budget, budget_lease, budget_rules, budget_step
 from agent.fleet.budget_rules import RENEW, TAKE
 
 
@@ -64,7 +64,8 @@ def force_step_dropped() -> Iterator[None]:
 @contextmanager
 def granted_without_own_write() -> Iterator[None]:
     """The handoff before B1: a member a release seated takes the place on the releaser's write (a TAKE that finds
-    itself granted within renew_after writes nothing), so it leaves rotation with no write of its own."""
+    itself granted within renew_after writes nothing), so it leaves rotation with no write of its own. The step's
+    confirming write of an unchanged record (`budget_step.confirms`) is taken out too: it would list it again."""
     decide = budget_rules._decide
 
     def old_decide(places: Any, action: Any, me: Any, event: str, cap: int, spread: str, now: Any,
@@ -75,7 +76,8 @@ def granted_without_own_write() -> Iterator[None]:
             return "acquired", "a member's release handed it the place", places
         return decide(places, action, me, event, cap, spread, now, renew_after)
 
-    with mock.patch.object(budget_rules, "_decide", old_decide):
+    with mock.patch.object(budget_rules, "_decide", old_decide), \
+            mock.patch.object(budget_step, "confirms", lambda result: False):
         yield
 
 

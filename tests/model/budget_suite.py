@@ -36,9 +36,10 @@ HORIZON = 9
 and another member taking the place; a release and a handoff at 4."""
 
 
-def _confirm_writes() -> bool:
+def confirm_writes() -> bool:
     """Whether a member a release seated confirms with a write of its own when it reads in the same second as the
-    release (B1; h/budget-core's step wrote nothing then: the rewritten entry equals the granted one)."""
+    release (B1; h/budget-core's step wrote nothing then: the rewritten entry equals the granted one; fixed on
+    h/budget-findings: a seat always writes, `budget_step.confirms`)."""
     member = BeliefModel().members[1]
     entry = Entry("b", "2", "", member.event, CHOSEN, date(4), date(4))
     record = render_places(GROUP, Places((entry,), (), {"b": date(4)}))  # its own stamp as fresh as the grant
@@ -46,9 +47,10 @@ def _confirm_writes() -> bool:
     return outcome is None
 
 
-def _restart_confirms() -> bool:
+def restart_confirms() -> bool:
     """Whether a maintd that starts again and finds itself seated by another's write confirms before it counts
-    itself out by choice (B1; h/budget-core's start read took the place as its own)."""
+    itself out by choice (B1; h/budget-core's start read took the place as its own; fixed on h/budget-findings: it
+    confirms with a TAKE of its own)."""
     member = BeliefModel().members[1]
     entry = Entry("b", "2", "", member.event, CHOSEN, date(4), date(4))
     record = render_places(GROUP, Places((entry,), (), {"b": date(0)}))
@@ -62,14 +64,9 @@ def _restart_confirms() -> bool:
 
 KNOWN: dict[str, str] = {}
 """Findings of this checker on the code it runs against, each shown as an expected failure while its probe says it
-is there (the lead sees them as xfail; once fixed the tests are plain again)."""
-if not _confirm_writes():
-    KNOWN["B1"] = KNOWN["B2"] = ("finding: a member seated by another's write and reading in the same second leaves "
-                                 "rotation with no write of its own (the confirming TAKE rewrites an identical entry, "
-                                 "so budget.step writes nothing)")
-if not _restart_confirms():
-    KNOWN.setdefault("B1", "finding: a maintd that starts again takes a place another's write handed it as its own, "
-                           "with no write of its own")
+is there (the lead sees them as xfail; once fixed the tests are plain again). The checker's two B1 findings
+(`confirm_writes`, `restart_confirms`) are fixed and their probes are plain tests now
+(tests/model/test_budget_beliefs.py): a regression fails, never hides as an xfail."""
 if importlib.util.find_spec("agent.fleet.budget_poll") is None:
     KNOWN["handoff"] = "B4 is h/budget-handoff's (head-of-line reads every second), not merged here yet"
 if not hasattr(BudgetConfig(), "member_ttl"):

@@ -20,7 +20,7 @@ import pytest
 from tests.model import budget_bugs
 from tests.model.budget_belief import CLOCKS, CUT, PAUSE, STALE, BeliefModel, outcomes
 from tests.model.budget_member import Clock
-from tests.model.budget_suite import HORIZON, KNOWN, SUITE
+from tests.model.budget_suite import HORIZON, KNOWN, SUITE, confirm_writes, restart_confirms
 from tests.model.explorer import Result, explore
 
 
@@ -91,6 +91,18 @@ def test_b5_a_percentage_counts_members_that_renewed(request: pytest.FixtureRequ
     result = run("50%", "none", (STALE,), horizon=6)
     for prop in ("B1", "B3"):
         holds(result, prop)
+
+
+def test_a_member_seated_in_the_same_second_as_its_read_confirms_with_a_write_of_its_own():
+    """The checker's finding (B1, B2), fixed: a member a release seated, reading in the same second, writes its entry
+    (If-Match) even when it equals the granted one, so it is out on a write of its own."""
+    assert confirm_writes()
+
+
+def test_a_maintd_started_again_on_a_place_handed_to_it_confirms_before_it_is_out_by_choice():
+    """The checker's finding (B1), fixed: a maintd that starts again and finds another's write seated it is not out
+    by choice until a TAKE of its own listed it."""
+    assert restart_confirms()
 
 
 def broken(bug: Callable[[], AbstractContextManager[None]], kinds: Iterable[str], prop: str,
