@@ -4,25 +4,15 @@ on this host's interface address, when it has one) with no unix socket; `maintd 
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from tests.e2e.harness import CLEAN_ENV, free_port
+from tests.http.test_listener_owner import _interface_address
 
 pytestmark = pytest.mark.e2e
-
-
-def _interface_address() -> str | None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("192.0.2.1", 9))
-        except OSError:
-            return None
-        address: str = probe.getsockname()[0]
-        return None if address.startswith("127.") else address
 
 
 @pytest.mark.parametrize("host", ["127.0.0.77", "interface"])
