@@ -174,7 +174,8 @@ class Recorder(http.server.BaseHTTPRequestHandler):
 def test_a_url_forged_into_the_record_never_receives_the_token() -> None:
     """A waiter's entry says its `url` is a listener of the forger's: the release's hint, with the coordination
     token, goes only to the address wake_url derives for the waiter's name; the forged listener receives nothing.
-    A name that is not a host name gets no hint at all."""
+    A name that is not a host name gets no hint at all. (The waiter is named by an address literal: a name to
+    resolve would depend on the host's /etc/hosts, which a bare Debian root lacks.)"""
     from agent.coordination.member_urls import member_url
 
     seen: list[tuple[int, str, str]] = []
@@ -191,14 +192,14 @@ def test_a_url_forged_into_the_record_never_receives_the_token() -> None:
     template = f"http://{{name}}:{honest}"
     sender = WakeSender(lambda: "peer-token", Metrics(), lambda name: member_url(template, name, None))
     a, _ = member(store, clock, "a", hints=sender)
-    b, _ = member(store, clock, "localhost", url=f"http://127.0.0.1:{forged}")
-    wants = {"a": [want("ea", nb)], "localhost": [want("eb", nb)]}
+    b, _ = member(store, clock, "127.0.0.1", url=f"http://127.0.0.1:{forged}")
+    wants = {"a": [want("ea", nb)], "127.0.0.1": [want("eb", nb)]}
     try:
         settle([a], wants, {})
-        assert not settle([b], wants, {})["localhost"].allowed
+        assert not settle([b], wants, {})["127.0.0.1"].allowed
         assert f"http://127.0.0.1:{forged}" in store.blobs["budget/web/places"][0].decode()  # forged into the record
         wants.pop("a")
-        settle([a], wants, {})  # back in rotation: the release seats "localhost" and hints it
+        settle([a], wants, {})  # back in rotation: the release seats "127.0.0.1" and hints it
         assert sender.wait_idle(15)
         assert seen == [(honest, "/v1/budget/wake", "Bearer peer-token")]
         now = clock.now()
