@@ -158,7 +158,9 @@ def test_a_new_connections_probe_waits_for_one_short_turn_not_for_the_flood(serv
         sent_at = backend.healthz
         assert get(port, "/probe", "127.0.0.9").startswith(b"HTTP/1.1 200")
         assert backend.healthz < 100 * 400, "the flood was over before the probe: no measure"
-        assert backend.at_probe[-1] - sent_at < 400, backend.at_probe[-1] - sent_at
+        # a few turns of 64 (479 seen once at load 13 on Debian's libraries); the old scheduling answered 8 + 8 from
+        # each of the 100 connections, 1600, before the probe
+        assert backend.at_probe[-1] - sent_at < 1000, backend.at_probe[-1] - sent_at
     finally:
         for s in flood:
             s.close()
