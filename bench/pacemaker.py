@@ -24,7 +24,7 @@ from typing import Any
 from bench.common import summary, write
 from tests.cluster.conftest import HANDLER
 from tests.cluster.netns import Cluster, missing
-from tests.cluster.rig import ClusterImds, NodeAgent, Sampler
+from tests.cluster.rig import ClusterImds, NodeAgent, Sampler, running
 from tests.e2e.harness import wait_until
 
 AZ_AGENT = Path("/usr/lib/ocf/resource.d/heartbeat/azure-events-az")
@@ -63,23 +63,8 @@ def one_maintd(cluster: Cluster, imds: ClusterImds, agents: dict[str, NodeAgent]
 
 def run_maintd(base: Path, count: int) -> dict[str, Any]:
     cluster = Cluster(base / "cluster-maintd")
-    imds: ClusterImds | None = None
-    agents: dict[str, NodeAgent] = {}
-    rows: list[dict[str, float]] = []
-    try:
-        cluster.start()
-        imds = ClusterImds(cluster.nodes, started_duration=1.0)
-        imds.start_in_nodes()
-        for node in cluster.nodes:
-            agents[node.name] = NodeAgent(node, base / "maintd" / node.name, HANDLER)
-        for _ in range(count):
-            rows.append(one_maintd(cluster, imds, agents))
-    finally:
-        for agent in agents.values():
-            agent.stop()
-        if imds is not None:
-            imds.stop()
-        cluster.stop()
+    with running(cluster, HANDLER, base, started_duration=1.0) as (imds, agents):
+        rows = [one_maintd(cluster, imds, agents) for _ in range(count)]
     return {key: summary([r[key] for r in rows]) for key in rows[0]}
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.netns import Cluster, missing
-from tests.cluster.rig import ClusterImds, NodeAgent
+from tests.cluster.rig import ClusterImds, NodeAgent, running
 
 HANDLER: dict[str, Any] = {"name": "cluster", "type": "pacemaker", "phases": ["scheduled", "completed"],
                            "move_timeout": "8s"}
@@ -47,8 +47,6 @@ def rig() -> Iterator[Rig]:
     _skip_unless_able()
     base = Path(tempfile.mkdtemp(prefix="maintd-cluster-"))
     cluster = Cluster(base / "cluster")
-    imds: ClusterImds | None = None
-    agents: dict[str, NodeAgent] = {}
     previous = signal.getsignal(signal.SIGTERM)
 
     def interrupted(signum: int, frame: Any) -> None:
@@ -56,17 +54,8 @@ def rig() -> Iterator[Rig]:
 
     signal.signal(signal.SIGTERM, interrupted)  # a killed run still tears the cluster down
     try:
-        cluster.start()
-        imds = ClusterImds(cluster.nodes, started_duration=2.0)
-        imds.start_in_nodes()
-        for node in cluster.nodes:
-            agents[node.name] = NodeAgent(node, base / "maintd" / node.name, HANDLER)
-        yield Rig(cluster, imds, agents, base)
+        with running(cluster, HANDLER, base, started_duration=2.0) as (imds, agents):
+            yield Rig(cluster, imds, agents, base)
     finally:
-        for agent in agents.values():
-            agent.stop()
-        if imds is not None:
-            imds.stop()
-        cluster.stop()
         signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(base, ignore_errors=True)  # a failing scenario prints each maintd's lines itself

@@ -16,6 +16,8 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,3 +196,25 @@ def _sample(at: float, mon: Mon, rsc: str) -> Sample:
     return Sample(at, mon.where(rsc), tuple(n for n, v in mon.nodes.items() if v.standby),
                   tuple(n for n, v in mon.nodes.items() if v.online),
                   {n: v.online and not v.standby and v.health != "red" for n, v in mon.nodes.items()})
+
+
+@contextmanager
+def running(cluster: Cluster, handler: dict[str, Any], base: Path, started_duration: float) \
+        -> Iterator[tuple[ClusterImds, dict[str, NodeAgent]]]:
+    """The cluster started, an IMDS in each node and one maintd per node running `handler`; all taken down on
+    the way out, whatever raised (the tests' fixture and `python -m bench pacemaker`)."""
+    imds: ClusterImds | None = None
+    agents: dict[str, NodeAgent] = {}
+    try:
+        cluster.start()
+        imds = ClusterImds(cluster.nodes, started_duration=started_duration)
+        imds.start_in_nodes()
+        for node in cluster.nodes:
+            agents[node.name] = NodeAgent(node, base / "maintd" / node.name, handler)
+        yield imds, agents
+    finally:
+        for agent in agents.values():
+            agent.stop()
+        if imds is not None:
+            imds.stop()
+        cluster.stop()
