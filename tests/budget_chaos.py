@@ -39,6 +39,9 @@ HOOK = ('if [ -n "$GATED" ]; then while [ ! -e "$DIR/$MAINTD_VM_NAME.go" ]; do s
         'sleep "$SLEEP"')
 """The checkpoint: `SLEEP` seconds; a gated one first waits for the test to `open` its gate (a member that holds
 its place as long as the test wants)."""
+REJOIN = "1s"
+"""B7's rejoin_wait here (the default, probe.lb_timeout, would add 11 s to each handoff): ten probe rounds between one
+member back in rotation and the next out, so the sampler can order them."""
 PROBE_EVERY, PROBE_TIMEOUT = 0.1, 2.0
 StartEmulator = Callable[..., Emulator]
 StartAgent = Callable[..., Agent]
@@ -114,6 +117,12 @@ class Rotation:
     def answers(self, vm: str) -> list[tuple[float, str, bool | None]]:
         with self._lock:
             return [s for s in self.timeline if s[1] == vm]
+
+    def gaps(self) -> list[float]:
+        """Seconds from each time a member was back in rotation to the next time one went out (the load balancer's
+        time to send traffic to the one back, B7), over the whole timeline."""
+        spans = sorted(span for vm in self.agents for span in self.intervals(vm))
+        return [later[0] - earlier[1] for earlier, later in zip(spans, spans[1:], strict=False)]
 
     def together(self, a: str, b: str) -> float:
         """Seconds `a` and `b` were out at once."""
@@ -209,7 +218,7 @@ def member_config(proxy: StoreProxy, container: str, workdir: Path, gates: Path,
     checkpoint of `sleep` seconds (`gated`: ending only once the test opens its gate) with `timeout`, which is
     part of what its last safe moment allows for (drain wait plus the hooks' timeouts, and 5 s)."""
     cfg = store_config(ProxyConfig(proxy), container, workdir,  # type: ignore[arg-type]
-                       budget={"group": GROUP, "max_unavailable": 1, **budget})
+                       budget={"group": GROUP, "max_unavailable": 1, "rejoin_wait": REJOIN, **budget})
     if token_file is not None:
         cfg["coordination"]["token_file"] = token_file
     checkpoint = {"name": "checkpoint", "type": "exec", "phases": ["scheduled"], "timeout": f"{timeout:g}s",

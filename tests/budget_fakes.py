@@ -105,14 +105,16 @@ class Hints:
 
 
 def member(store: CasStore, clock: FakeClock, name: str, zone: str = "1", needs: float = 60.0,
-           hints: Hinter | None = None, url: str | None = None, **config: Any) -> tuple[Budget, Health]:
+           hints: Hinter | None = None, url: str | None = None, rejoin: float = 0.0,
+           **config: Any) -> tuple[Budget, Health]:
     """A member of group web; with `hints`, its releases' hints go there and it takes hints (by its name); `url`
-    (default http://{name}:8088) is what it writes as its own address (shown only)."""
+    (default http://{name}:8088) is what it writes as its own address (shown only); `rejoin`: seconds it keeps its
+    place once back in rotation (B7; the daemon's default is probe.lb_timeout)."""
     health = Health()
     url = url if url is not None else f"http://{name}:8088" if hints is not None else ""
     budget = Budget(BudgetConfig(**{"group": "web", **config}), store=lambda: store, describe="fake store",
                     clock=clock, on_change=lambda: None, health=health, metrics=Metrics(), needs=lambda: needs,
-                    lead_time=lambda: 0.0, wake_sender=hints, url=url)
+                    lead_time=lambda: 0.0, wake_sender=hints, url=url, rejoin_wait=lambda: rejoin)
     if isinstance(hints, Hints):
         hints.budgets[name] = budget
     budget.identify(name, zone, "0", "")

@@ -90,6 +90,11 @@ class BudgetConfig:
     fallback_poll: float = opt(duration(5, 3600), 120.0,
                                "the longest a waiting member goes between two reads of the record; the members "
                                "next in line read it every second, the rest less often the further back they are")
+    rejoin_wait: float | None = opt(optional(duration(0, 3600)), None,
+                                    "how long a member back in rotation keeps its place before the next member "
+                                    "may leave: the load balancer sends it traffic again only after as many good "
+                                    "probe answers as it took bad ones to stop; unset: probe.lb_timeout; 0s "
+                                    "without a load balancer")
     member_ttl: float = opt(duration(300, 30 * 86400), 3600.0,
                             "a member counts towards a percentage max_unavailable while its stamp in the record is "
                             "younger than this; each member refreshes it every member_ttl / 3, even while idle, and "

@@ -54,13 +54,13 @@ from agent.fleet.budget_rules import (
     Places,
     capacity,
     counts,
+    places_view,
 )
 from agent.fleet.budget_step import BudgetStore, Steps
 from agent.fleet.budget_step import Outcome as Outcome
 from agent.fleet.budget_step import step as step
 from agent.fleet.budget_wake import WAKE_GAP, Hinter, WakeAnswer
 from agent.model.budget_gate import LeaveGate
-from agent.model.timefmt import iso_z
 from agent.telemetry import logs
 
 HEALTH = "budget"
@@ -72,12 +72,14 @@ class Budget:
     def __init__(self, config: BudgetConfig, *, store: Callable[[], BudgetStore], describe: str, clock: Clock,
                  on_change: Callable[[], None], health: Callable[[str, str, str], None],
                  metrics: Any, needs: Callable[[], float], lead_time: Callable[[], float],
-                 wake_sender: Hinter | None = None, url: str = "", answers: Answers | None = None) -> None:
+                 wake_sender: Hinter | None = None, url: str = "", answers: Answers | None = None,
+                 rejoin_wait: Callable[[], float] = lambda: 0.0) -> None:
         """`url`: what this member writes as its address (shown only; "" none); `wake_sender` sends hints;
-        `answers`: the store's answers on every path (B6: the first ends a Retry-After's wait)."""
+        `answers`: the store's answers on every path (B6: the first ends a Retry-After's wait); `rejoin_wait`: how
+        long a member back in rotation keeps its place (B7)."""
         self.config, self.open_store, self.describe, self.clock = config, store, describe, clock
         self.on_change, self.health, self.metrics = on_change, health, metrics
-        self.needs, self.lead_time = needs, lead_time
+        self.needs, self.lead_time, self.rejoin_wait = needs, lead_time, rejoin_wait
         self.log = logs.get("budget")
         self.me: Me | None = None
         self.group: str | None = config.group
@@ -127,6 +129,10 @@ class Budget:
         self._check_lease(now)
         self._wants, self._started = tuple(wants), tuple(started)
         m = self.mine
+        if m.rejoin(out, now):
+            self.log.info("budget.rejoining", event_id=m.event or min(m.forced, default=""), group=self.group,
+                          seconds=self.rejoin_wait(), effect="back in rotation; keeps its place until the load "
+                                                             "balancer can send it traffic again")
         if self._woken.is_set():
             self._woken.clear()
             if m.why is None and m.waiting_since is not None:  # a release may have handed this VM the place
@@ -147,7 +153,7 @@ class Budget:
 
     def deadline(self) -> float:
         """When the loop must run its next pass at the latest (monotonic; inf: no need): `Mine.deadline`."""
-        return self.mine.deadline(self.clock.monotonic())
+        return self.mine.deadline(self.clock.monotonic(), self.rejoin_wait())
 
     def _gate(self, wants: Sequence[Want], now: float) -> LeaveGate:
         gate = self.mine.gate(wants, now)
@@ -156,7 +162,8 @@ class Budget:
 
     def _next(self, wants: Sequence[Want], out: bool) -> tuple[Action | None, str]:
         m = self.mine
-        if (m.why is not None or m.waiting_since is not None or m.forced) and not wants and not out:
+        if (m.why is not None or m.waiting_since is not None or m.forced) and not wants and not out \
+                and self.clock.monotonic() >= m.release_due(self.rejoin_wait()):
             if not m.failures:  # not the next poll: at once (a failed step keeps its backoff)
                 m.due = min(m.due, self.clock.monotonic())
             # back in rotation, or no longer waiting: leave the record
@@ -207,6 +214,7 @@ class Budget:
         lease = lease_end(o.sent_at, held.renewed, o.date, self.config.release_after) \
             if held is not None and o.date is not None else float("-inf")
         if m.why is None and o.result == "read" and not m.lost:  # after a start: out for what the record says
+            m.out_seen = held is not None  # B7: it may have been out before it stopped; back now, it keeps the place
             if held is not None and held.why == CHOSEN:  # B1: maybe seated by another's write while it was down
                 m.waiting_since, m.waiting_for = now, held.event  # confirmed by a TAKE of its own before it is out
             elif held is not None:  # forced before it: within what its entry's age leaves of the lease
@@ -302,16 +310,9 @@ class Budget:
         places = self.places or Places()
         view = {"group": self.group, "max_unavailable": self.config.max_unavailable,
                 "places": capacity(self.config.max_unavailable, len(places.members) or 1),
-                "spread": self.config.spread, "members_known": len(places.members),
-                "holders": [{"vm": h.vm, "since": iso_z(h.since), "why": h.why, "event_id": h.event,
-                             "zone": h.zone, "fault_domain": h.fault_domain, "url": h.url or None}
-                            for h in places.holders],
-                "waiting": [{"vm": w.vm, "since": iso_z(w.since), "event_id": w.event, "zone": w.zone,
-                             "url": w.url or None} for w in places.waiting],
+                "spread": self.config.spread, "members_known": len(places.members), **places_view(places),
                 "store_error": str(self.mine.error) if self.mine.error else None,
-                "lost": [{"event_id": e, "reason": self.mine.lost_reason, "at": iso_z(self._lost_at[e])
-                          if e in self._lost_at else None} for e in sorted(self.mine.lost)],
-                "odd_records": self.steps.records.counted}
+                "lost": self.mine.lost_view(self._lost_at), "odd_records": self.steps.records.counted}
         for state, n in counts(places).items():
             self.metrics.budget_members.labels(state).set(n)
         self.snapshot = view

@@ -1,6 +1,7 @@
 """A member's own hold on its place, pure: the lease on its monotonic clock (B2), when a forced member may leave
-rotation (B3), the forced line's reason, this VM's part in the budget (`Mine`, the loop's own, and `Hold`, the
-snapshot the approver reads) and the approval's check with this VM counted by its own hold.
+rotation (B3), the forced line's reason, this VM's part in the budget (`Mine`, the loop's own, which gives its place
+back `rejoin_wait` after it is back in rotation: B7; and `Hold`, the snapshot the approver reads) and the approval's
+check with this VM counted by its own hold.
 
 B2: a member out by choice holds its place only within its lease. The lease runs on its own monotonic clock from
 `sent_at`, when it sent the read of the step whose write listed it (that read's Date is the entry's `renewed`, no
@@ -15,13 +16,14 @@ before the budget's count), and keeps trying the write until it lands.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from agent.coordination.store.store_protocol import StoreError
 from agent.fleet.budget_rules import CHOSEN, FORCED, FORCED_AT_ONCE, Places, approval_blocked, forced_now
 from agent.model.budget_gate import LeaveGate
+from agent.model.timefmt import iso_z
 
 LEASE_MARGIN_S = 2.0
 """Seconds a lease ends before the others may drop the entry: the store's Date has a one-second resolution, and
@@ -124,6 +126,10 @@ class Mine:
     """Events whose place was lost: they return to rotation (the gate revokes them) until seated again."""
     lost_reason: str = ""
     reasons: dict[str, str] = field(default_factory=dict)
+    out_seen: bool = False
+    """It was out of rotation while it held a place or was forced (or a start found its place held)."""
+    back_since: float | None = None
+    """When it came back into rotation after that (monotonic): it keeps its place `rejoin_wait` more (B7)."""
 
     def seat(self, why: str, event: str, now: float, lease: float) -> None:
         """A step of its own listed it as a holder (chosen or forced) for `event`, held until `lease`."""
@@ -135,6 +141,26 @@ class Mine:
         self.why, self.event, self.since, self.renew_at, self.lease_end = None, "", None, float("inf"), float("-inf")
         self.waiting_since, self.waiting_for, self.lost, self.lost_reason = None, "", frozenset(), ""
         self.forced, self.known = {}, {}
+        self.out_seen, self.back_since = False, None
+
+    def rejoin(self, out: bool, now: float) -> bool:
+        """Follow this VM's rotation while it counts in the budget; True when it just came back into rotation."""
+        if out:
+            self.out_seen = self.out_seen or self.why is not None or bool(self.forced)
+            self.back_since = None
+            return False
+        if self.out_seen and self.back_since is None:
+            self.back_since = now
+            return True
+        return False
+
+    def release_due(self, rejoin_wait: float) -> float:
+        """When it may release its place (monotonic). B7: a member back in rotation keeps it `rejoin_wait` more,
+        the load balancer's time to send it traffic again (as many good answers as it took bad ones to stop);
+        one that never left rotation releases at once."""
+        if not self.out_seen:
+            return float("-inf")
+        return float("inf") if self.back_since is None else self.back_since + rejoin_wait
 
     def note(self, wants: Sequence[Want], started: Sequence[Want], now: float, forced: Callable[[Want], bool]) \
             -> list[Want]:
@@ -162,11 +188,17 @@ class Mine:
             self.forced.setdefault(event, now)
         else:
             self.lost, self.lost_reason = self.lost | {event}, reason
+            self.out_seen, self.back_since = bool(self.forced), None  # no place left to keep for the balancer
         if event == self.event:
             self.why, self.event, self.since, self.renew_at = None, "", None, float("inf")
             self.lease_end = float("-inf")
         self.waiting_since, self.waiting_for, self.due = now, event, min(self.due, now)
         return stays
+
+    def lost_view(self, lost_at: Mapping[str, datetime]) -> list[dict[str, str | None]]:
+        """The places it lost, as `/v1/fleet` shows them (`lost_at`: when, by event)."""
+        return [{"event_id": e, "reason": self.lost_reason, "at": iso_z(lost_at[e]) if e in lost_at else None}
+                for e in sorted(self.lost)]
 
     def gate(self, wants: Sequence[Want], now: float) -> LeaveGate:
         """Which due events may leave rotation now (a place held, or forced and `force_may_leave`), and which must
@@ -184,11 +216,11 @@ class Mine:
     def hold(self) -> Hold:
         return Hold(self.why, self.event, self.lease_end, frozenset(self.forced))
 
-    def deadline(self, now: float) -> float:
+    def deadline(self, now: float, rejoin_wait: float = 0.0) -> float:
         """The first of what is due after `now` (inf: nothing): a place's lease end (B2: lost on time), its renewal,
-        the next step (a waiter's poll, a retry; none while one is in flight). The loop's sleep ends by it, whatever
-        the poll interval or the IMDS backoff."""
-        times = [] if self.busy else [self.due]
+        the next step (a waiter's poll, a retry; none while one is in flight), its release after `rejoin_wait` (B7).
+        The loop's sleep ends by it, whatever the poll interval or the IMDS backoff."""
+        times = [] if self.busy else [self.due, self.release_due(rejoin_wait)]
         if self.why is not None:
             times.append(self.renew_at)
         if self.why == CHOSEN:
@@ -225,4 +257,7 @@ def health_words(m: Mine, group: str | None, wants: Sequence[Want], store: str) 
         failing = f"; the store ({store}) fails: {m.error}" if m.error else ""
         return "warning", (f"waiting for a place in budget {group or '(no group)'} for {wants[0].event_id}{failing}; "
                            "prepares at its last safe moment")
+    if m.back_since is not None and (m.why or m.forced):
+        return "ok", (f"budget {group}: back in rotation; keeps its place ({m.why or FORCED}) for rejoin_wait, until "
+                      "the load balancer can send it traffic again")
     return "ok", f"budget {group}: " + (f"holds a place ({m.why})" if m.why else "idle")

@@ -377,3 +377,11 @@ def _decide(places: Places, action: Action, me: Me, event: str, cap: int, spread
                 places
         return "renewed", "still out", take(places, me, held.event, held.why, now)
     return "read", "", places if me.vm in places.members else register(places, me.vm, now)
+
+
+def places_view(places: Places) -> dict[str, list[dict[str, str | None]]]:
+    """The holders and the waiting line as `/v1/fleet` and `maintd fleet` show them."""
+    return {"holders": [{"vm": h.vm, "since": iso_z(h.since), "why": h.why, "event_id": h.event, "zone": h.zone,
+                         "fault_domain": h.fault_domain, "url": h.url or None} for h in places.holders],
+            "waiting": [{"vm": w.vm, "since": iso_z(w.since), "event_id": w.event, "zone": w.zone,
+                         "url": w.url or None} for w in places.waiting]}

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from agent.clock import Clock
+from agent.config.config import Config
 from agent.handlers.spec import HandlerSpec, Settings
 from agent.health.rotation import Rotation
 from agent.loop.event_end import EventEnds
@@ -79,6 +80,14 @@ def preparation_needs(settings: Settings, handlers: Iterable[HandlerSpec]) -> fl
 def lead_seconds(lead: LeadTime) -> float:
     """`prepare.lead_time` in seconds (`now`: none)."""
     return 0.0 if lead == NOW else float(lead)
+
+
+def rejoin_seconds(config: Config) -> float:
+    """B7: how long a member back in rotation keeps its place (`coordination.budget.rejoin_wait`, unset: the
+    load balancer's `probe.lb_timeout`)."""
+    budget = config.coordination.budget
+    wait = budget.rejoin_wait if budget is not None else None
+    return config.probe.lb_timeout if wait is None else wait
 
 
 def history_group(budget: Budget | None, identity: Identity | None) -> str:

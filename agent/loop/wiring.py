@@ -33,7 +33,7 @@ from agent.http.routes import ApiServer
 from agent.imds.imds_client import ImdsClient
 from agent.loop.api import LocalApi, LoopView
 from agent.loop.event_end import fleet_history
-from agent.loop.fleet_pass import FleetPass, history_group, lead_seconds, preparation_needs
+from agent.loop.fleet_pass import FleetPass, history_group, lead_seconds, preparation_needs, rejoin_seconds
 from agent.loop.identity_lookup import IdentityLookup
 from agent.loop.inbox import Inbox
 from agent.model.identity import Identity
@@ -316,7 +316,7 @@ def make_budget(parts: Parts, carrier: Carrier | None) -> Budget | None:
                   wake_sender=None if (wake := c.budget.wake_url) is None else WakeSender(  # B5: hints by name
                       parts.peer_token, parts.metrics, lambda name: member_url(wake, name, parts.identity)),
                   url=advertised(c.budget.advertise, parts.config.server.listen, primary_ip),
-                  answers=carrier.answers)
+                  answers=carrier.answers, rejoin_wait=lambda: rejoin_seconds(parts.config))
 
 
 def make_api(parts: Parts, view: Callable[[], LoopView]) -> LocalApi:

@@ -70,7 +70,8 @@ def budget(server: Azurite, container: str, workdir: Path, port: int, **config: 
     """The member's config: the store, the budget (it takes wake hints on its own port: the test agents listen
     on loopback, where `advertise: auto` is none), the drain."""
     cfg = store_config(server, container, workdir, budget={"group": "web", "max_unavailable": 1,
-                                                           "advertise": f"http://127.0.0.1:{port}", **config})
+                                                           "advertise": f"http://127.0.0.1:{port}",
+                                                           "rejoin_wait": "1s", **config})
     return {**cfg, **DRAIN}
 
 
