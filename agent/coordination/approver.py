@@ -1,18 +1,24 @@
-"""The approval worker: the gates, the store's claim and the StartRequests POST for one event at a
-time, on a thread of its own, so the loop never waits on Prometheus, a peer, the store or IMDS.
+"""The approval worker: one approval after another on a thread of its own, so the loop never waits on
+Prometheus, a peer, the store or IMDS. Each approval is one sequence, read top-down in `Approver._run`:
 
-It owns nothing of the loop's: an `Order` (immutable) comes in, and an `Outcome` (immutable) goes
-back through a queue that the loop drains at its next tick (`Coordinator.tick`), so the per-event
-coordination state has one owner, the loop. The POST is recorded before (`sending`) and after
-(`sent` or `failed`) in the state store: a restart never re-sends a `sent` approval.
+1. decide (pure): the loop decided (`approval_policy.decide` in `Coordinator.tick`) and sent an `Order`;
+   the gates (`approval_gates`) may still hold it;
+2. take the right to post: `Backend.take_right` (on the store, the claim; the peers grant it as decided);
+3. recheck (S2, at most one POST per event), immediately before every send, the first and each retry
+   (`Approver.lapsed`): the order's deadline on the monotonic clock, set when the loop granted the right (a
+   process paused past it sends nothing); the coordinator's check (`still_right`: the event still Scheduled
+   in this VM's last poll, under a budget this VM's place within its lease); the backend's
+   (`Backend.right_to_post`: on the peers still the acting leader with every VM ready, on the store the
+   claim still holds). A lapsed right ends the order with `approval.withheld`; the loop decides again
+   after a fresh poll;
+4. send: POST StartRequests to IMDS (`approve`: the IMDS client in force), retried with backoff;
+5. record: `sending` in the state store before the first send, `sent` or `failed` after the last (a
+   restart never re-sends a `sent` approval); then the backend settles its right (`Backend.settle`: on
+   the store, `approved` or `released`).
 
-S2 (at most one POST per event): immediately before every send, the first and each retry, the
-approver rechecks that its right to post still holds (`Approver.lapsed`): the order's deadline on the
-monotonic clock, set when the loop granted the right (a process paused past it sends nothing); the
-coordinator's check (the event still Scheduled in this VM's last poll); and the backend's
-(`Backend.right_to_post`: on the peers still the acting leader with every VM ready, on the store the
-claim still holds). A
-lapsed right ends the order with `approval.withheld`; the loop decides again after a fresh poll.
+It owns nothing of the loop's: an `Order` (immutable) comes in, and an `Outcome` (immutable) goes back
+through a queue that the loop drains at its next tick (`Coordinator.absorb`), so the per-event
+coordination state has one owner, the loop.
 """
 
 from __future__ import annotations
@@ -125,21 +131,13 @@ class Approver:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _run(self, order: Order) -> None:
+        """One approval, the five steps of the module docstring; its outcome always goes back to the loop."""
         held: Held | None = order.held_before
         failed_at: float | None = None
         try:
-            held = self._gate(order)
-            if held is not None:
-                return
-            failures: list[float] = []
-
-            def post(within: float) -> bool:
-                failed = self._post(order, within)
-                failures.extend([failed] if failed is not None else [])
-                return failed is None
-
-            self.backend.send(order.event_id, order.vm_name, order.step, order.retry_for, post)
-            failed_at = failures[-1] if failures else None
+            held = self._gate(order)  # 1. decided on the loop; a gate may still hold it
+            if held is None:
+                failed_at = self._approve(order)
         finally:
             self._outcomes.put(Outcome(order.event_id, held, failed_at))
             self.done()
@@ -156,6 +154,22 @@ class Approver:
             self.log.info("approval.gate_open", event_id=eid, gate=order.held_before.gate)
         return held
 
+    def _approve(self, order: Order) -> float | None:
+        """Steps 2 to 5: None when sent (or not this VM's to send), else when it failed or was withheld
+        (monotonic)."""
+        right = self.backend.take_right(order.event_id, order.vm_name, order.step, order.retry_for)  # 2.
+        if right is None:
+            return None
+        failed_at: float | None = None
+        sent: bool | None = None  # stays None if the sends raise: the backend then records nothing
+        try:
+            if right.within > 0:
+                failed_at = self._post(order, right.within)  # 3. recheck, 4. send, 5. record: each send
+            sent = right.within > 0 and failed_at is None
+        finally:
+            self.backend.settle(order.event_id, order.vm_name, right, sent)  # 5. the backend's record
+        return failed_at
+
     def lapsed(self, order: Order, deadline: float) -> str | None:
         """Why the right to post no longer holds, or None: checked immediately before every send."""
         if self.clock.monotonic() >= deadline:
@@ -167,8 +181,9 @@ class Approver:
         return reason
 
     def _post(self, order: Order, within: float) -> float | None:
-        """POST StartRequests with retries for at most `within` seconds, each send only while the right to post
-        holds; None when sent, else when it failed or was withheld (monotonic)."""
+        """Steps 3 to 5: POST StartRequests with retries for at most `within` seconds, each send right after its
+        recheck (`lapsed`), `sending` recorded before the first and `sent` or `failed` after the last; None when
+        sent, else when it failed or was withheld (monotonic)."""
         eid, vm_name, reason = order.event_id, order.vm_name, order.reason
         deadline = min(order.deadline, self.clock.monotonic() + within)
         retrying = retrying_on(self.clock, retry_if=is_transient, within=within, cancel=self.cancel)
@@ -176,18 +191,18 @@ class Approver:
 
         def post() -> None:
             nonlocal attempts
-            lapsed = self.lapsed(order, deadline)
+            lapsed = self.lapsed(order, deadline)  # 3. recheck, immediately before this send
             if lapsed is not None:
                 raise RightLapsed(lapsed)
-            if attempts == 0:
+            if attempts == 0:  # 5. record, before the first send
                 self._record(eid, {"status": SENDING, "by": vm_name, "at": iso_z(self.clock.now()),
                                    "reason": reason})
             attempts += 1
-            self.approve_fn([eid])
+            self.approve_fn([eid])  # 4. send
 
         try:
             retrying(post)
-        except RightLapsed as exc:
+        except RightLapsed as exc:  # 5. record how it ended: withheld, failed or sent
             self.log.warning("approval.withheld", event_id=eid, reason=str(exc), attempts=attempts,
                              effect="not sent: the right to post lapsed; decided again after a fresh poll")
             if attempts:

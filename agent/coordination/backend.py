@@ -8,8 +8,9 @@ none, and import none of them (tests/project/test_house.py holds it).
 The coordinator decides, orders and publishes; it knows no backend by name. Per tick, on the loop's
 thread: `begin`, then `inputs` for each event naming this VM (what the decision needs: who is not
 ready, who ranks before this VM and is still there, the backend's step), then `end` with the events
-still followed. On the approver thread, right before every send: `right_to_post`; the send itself
-goes through `send` (the store claims around it). Views (any thread): `hint`, `view`, `status`,
+still followed. On the approver thread, the backend's three parts of the approval (`approver`): `take_right`
+before it (the store claims), `right_to_post` right before every send, `settle` after it (the store records
+`approved` or `released` on its claim). Views (any thread): `hint`, `view`, `status`,
 `fleet`, and `gate_input` for the gates (the fleet gate's input, the HTTP client they ask Prometheus with);
 `carrier` for what the fleet wing (the disruption budget, the fleet history) is carried by, if anything.
 """
@@ -70,6 +71,16 @@ class Carrier:
     store: Any
     describe: str
     answers: Any
+
+
+@dataclass(frozen=True)
+class Right:
+    """The right to post one approval, as the backend granted it (`take_right`): for how long this VM may send
+    (seconds, at most the order's `retry_for`; 0 or less: granted too late to send), and what the backend settles
+    it with afterwards (the store's claim; None on a backend that keeps nothing)."""
+
+    within: float
+    held: object = None
 
 
 @dataclass(frozen=True)
@@ -180,9 +191,14 @@ class Backend(Protocol):
         """The backend's part of the recheck right before every send (approver thread): None while this VM
         may post, else why not (and nothing is sent)."""
 
-    def send(self, event_id: str, vm_name: str, step: Step | None, retry_for: float,
-             post: Callable[[float], bool]) -> None:
-        """Send the approval with `post(within)` (approver thread), with whatever the backend does around it."""
+    def take_right(self, event_id: str, vm_name: str, step: Step | None, retry_for: float) -> Right | None:
+        """The approval's step 2 (approver thread): take the right to post (the store: claim the event), or None
+        when another VM has it (nothing is sent, nothing to settle)."""
+
+    def settle(self, event_id: str, vm_name: str, right: Right, sent: bool | None) -> None:
+        """After the sends (approver thread): give the right back, recording whether the approval was `sent` (the
+        store: `approved`, or `released` for another VM to take at once); None: the sends ended in an error that
+        says neither (the store records nothing: its claim is taken over once it is old)."""
 
     def gate_input(self) -> GateInput:
         """What the gates read on this backend (see `GateInput`)."""

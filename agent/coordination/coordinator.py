@@ -102,7 +102,6 @@ class Coordinator:
         these parts (`backend_registry`); `budget`: the disruption budget (a backend with a shared store only),
         asked before every early approval."""
         self.settings, self.health, self.budget = settings, health, budget
-        self.approve_fn = approve
         self.store = store
         self.metrics = metrics
         self.poll_interval = poll_interval

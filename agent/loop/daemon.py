@@ -256,7 +256,7 @@ class Daemon:
                                                                                                   now)
         if self._resume_pending:  # once after a start: the events known before it, as IMDS shows them now (0102)
             self._resume_pending = False
-            self.runner.resume(self.preparation.resume({e: t for e, t in self.tracked.items() if e in known}, now))
+            self.preparation.resume({e: t for e, t in self.tracked.items() if e in known}, now)  # to the runner
             self.parts.keeper.wake()  # what handlers keep (silences) is taken up again after a restart
         return transitions
 

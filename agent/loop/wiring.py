@@ -137,9 +137,8 @@ class Parts:
         self.budget = make_budget(self, carrier)
         if self.budget is not None and self.vm_name is not None:  # named in the config: no IMDS topology
             self.budget.identify(self.vm_name, "", "", "")
-        self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, submit=self.runner.submit,
-                                       profiles=config.profiles, prepare=config.prepare, budget=self.budget is not None,
-                                       restore=self.runner.restore)
+        self.preparation = Preparation(store=self.store, clock=clock, metrics=self.metrics, runner=self.runner,
+                                       profiles=config.profiles, prepare=config.prepare, budget=self.budget is not None)
         self.coordinator = Coordinator(
             config.coordination, approve=lambda ids: self.imds.approve(ids), store=self.store, clock=clock,
             metrics=self.metrics, token_reader=self.peer_token, poll_interval=config.imds.poll_interval,

@@ -1,16 +1,18 @@
 """Holds each event's scheduled-phase work until the time its plan (`agent.prepare.prepare_plan`)
-says, then hands it on.
+says, then hands it on: the one way into the runner (`Runs`: the handler runner's `submit`, `resume`
+and `restore`), each called from one place here (`_hand_on`, `resume`, `_restore`).
 
-The daemon gives every transition to `submit`: a Scheduled event naming this VM that appears
-before its preparation time is held; everything else (started and completed phases, events for
-other VMs, events due at once) goes straight to the runner. `tick`, once per loop pass with the
-pass's `Tick` (its clock reading, tracked events and profile in force: the ones the coordinator
-decides on), re-plans the pending events when the config was reloaded, the profile in force changed
-or an event's NotBefore moved, and releases what is due. The loop's calls take the time from the
-pass (`submit`, `resume` and `wanting` are handed its `now`); only an operator's `release`, on the
-API's thread, reads the clock. An event whose preparation started is never held again:
-re-planning only updates its approval side. The start is recorded in the state store (result key
-`preparation`), so a restart holds what was held and resumes what had started; a held event that
+The daemon gives every transition to `submit`: a Scheduled event naming this VM that appears before
+its preparation time is held; everything else (started and completed phases, events for other VMs,
+events due at once) is handed on at once. After a restart the daemon gives the events it knew to
+`resume`, which holds what is not due and hands the rest to the runner's `resume`. `tick`, once per
+loop pass with the pass's `Tick` (its clock reading, tracked events and profile in force: the ones
+the coordinator decides on), re-plans the pending events when the config was reloaded, the profile
+in force changed or an event's NotBefore moved, and releases what is due. The loop's calls take the
+time from the pass (`submit`, `resume` and `wanting` are handed its `now`); only an operator's
+`release`, on the API's thread, reads the clock. An event whose preparation started is never held
+again: re-planning only updates its approval side. The start is recorded in the state store (result
+key `preparation`), so a restart holds what was held and resumes what had started; a held event that
 starts or vanishes drops its held work. Plans and each change of them go to the audit journal.
 An event the disruption budget revokes (its place was lost, `LeaveGate.revoked`) returns the VM to rotation as
 after a cancel (the runner's `restore`: the completed phase) and is held again in a new round (`run_records`):
@@ -23,8 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Protocol
 
 from agent.clock import Clock
 from agent.loop.tick import Tick
@@ -54,18 +57,29 @@ def _same_open_window(a: Plan, b: Plan, now: datetime) -> bool:
         and (a.window.profile, a.window.end) == (b.window.profile, b.window.end)
 
 
+class Runs(Protocol):
+    """The handler runner as the preparation hands it work (`handler_runner.Runner`); nothing else does."""
+
+    def submit(self, tr: Transition) -> None:
+        """Queue the phase a transition starts."""
+
+    def resume(self, tracked: dict[str, Tracked]) -> None:
+        """After a restart: settle interrupted runs and queue the phase each event is in."""
+
+    def restore(self, event: Event, names_self: bool, rnd: int) -> None:
+        """A lost budget place (B2): cut the scheduled work and return to rotation, in round `rnd`."""
+
+
 class Preparation:
     """Held scheduled-phase work and the plan of every pending event naming this VM; thread-safe views."""
 
-    def __init__(self, *, store: Store, clock: Clock, metrics: Metrics, submit: Callable[[Transition], None],
-                 profiles: tuple[Profile, ...], prepare: PrepareConfig, budget: bool = False,
-                 restore: Callable[[Event, bool, int], None] = lambda event, names_self, rnd: None) -> None:
-        """`restore`: the runner's, for an event whose place in the budget was lost (B2), in the round it was lost."""
+    def __init__(self, *, store: Store, clock: Clock, metrics: Metrics, runner: Runs,
+                 profiles: tuple[Profile, ...], prepare: PrepareConfig, budget: bool = False) -> None:
+        """`runner`: where the work goes, once due (`Runs`)."""
         self.store = store
-        self.restore = restore
         self.clock = clock
         self.metrics = metrics
-        self.forward = submit
+        self.runner = runner
         self.profiles = profiles
         self.prepare = prepare
         self.log = logs.get("preparation")
@@ -98,16 +112,17 @@ class Preparation:
                 continue
             if tr.kind == VANISHED or tr.event.status != SCHEDULED:
                 self._forget(eid, VANISHED if tr.kind == VANISHED else f"event is {tr.event.status}")
-            self.forward(tr)
+            self._hand_on(tr)
         self._export()
 
-    def resume(self, tracked: Mapping[str, Tracked], now: datetime) -> dict[str, Tracked]:
-        """After a restart: the events whose work resumes now (the runner's `resume`); the others are held. A return
-        to rotation for a lost place (its round's `completed` phase) runs again first, for what a restart cut of it."""
+    def resume(self, tracked: Mapping[str, Tracked], now: datetime) -> None:
+        """After a restart: the events whose work resumes now go to the runner's `resume`; the others are held. A
+        return to rotation for a lost place (its round's `completed` phase) runs again first, for what a restart cut
+        of it."""
         out: dict[str, Tracked] = {}
         for eid, t in tracked.items():
             if _pending(t.event.status, t.names_self) and (rnd := restoring(self.store.results(eid))) is not None:
-                self.restore(t.event, t.names_self, rnd)  # a return to rotation a restart cut: what is left of it
+                self._restore(t.event, t.names_self, rnd)  # a return to rotation a restart cut: what is left of it
             if _pending(t.event.status, t.names_self) and not self.started(eid):
                 plan = self._replan(t.event, "restart", now)
                 if not plan.due(now) or not self._gate.lets(eid):
@@ -119,7 +134,7 @@ class Preparation:
                 self._plans[eid] = self._as_started(eid, make_plan(t.event, self.profiles, self.prepare, now))
             out[eid] = t
         self._export()
-        return out
+        self.runner.resume(out)
 
     def wanting(self, now: datetime) -> list[Event]:
         """The held events whose plan says preparation is due: what the disruption budget is asked a place for."""
@@ -173,7 +188,7 @@ class Preparation:
             # `running` record) carries them, so a restart after a kill -9 runs the restore again
             self.store.record(eid, ROUND_KEY, {"round": rnd + 1, "at": iso_z(now), "reason": "place lost",
                                                "restore": rnd}, journal="preparation.returned", wait=False)
-            self.restore(t.event, t.names_self, rnd)
+            self._restore(t.event, t.names_self, rnd)
             with self._lock:
                 self._held[eid] = Transition(APPEARED, t.event, True, t.first_seen)
         if gate.revoked:
@@ -256,8 +271,18 @@ class Preparation:
                 return False
             self._plans[eid] = plan
         self._record_start(eid, plan, reason, now)
-        self.forward(tr)
+        self._hand_on(tr)
         return True
+
+    def _hand_on(self, tr: Transition) -> None:
+        """The one way a transition's work reaches the runner: passed straight on (`submit`), or started once due
+        (`_start`: from `submit`, `tick` or an operator's `release`)."""
+        self.runner.submit(tr)
+
+    def _restore(self, event: Event, names_self: bool, rnd: int) -> None:
+        """The one way a lost place's return to rotation reaches the runner (`revoke`, or `resume` after a
+        restart)."""
+        self.runner.restore(event, names_self, rnd)
 
     def _record_start(self, event_id: str, plan: Plan, reason: str, now: datetime) -> None:
         record = {"status": "started", "at": iso_z(now), "planned_at": iso_z(plan.prepare_at),

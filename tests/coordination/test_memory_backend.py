@@ -23,6 +23,7 @@ from agent.coordination.backend import (
     FleetEvent,
     GateInput,
     Inputs,
+    Right,
     Step,
 )
 from agent.coordination.backend_registry import BackendKind
@@ -84,10 +85,11 @@ class MemoryBackend:
         claimed = self.board.claimed.get(event_id)
         return None if claimed in (None, vm_name) else f"claimed by {claimed}"
 
-    def send(self, event_id: str, vm_name: str, step: Step | None, retry_for: float,
-             post: Callable[[float], bool]) -> None:
-        if self.board.claim(event_id, vm_name):
-            post(retry_for)
+    def take_right(self, event_id: str, vm_name: str, step: Step | None, retry_for: float) -> Right | None:
+        return Right(retry_for) if self.board.claim(event_id, vm_name) else None
+
+    def settle(self, event_id: str, vm_name: str, right: Right, sent: bool | None) -> None:
+        pass
 
     def gate_input(self) -> GateInput:
         return GateInput(GateClient(1.0, 1), lambda name: None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from agent.clock import FakeClock
 from agent.coordination.approval_gates import GateChecker
 from agent.coordination.approver import Approver, Order
+from agent.coordination.backend import Right
 from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.coordinator import Coordinator
 from agent.coordination.peers.peer_client import PeerClient
@@ -79,8 +80,11 @@ class LostClaim:
     def __init__(self) -> None:
         self.asked: list[str] = []
 
-    def send(self, event_id, vm_name, step, retry_for, post) -> None:
-        post(retry_for)
+    def take_right(self, event_id, vm_name, step, retry_for) -> Right:
+        return Right(retry_for)
+
+    def settle(self, event_id, vm_name, right, sent) -> None:
+        pass
 
     def right_to_post(self, event_id, resources, vm_name, mode, step) -> str | None:
         self.asked.append(event_id)

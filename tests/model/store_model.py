@@ -7,7 +7,7 @@ What each step calls of the real code:
   `approval_policy.decide`, with the coordinator tick's rule around it (only a claim or a takeover
   approves; a failed POST waits RETRY_FAILED_AFTER);
 - a claim that meets a conflict: the real `StoreExchange._own_after_conflict` (reading the record back);
-- how long the claimer may POST: `post_deadline`, as `StoreBackend.claim_and_post` applies it, and when
+- how long the claimer may POST: `post_deadline`, as `StoreBackend.take_right` applies it, and when
   the POST's retries give up: the real `agent.retry.retrying` on the model's clock.
 
 The store is exact about what matters here: create with If-None-Match, replace with If-Match, ETags

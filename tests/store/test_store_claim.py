@@ -4,15 +4,18 @@ the monotonic deadline); a job or a request that raises leaves the event in a cl
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 
 import tests.needs_azure  # noqa: F401 - skips this module without the azure extra
 from agent.clock import FakeClock
+from agent.coordination.approver import Approver, Order
 from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.coordination.store.store_backend import StoreBackend
 from agent.coordination.store.store_protocol import CLAIMED, READY, Step, StoreError, approval_blob, approval_record
 from agent.health.health_store import HealthStore
+from agent.model.gate_specs import NO_GATES
 from agent.telemetry.metrics import Metrics
 from tests.azurite import azurite  # noqa: F401 - the fixture
 from tests.store.test_store_exchange import EVENT, MemoryStore, Rig
@@ -45,6 +48,15 @@ def approver_like(b: StoreBackend, attempts: list[Callable[[], bool]], sent: lis
     return post
 
 
+def claim_and_post(b: StoreBackend, step: Step, retry_for: float, post: Callable[[float], bool]) -> None:
+    """The real approver's steps 2 to 5 (`Approver._approve`) on the store backend: take the right (the claim),
+    post within it with `post` (unless it came too late; a failed send's time is 0.0), settle it (`approved` or
+    `released`)."""
+    approver = SimpleNamespace(backend=b, _post=lambda order, within: None if post(within) else 0.0)
+    order = Order(EVENT, ME, step.reason, NO_GATES, (ME,), step, None, retry_for, False)
+    Approver._approve(approver, order)  # type: ignore[arg-type]
+
+
 def take_over(blobs: MemoryStore) -> None:
     """Another VM rewrites the record with If-Match on the claimer's ETag (it found the claim takeover_after old)."""
     etag = blobs.blobs[approval_blob(EVENT)][1]
@@ -68,8 +80,8 @@ def test_a_claimer_paused_inside_its_retry_backoff_does_not_post_again_after_the
         take_over(blobs)
         return False
 
-    b.claim_and_post(EVENT, ME, Step("claim", "every VM named is ready"), 60,
-                     approver_like(b, [imds_500_then_pause, lambda: True], sent, refused))
+    claim_and_post(b, Step("claim", "every VM named is ready"), 60,
+                   approver_like(b, [imds_500_then_pause, lambda: True], sent, refused))
     assert sent == [ME]
     assert len(refused) == 1 and why in refused[0]
     assert blobs.blobs[approval_blob(EVENT)][0]["by"] == TAKER
@@ -87,7 +99,7 @@ def test_a_claim_past_its_deadline_is_not_sent_even_if_nobody_took_it_yet(clock:
         clock.advance(31)
         return False
 
-    b.claim_and_post(EVENT, ME, Step("claim", "ready"), 60, approver_like(b, [pause, lambda: True], sent, refused))
+    claim_and_post(b, Step("claim", "ready"), 60, approver_like(b, [pause, lambda: True], sent, refused))
     assert sent == [ME] and "past 30.0s" in refused[0]
     assert blobs.blobs[approval_blob(EVENT)][0]["state"] == "released"
 
@@ -98,7 +110,7 @@ def test_a_claim_that_holds_is_confirmed_with_one_read_per_send(clock: FakeClock
     b = backend(clock, blobs)
     sent: list[str] = []
     refused: list[str] = []
-    b.claim_and_post(EVENT, ME, Step("claim", "ready"), 60, approver_like(b, [lambda: True], sent, refused))
+    claim_and_post(b, Step("claim", "ready"), 60, approver_like(b, [lambda: True], sent, refused))
     assert (sent, refused) == ([ME], [])
     assert blobs.ops == ["create", "read", "replace"]
     assert blobs.blobs[approval_blob(EVENT)][0]["state"] == "approved"
@@ -116,7 +128,7 @@ def test_a_store_that_cannot_confirm_the_claim_means_no_send(clock: FakeClock) -
         blobs.fail = StoreError("unreachable", "store unreachable")
         return False
 
-    b.claim_and_post(EVENT, ME, Step("claim", "ready"), 60, approver_like(b, [break_store, lambda: True], sent,
+    claim_and_post(b, Step("claim", "ready"), 60, approver_like(b, [break_store, lambda: True], sent,
                                                                           refused))
     assert sent == [ME] and "cannot confirm the claim" in refused[0]
 
@@ -164,11 +176,13 @@ def test_against_azurite_a_claim_taken_over_with_the_listings_etag_is_no_longer_
     claims = StoreClaims(rig.exchange)
     claim = claims.claim(EVENT, ME, Step("claim", "ready"))
     assert claim.won
-    with claims.holding(EVENT, claim):
-        assert claims.holds(EVENT, 30) is None
-        items, now = store.list_folder(event_folder(EVENT))
-        seen = parse_listing(EVENT, items, now, (ME, TAKER)).approval
-        assert seen is not None
-        assert store.replace(approval_blob(EVENT), approval_record(EVENT, TAKER, CLAIMED, 2), seen.etag)
-        assert "another VM took the claim over" in (claims.holds(EVENT, 30) or "")
+    claims.hold(EVENT, claim)
+    assert claims.holds(EVENT, 30) is None
+    items, now = store.list_folder(event_folder(EVENT))
+    seen = parse_listing(EVENT, items, now, (ME, TAKER)).approval
+    assert seen is not None
+    assert store.replace(approval_blob(EVENT), approval_record(EVENT, TAKER, CLAIMED, 2), seen.etag)
+    assert "another VM took the claim over" in (claims.holds(EVENT, 30) or "")
+    claims.let_go(EVENT)
+    assert claims.holds(EVENT, 30) == "this VM holds no claim on the event"
     store.close()

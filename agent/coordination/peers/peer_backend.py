@@ -14,7 +14,16 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from agent.clock import Clock
-from agent.coordination.backend import BackendParts, BackendStatus, Carrier, EventView, FleetEvent, GateInput, Inputs
+from agent.coordination.backend import (
+    BackendParts,
+    BackendStatus,
+    Carrier,
+    EventView,
+    FleetEvent,
+    GateInput,
+    Inputs,
+    Right,
+)
 from agent.coordination.coordination_rules import (
     health_word,
     lower_reachable,
@@ -131,9 +140,12 @@ class PeerBackend:
                              needs_readiness=mode == AUTO, takeover_after=s.takeover_after,
                              unreachable_peers=s.unreachable_peers, peer_timeout=s.peer_timeout)
 
-    def send(self, event_id: str, vm_name: str, step: object, retry_for: float,
-             post: Callable[[float], bool]) -> None:
-        post(retry_for)
+    def take_right(self, event_id: str, vm_name: str, step: object, retry_for: float) -> Right:
+        """The right to post as the decision granted it (no claim on the peers: `right_to_post` rechecks it)."""
+        return Right(retry_for)
+
+    def settle(self, event_id: str, vm_name: str, right: Right, sent: bool | None) -> None:
+        """Nothing to give back on the peers."""
 
     def gate_input(self) -> GateInput:
         """The fleet gate asks each peer's /v1/health, at its address, with the peers' client (and token)."""

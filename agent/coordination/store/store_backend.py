@@ -2,8 +2,9 @@
 inputs to each event's decision, the claim around the POST, and the views.
 
 It is one `agent.coordination.backend.Backend`: the coordinator calls `begin` and `end` around its
-tick, `inputs` for each Scheduled event naming this VM, and `send` (the claim around the POST) on its
-approver thread. azure-storage-blob is imported by `_open`
+tick, `inputs` for each Scheduled event naming this VM; on its approver thread `take_right` (the claim)
+before the POST, `right_to_post` (the claim still holds) right before every send, and `settle` (the claim's
+outcome) after it. azure-storage-blob is imported by `_open`
 only, on a store worker after the loop's first tick (building the daemon, `maintd check-config` and
 the peer backend never load it), so the first event does not wait for the import; no request goes
 to the store before an event names this VM.
@@ -24,12 +25,13 @@ from agent.coordination.backend import (
     FleetVm,
     GateInput,
     Inputs,
+    Right,
 )
 from agent.coordination.backend import Step as BackendStep
 from agent.coordination.coordination_rules import OK, UNHEALTHY, UNREACHABLE, peer_state
 from agent.coordination.coordination_settings import AzureBlobConfig, CoordinationConfig
 from agent.coordination.gate_http import GateClient
-from agent.coordination.store.store_claim import StoreClaims
+from agent.coordination.store.store_claim import Claim, StoreClaims
 from agent.coordination.store.store_exchange import FORGED, Store, StoreExchange
 from agent.coordination.store.store_protocol import (
     PREPARING,
@@ -182,29 +184,33 @@ class StoreBackend:
 
     # --- the approver --------------------------------------------------------------------------
 
-    def claim_and_post(self, event_id: str, vm_name: str, step: Step, retry_for: float,
-                       post: Callable[[float], bool]) -> None:
-        """The claim (the atomic step), the POST (`post(within)`, retried at most until the claim's deadline),
-        and its outcome recorded on the claim: `approved`, or `released` for another VM to take."""
-        claim = self.claims.claim(event_id, vm_name, step)
+    def take_right(self, event_id: str, vm_name: str, step: BackendStep | None, retry_for: float) -> Right | None:
+        """The approval's step 2 on the store: the claim (the atomic step), held until `settle`; the right lasts
+        until the claim's deadline (half of `takeover_after` from the claim request's start, at most `retry_for`).
+        None when another VM claimed it first. Without a step of its own (`inputs` made none), the right as
+        decided."""
+        if step is None:
+            return Right(retry_for)
+        claim = self.claims.claim(event_id, vm_name, cast(Step, step))  # a step is this backend's own
         if not claim.won:
             self.log.info("store.claim_lost", event_id=event_id, reason=claim.reason)
-            return
+            return None
         self.log.info("store.claimed", event_id=event_id, attempt=claim.attempt, reason=claim.reason)
         left = post_deadline(self.takeover_after()) - (self.clock.monotonic() - claim.started)
         if left <= 0:
             self.log.warning("store.claim_too_old", event_id=event_id, effect="not sent: another VM takes it over",
                              reason="claiming took longer than half of takeover_after")
-        with self.claims.holding(event_id, claim):
-            sent = left > 0 and post(min(retry_for, left))
-        self.claims.settle(event_id, vm_name, claim, sent)
+        self.claims.hold(event_id, claim)
+        return Right(min(retry_for, left), claim)
 
-    def send(self, event_id: str, vm_name: str, step: BackendStep | None, retry_for: float,
-             post: Callable[[float], bool]) -> None:
-        if step is None:
-            post(retry_for)
-        else:  # a step is this backend's own (`inputs` made it)
-            self.claim_and_post(event_id, vm_name, cast(Step, step), retry_for, post)
+    def settle(self, event_id: str, vm_name: str, right: Right, sent: bool | None) -> None:
+        """After the sends: the claim is no longer held, and its outcome is recorded on it, `approved`, or
+        `released` for another VM to take (nothing when the sends raised: the claim is taken over once old)."""
+        if not isinstance(right.held, Claim):
+            return
+        self.claims.let_go(event_id)
+        if sent is not None:
+            self.claims.settle(event_id, vm_name, right.held, sent)
 
     def right_to_post(self, event_id: str, resources: tuple[str, ...], vm_name: str, mode: str,
                       step: BackendStep | None) -> str | None:

@@ -7,9 +7,7 @@ claims under way (event id -> `Claim`) are kept here, for `holds`, under a lock 
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from agent.coordination.store.store_exchange import OTHER, Result, Store, StoreExchange, internal_error
@@ -81,16 +79,15 @@ class StoreClaims:
         return found[1] if isinstance(record, Approval) and record.state == CLAIMED and record.attempt == attempt \
             else None
 
-    @contextlib.contextmanager
-    def holding(self, event_id: str, claim: Claim) -> Iterator[None]:
-        """While the approver posts under `claim`: `holds` checks it."""
+    def hold(self, event_id: str, claim: Claim) -> None:
+        """While the approver posts under `claim` (from the claim until `let_go`): `holds` checks it."""
         with self._lock:
             self._held[event_id] = claim
-        try:
-            yield
-        finally:
-            with self._lock:
-                del self._held[event_id]
+
+    def let_go(self, event_id: str) -> None:
+        """The approver's sends under the event's claim are over."""
+        with self._lock:
+            self._held.pop(event_id, None)
 
     def holds(self, event_id: str, within: float) -> str | None:
         """On the approver thread, right before a send: None while this VM's claim still holds, else why not.
