@@ -105,5 +105,5 @@ def run() -> tuple[dict[str, Any], list[tuple[str, str, str, bool]]]:
             print(found.render(), flush=True)
     figures["suite_cpu_seconds"] = round(suite_cpu, 2)
     figures["total_seconds"] = round(time.monotonic() - started, 2)
-    checks.append(("beliefs: the suite's runs, CPU", f"{suite_cpu:.1f} s", "< 15 s", suite_cpu < 15))
+    checks.append(("beliefs: the suite's runs, CPU", f"{suite_cpu:.1f} s", "< 25 s", suite_cpu < 25))
     return figures, checks

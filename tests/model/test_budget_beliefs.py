@@ -1,8 +1,9 @@
-"""B1-B3 hold in every reachable state of the budget as each member believes it (tests/model/budget_belief.py):
+"""B1-B4 and B7 hold in every reachable state of the budget as each member believes it (tests/model/budget_belief.py):
 three members, each its own real `Budget`, every interleaving of their reads and If-Match writes within a second,
 the lease on each member's own clock (1 % slow, the Date a second coarse), and one fault per path of those issue
 34 found: a pause and a partition longer than release_after, a crash, the store down at the forced moment, odd
-records; the forced path at any second; wake hints early, late or lost.
+records; the forced path at any second; wake hints early, late or lost. B7 holds in the load balancer's view: a VM
+back in rotation gets traffic only LB_S later, and the members run the real `Budget` with `rejoin_wait` = LB_S.
 
 Self-checks: today's bugs re-injected into the real code (tests/model/budget_bugs.py) and a clock beyond the
 stated bound; the checker must find each, with the steps that lead there. The figures go to
@@ -158,8 +159,9 @@ def test_the_checker_finds_a_granted_member_out_without_a_write_of_its_own():
 
 def test_the_checker_finds_a_handoff_by_hint_only():
     """Finding 1: without the head of the line reading every second, a member a release seated and whose hint was
-    lost does not notice (here until its poll at release_after / 4; at the defaults 2 minutes). The first handoff
-    comes at 8 s (a holder back in rotation keeps its place LB_S more, B7), so it is seen at 11 s."""
+    lost does not notice (here until its poll at release_after / 4; at the defaults 2 minutes). A holder back in
+    rotation keeps its place LB_S more (B7), so the first release that seats someone comes at 6 or 8 s and the
+    missed read shows at 9 s or later: a horizon of 11 s."""
     trace = broken(budget_bugs.no_head_of_line_reads, (), "handoff", horizon=HORIZON + 2)
     assert "has not read the record" in trace and "released" in trace
 
