@@ -115,7 +115,8 @@ class Vm(NamedTuple):
     noticed: bool = False
     """A loop pass of its maintd has taken the VM as out of rotation since it left (its `tick` with `out`). Its event
     ends back in rotation only after one: maintd notices the end in a pass that still counts it out, and returns it to
-    rotation after it (the restore), so its `Budget` has seen it out before it is back (B7's `Mine.rejoin`)."""
+    rotation after it (the restore), so its `Budget` has seen it out before it is back (B7's `Mine.rejoin`). A maintd
+    that starts again finds an event over at once (its `Budget` learns what it held from its first read)."""
     back: int | None = None
     """The load balancer's view (B7): the second it came back into rotation from a chosen place (out by choice as
     B1 counts it), while the balancer does not send it traffic yet (None once LB_S has passed: one state)."""
@@ -349,8 +350,10 @@ class BeliefModel:
                 status=DOWN, job=None))._replace(faults=f)
         if vm.status == DOWN:
             fresh = Memory(self.members[i].budget_fresh())
+            # a maintd that starts finds its event over and returns the VM to rotation before its `Budget` counts it
+            # (it learns what it held from its first read: B7's restart keeps the place the whole wait)
             yield f"{TICK}; {name}'s maintd starts again (its memory lost)", self._set(
-                state, i, vm._replace(status=UP, memory=fresh, job=None, noticed=False))
+                state, i, vm._replace(status=UP, memory=fresh, job=None, noticed=vm.out))
         if not state.cut and (f := self._spend(state, CUT)):
             yield f"{TICK}; FAULT {name} is cut off from the store", state._replace(cut=frozenset({i}), faults=f)
 
