@@ -1,5 +1,5 @@
-"""Model checking B1-B4 over each member's belief (tests/model/budget_belief.py), for `python -m bench model`: the
-suite's runs, every fault with the forced path at a longer horizon, two faults on one path, and each of today's
+"""Model checking B1-B4 and B7 over each member's belief (tests/model/budget_belief.py), for `python -m bench model`:
+the suite's runs, every fault with the forced path at a longer horizon, two faults on one path, and each of today's
 bugs re-injected (the checker must find each: its counterexample is recorded, the one docs/RELIABILITY.md shows).
 
 Also recorded, as findings rather than checks of the code as it should be: a loop that sleeps longer than the
@@ -38,10 +38,13 @@ REINJECTED: dict[str, tuple[Bug, tuple[str, ...], str, dict[str, Any]]] = {
     "renew of a missing holder reported renewed (finding 2), a partition": (
         budget_bugs.renew_reports_renewed, (CUT,), "B2", {}),
     "the dropped force step (finding 3)": (budget_bugs.force_step_dropped, (CUT,), "B3", {}),
-    "handoff by hint only (finding 1): no head-of-line reads": (budget_bugs.no_head_of_line_reads, (), "handoff", {}),
+    "handoff by hint only (finding 1): no head-of-line reads": (budget_bugs.no_head_of_line_reads, (), "handoff",
+                                                                 {"horizon": HORIZON + 2}),
     "handoff by hint only: granted without a write of its own (before B1)": (
         budget_bugs.granted_without_own_write, (), "B1", {}),
     "a member's clock 25 % slow (the bound is 1 %)": (_clock_beyond_the_bound, (CUT,), "B2", {"clocks": SLOW}),
+    "a release on the first pass back in rotation (before B7), a wake hint": (
+        budget_bugs.release_on_the_first_pass_back, (), "B7", {"hints": True}),
 }
 
 
@@ -81,7 +84,7 @@ def run() -> tuple[dict[str, Any], list[tuple[str, str, str, bool]]]:
             suite_cpu = time.process_time() - cpu
     for key, (bug, kinds, prop, kw) in REINJECTED.items():
         with bug():
-            r = explore(BeliefModel(1, "none", kinds=kinds, horizon=HORIZON + 1, hints=False, **kw),
+            r = explore(BeliefModel(1, "none", kinds=kinds, **{"hints": False, "horizon": HORIZON + 1, **kw}),
                         max_states=200_000, until=prop)
         found = r.violations.get(prop)
         figures[f"re-injected: {key}"] = {"states": r.states, "property": prop,
@@ -102,5 +105,5 @@ def run() -> tuple[dict[str, Any], list[tuple[str, str, str, bool]]]:
             print(found.render(), flush=True)
     figures["suite_cpu_seconds"] = round(suite_cpu, 2)
     figures["total_seconds"] = round(time.monotonic() - started, 2)
-    checks.append(("beliefs: the suite's runs, CPU", f"{suite_cpu:.1f} s", "< 15 s", suite_cpu < 15))
+    checks.append(("beliefs: the suite's runs, CPU", f"{suite_cpu:.1f} s", "< 25 s", suite_cpu < 25))
     return figures, checks

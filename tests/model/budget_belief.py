@@ -31,6 +31,9 @@ Properties (every reachable state):
   member's own approval is never blocked by its own name.
 - handoff (B4): a member a write seated and that the store answers has sent its read within `HANDOFF_S` (hints
   lost or not).
+- B7, the load balancer's view: a VM back in rotation gets traffic again only `LB_S` later, so the members out of the
+  balancer's pool by choice (out by choice as B1 counts them, or back from a chosen place less than `LB_S` ago) are
+  at most the cap and, with spread zone, of one zone. The members run the real `Budget` with `rejoin_wait` = `LB_S`.
 """
 
 from __future__ import annotations
@@ -82,6 +85,11 @@ HOLDS = (None, 4, 4)
 long preparation or reboot: it holds and renews, a pause or a partition finds it holding), b's and c's are over
 after 4 s (longer than release_after / 4: a holder renews once), so places are handed on."""
 NAMES = {me.vm for me in MEMBERS}
+LB_S = 1
+"""The load balancer's view (B7): a VM back in rotation (its /probe 200 again) stays out of the balancer's pool this
+many more seconds of store time (as many good probe answers as it took bad ones to stop). The members run the real
+`Budget` with `rejoin_wait` the same (on their own clocks, 1 % slow: a little longer). 1 s is the smallest that
+shows the release on the first pass back: the next member can be out within that second (read, write, pass)."""
 
 
 class Vm(NamedTuple):
@@ -104,6 +112,14 @@ class Vm(NamedTuple):
     """Resumed from a pause at the start of this second: its loop pass begins with `look`."""
     own: int | None = None
     """Ground truth: the store Date of its last write of its own that listed it as a holder by choice."""
+    noticed: bool = False
+    """A loop pass of its maintd has taken the VM as out of rotation since it left (its `tick` with `out`). Its event
+    ends back in rotation only after one: maintd notices the end in a pass that still counts it out, and returns it to
+    rotation after it (the restore), so its `Budget` has seen it out before it is back (B7's `Mine.rejoin`). A maintd
+    that starts again finds an event over at once (its `Budget` learns what it held from its first read)."""
+    back: int | None = None
+    """The load balancer's view (B7): the second it came back into rotation from a chosen place (out by choice as
+    B1 counts it), while the balancer does not send it traffic yet (None once LB_S has passed: one state)."""
 
 
 class State(NamedTuple):
@@ -135,7 +151,7 @@ class BeliefModel:
         self.config = BudgetConfig(group=GROUP, max_unavailable=cap, spread=spread, release_after=RELEASE_AFTER)
         self.places = capacity(cap, len(MEMBERS))
         """The true cap: over the group's real members."""
-        self.members = tuple(Member(me, self.config, clock, f"e-{me.vm}")
+        self.members = tuple(Member(me, self.config, clock, f"e-{me.vm}", rejoin_wait=LB_S)
                              for me, clock in zip(MEMBERS, clocks, strict=True))
         self.name = (f"budget beliefs cap {cap} spread {spread}, faults {', '.join(self.kinds) or 'none'}"
                      + (", forced path" if forced else "") + ("" if hints else ", every hint lost")
@@ -168,6 +184,7 @@ class BeliefModel:
             words = [vm.status, "cut off" if MEMBERS.index(me) in state.cut else "",
                      "out" if vm.out else "in rotation", f"holds ({why})" if why else "",
                      "approved" if vm.approved is not None else "", "done" if vm.done else "",
+                     f"back at t={vm.back}s, not yet in the balancer's pool" if vm.back is not None else "",
                      "forced moment" if vm.safe else ""]
             parts.append(f"{me.vm}: {' '.join(w for w in words if w)}")
         found = places_of(state.record)
@@ -259,7 +276,9 @@ class BeliefModel:
         memory, job, out = m.tick(vm.memory, state.t + t, vm.done, vm.safe, vm.out, started,
                                   outcome=outcome, seen=seen, woken=woken, look_first=look_first)  # type: ignore[arg-type]
         out_at = (vm.out_at if vm.out_at is not None else state.t) if out else None
-        vm = vm._replace(memory=memory, job=job if vm.job is None else vm.job, out=out, out_at=out_at)
+        back = state.t if vm.out and not out and self._held(i, vm, state.t + t) else vm.back
+        vm = vm._replace(memory=memory, job=job if vm.job is None else vm.job, out=out, out_at=out_at, back=back,
+                         noticed=out and (vm.noticed or vm.out))
         if out and vm.approved is None and not vm.done and state.t >= out_at + PREPARE_S[i] \
                 and m.approval(memory, state.t + t) is None:
             return self._approve(state, i, vm)
@@ -286,9 +305,13 @@ class BeliefModel:
         state = state._replace(t=state.t + 1)
         for i, vm in enumerate(state.vms):
             hold = HOLDS[i]
+            if vm.back is not None and state.t >= vm.back + LB_S:  # the balancer sends it traffic again
+                vm = vm._replace(back=None)
+                state = self._set(state, i, vm)
             if vm.approved is not None and not vm.done and hold is not None and state.t >= vm.approved + hold \
-                    and vm.status == UP:
-                vm = vm._replace(done=True, out=False, out_at=None)  # its event is over: back in rotation
+                    and vm.status == UP and (vm.noticed or not vm.out):
+                back = state.t if vm.out and self._held(i, vm, state.t) else vm.back
+                vm = vm._replace(done=True, out=False, out_at=None, back=back, noticed=False)  # back in rotation
                 state = self._set(state, i, vm)
             if vm.status == UP and (vm.resumed or state.t % self.pass_every == 0):
                 state = self._pass(state, i, vm, t=0.0, look_first=vm.resumed)
@@ -327,8 +350,10 @@ class BeliefModel:
                 status=DOWN, job=None))._replace(faults=f)
         if vm.status == DOWN:
             fresh = Memory(self.members[i].budget_fresh())
+            # a maintd that starts finds its event over and returns the VM to rotation before its `Budget` counts it
+            # (it learns what it held from its first read: B7's restart keeps the place the whole wait)
             yield f"{TICK}; {name}'s maintd starts again (its memory lost)", self._set(
-                state, i, vm._replace(status=UP, memory=fresh, job=None))
+                state, i, vm._replace(status=UP, memory=fresh, job=None, noticed=vm.out))
         if not state.cut and (f := self._spend(state, CUT)):
             yield f"{TICK}; FAULT {name} is cut off from the store", state._replace(cut=frozenset({i}), faults=f)
 
@@ -353,17 +378,22 @@ class BeliefModel:
     # --- properties ---------------------------------------------------------------------------------
 
     def properties(self) -> Mapping[str, Callable[[State], str | None]]:
-        return {"B1": self.b1, "B2": self.b2, "B3": self.b3, "handoff": self.handoff}
+        return {"B1": self.b1, "B2": self.b2, "B3": self.b3, "handoff": self.handoff, "B7": self.b7}
+
+    def _by_choice(self, i: int, vm: Vm, t: float) -> bool:
+        """Out of rotation by choice as B1 counts it: a chosen place, within its lease (a running member has
+        checked it; a paused one is counted while its lease lasts)."""
+        if not vm.out or why_of(vm.memory) != CHOSEN:
+            return False
+        return vm.status == UP or self.clocks[i].at(t) < self.members[i].lease(vm.memory)
+
+    def _held(self, i: int, vm: Vm, t: float) -> bool:
+        """Out of rotation on a chosen place within its lease on its own clock at store time `t` (what it held as it
+        came back into rotation: a member back because its lease ended gave the place up, B2)."""
+        return vm.out and why_of(vm.memory) == CHOSEN and self.clocks[i].at(t) < self.members[i].lease(vm.memory)
 
     def _chosen_out(self, state: State) -> list[int]:
-        out = []
-        for i, vm in enumerate(state.vms):
-            if not vm.out or why_of(vm.memory) != CHOSEN:
-                continue
-            lease = self.members[i].lease(vm.memory)
-            if vm.status == UP or self.clocks[i].at(state.t) < lease:
-                out.append(i)
-        return out
+        return [i for i, vm in enumerate(state.vms) if self._by_choice(i, vm, state.t)]
 
     def b1(self, state: State) -> str | None:
         if state.broken is not None and state.broken[0] == "B1":
@@ -377,6 +407,22 @@ class BeliefModel:
         for i in chosen:
             if state.vms[i].own is None:
                 return f"{MEMBERS[i].vm} is out of rotation by choice and no write of its own ever listed it"
+        return None
+
+    def b7(self, state: State) -> str | None:
+        """B7, the load balancer's view: the members out of its pool by choice (out by choice as B1 counts them, or
+        back in rotation from a chosen place less than LB_S ago) are at most the cap, of one zone with spread zone."""
+        chosen = set(self._chosen_out(state))
+        back = {i for i, vm in enumerate(state.vms) if vm.back is not None and state.t < vm.back + LB_S}
+        lb = sorted(chosen | back)
+        names = ", ".join(f"{MEMBERS[i].vm} (zone {MEMBERS[i].zone}"
+                          + (f", back in rotation at t={state.vms[i].back}s" if i in back - chosen else "") + ")"
+                          for i in lb)
+        if len(lb) > self.places:
+            return (f"{len(lb)} out of the load balancer's pool by choice with {self.places} place(s): {names} "
+                    f"(it sends traffic to a member {LB_S} s after it is back)")
+        if self.spread == "zone" and len({MEMBERS[i].zone for i in lb}) > 1:
+            return f"out of the load balancer's pool by choice in two zones: {names}"
         return None
 
     def b2(self, state: State) -> str | None:
@@ -431,6 +477,7 @@ def outcomes() -> dict[str, Callable[[State], bool]]:
         "out forced": lambda s: any(v.out and v.safe and why_of(v.memory) != CHOSEN for v in s.vms),
         "approved": lambda s: any(v.approved is not None for v in s.vms),
         "a place lost": lambda s: any(v.memory.mine and _lost(v.memory) for v in s.vms),
+        "back, not yet in the balancer's pool": lambda s: any(v.back is not None for v in s.vms),
     }
 
 

@@ -1,6 +1,6 @@
-"""Today's budget bugs (issue 34), re-injected into the real code for the checker's self-checks: a checker that
-passes on a known-broken version is missing a fault. Each is a context manager that patches the real functions
-back to what shipped and restores them on exit (the suite and `python -m bench model` both use them).
+"""Today's budget bugs (issue 34, and B7's that CI found), re-injected into the real code for the checker's self-checks:
+a checker that passes on a known-broken version is missing a fault. Each is a context manager that patches the real
+functions back to what shipped and restores them on exit (the suite and `python -m bench model` both use them).
 """
 
 from __future__ import annotations
@@ -89,4 +89,18 @@ def no_head_of_line_reads() -> Iterator[None]:
         return float(min(config.fallback_poll, config.release_after / 4))
 
     with mock.patch.object(budget, "waiter_poll", old_poll):
+        yield
+
+
+@contextmanager
+def release_on_the_first_pass_back() -> Iterator[None]:
+    """B7 before it landed (CI's finding: the next member out within one probe round of the holder's 200): a member
+    back in rotation releases its place on its first loop pass back, `rejoin_wait` taken as 0, while the load
+    balancer still sends it no traffic for LB_S (the model's members are built with `rejoin_wait` = LB_S)."""
+    release_due = budget_lease.Mine.release_due
+
+    def old_release_due(self: budget_lease.Mine, rejoin_wait: float) -> float:
+        return release_due(self, 0.0)
+
+    with mock.patch.object(budget_lease.Mine, "release_due", old_release_due):
         yield

@@ -8,8 +8,9 @@ If-Match write as two steps of their own (`budget.step` in two halves, `read_hal
 puts the `Outcome` where the worker would, and calls the loop pass that takes it in.
 
 Freezing keeps what decides something (the place, its lease, the forced events and since when, what is due, the
-failures) and drops what only logs or metrics read (when a wait began, the reasons shown), so two states that
-differ only in a log line are one.
+failures, B7's `out_seen` and `back_since`: whether it was out, and since when it is back in rotation) and drops what
+only logs or metrics read (when a wait began, the reasons shown), so two states that differ only in a log line are
+one.
 """
 
 from __future__ import annotations
@@ -76,8 +77,10 @@ _DROP: dict[str, tuple[Any, Any]] = {"since": (None, 0.0), "waiting_since": (Non
 """Fields only logs, metrics and health read (their value), frozen as set or not: (not set, set)."""
 
 
-_KINDS = tuple((n, 3 if n in _DROP else 2 if n in ("forced", "known") else 1 if isinstance(getattr(Mine(), n), float)
-                else 0) for n in _FIELDS)
+_KINDS = tuple((f.name, 3 if f.name in _DROP else 2 if f.name in ("forced", "known")
+                 else 1 if f.type in ("float", "float | None") else 0) for f in fields(Mine))
+"""How each field of `Mine` is frozen: 0 as is, 1 a monotonic instant rounded to the microsecond (None kept: e.g.
+`back_since`, B7's when it came back into rotation), 2 a mapping as sorted pairs, 3 set or not (`_DROP`)."""
 
 
 def freeze(m: Mine) -> tuple[Any, ...]:
@@ -88,7 +91,7 @@ def freeze(m: Mine) -> tuple[Any, ...]:
         if kind == 0:
             out.append(v)
         elif kind == 1:
-            out.append(round(v, 6))
+            out.append(None if v is None else round(v, 6))
         elif kind == 2:
             out.append(tuple(sorted((k, round(x, 6) if isinstance(x, float) else x) for k, x in v.items())))
         else:
@@ -185,12 +188,14 @@ class _Store:
 class Member:
     """One member's real `Budget`, driven by the model. `me`: its name and zone; `clock`: its monotonic clock."""
 
-    def __init__(self, me: Me, config: BudgetConfig, clock: Clock, event: str) -> None:
+    def __init__(self, me: Me, config: BudgetConfig, clock: Clock, event: str, rejoin_wait: float = 0.0) -> None:
+        """`rejoin_wait`: how long it keeps its place once back in rotation (B7: the model's balancer's LB_S)."""
         self.me, self.config, self.clock, self.event = me, config, clock, event
         self._clock = _ModelClock()
         self.budget = Budget(config, store=lambda: None, describe="the model's store",  # type: ignore[arg-type,return-value]
                              clock=self._clock, on_change=lambda: None, health=lambda *a: None,  # type: ignore[arg-type]
-                             metrics=_Anything(), needs=lambda: 0.0, lead_time=lambda: 0.0)
+                             metrics=_Anything(), needs=lambda: 0.0, lead_time=lambda: 0.0,
+                             rejoin_wait=lambda: rejoin_wait)
         self.budget.log = _Anything()  # type: ignore[assignment]
         self.lane = _Lane()
         self.budget.steps = self.lane  # type: ignore[assignment]

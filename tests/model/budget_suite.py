@@ -33,7 +33,8 @@ forced path runs with the store's failures (where B3 is at stake) and with the z
 explores every fault with the forced path, at a longer horizon, and two faults per path."""
 HORIZON = 9
 """Seconds of store time: a holder's renewal at 0, a pause or a partition from 1 past its entry's release_after (8 s)
-and another member taking the place; a release and a handoff at 4."""
+and another member taking the place; a holder back in rotation at 4, its release and a handoff at 6 (it keeps its
+place LB_S more, on a clock 1 % slow, taken at the next whole-second pass: B7)."""
 
 
 def confirm_writes() -> bool:

@@ -1,8 +1,9 @@
-"""B1-B3 hold in every reachable state of the budget as each member believes it (tests/model/budget_belief.py):
+"""B1-B4 and B7 hold in every reachable state of the budget as each member believes it (tests/model/budget_belief.py):
 three members, each its own real `Budget`, every interleaving of their reads and If-Match writes within a second,
 the lease on each member's own clock (1 % slow, the Date a second coarse), and one fault per path of those issue
 34 found: a pause and a partition longer than release_after, a crash, the store down at the forced moment, odd
-records; the forced path at any second; wake hints early, late or lost.
+records; the forced path at any second; wake hints early, late or lost. B7 holds in the load balancer's view: a VM
+back in rotation gets traffic only LB_S later, and the members run the real `Budget` with `rejoin_wait` = LB_S.
 
 Self-checks: today's bugs re-injected into the real code (tests/model/budget_bugs.py) and a clock beyond the
 stated bound; the checker must find each, with the steps that lead there. The figures go to
@@ -17,9 +18,11 @@ from contextlib import AbstractContextManager
 
 import pytest
 
+from agent.fleet.budget_lease import Mine
+from agent.fleet.budget_rules import CHOSEN
 from tests.model import budget_bugs
 from tests.model.budget_belief import CLOCKS, CUT, PAUSE, STALE, BeliefModel, outcomes
-from tests.model.budget_member import Clock
+from tests.model.budget_member import Clock, freeze, thaw
 from tests.model.budget_suite import HORIZON, KNOWN, SUITE, confirm_writes, restart_confirms
 from tests.model.explorer import Result, explore
 
@@ -51,8 +54,8 @@ def test_the_search_is_complete_and_reaches_every_outcome(beliefs: Result):
     """Every reachable state was visited, and the model gets somewhere: members out by choice and forced,
     approvals, places lost (a model that never lets anyone out proves nothing)."""
     assert beliefs.complete
-    for outcome in ("out by choice", "approved", "a place lost") + (("out forced",) if "forced" in beliefs.model
-                                                                     else ()):
+    for outcome in ("out by choice", "approved", "a place lost", "back, not yet in the balancer's pool") + (
+            ("out forced",) if "forced" in beliefs.model else ()):
         assert beliefs.reached.get(outcome, 0) > 0, (outcome, beliefs.reached)
 
 
@@ -85,11 +88,19 @@ def test_b4_a_seated_member_reads_within_two_seconds_with_every_hint_lost(belief
     holds(beliefs, "handoff")
 
 
+def test_b7_the_load_balancer_sees_at_most_the_cap_out_by_choice(beliefs: Result, request: pytest.FixtureRequest):
+    """B7 in the load balancer's view: a VM back in rotation gets traffic only LB_S later, so the members out of its
+    pool by choice (out by choice, or back from a chosen place less than LB_S ago) are at most the cap, of one zone
+    with spread zone: a member back in rotation keeps its place `rejoin_wait` (= LB_S here) before it releases."""
+    known(request, "B7")
+    holds(beliefs, "B7")
+
+
 def test_b5_a_percentage_counts_members_that_renewed(request: pytest.FixtureRequest):
     """A percentage over the members that renewed within a TTL: six stale names in the record do not add places."""
     known(request, "B5", "B1")
     result = run("50%", "none", (STALE,), horizon=6)
-    for prop in ("B1", "B3"):
+    for prop in ("B1", "B3", "B7"):
         holds(result, prop)
 
 
@@ -106,10 +117,11 @@ def test_a_maintd_started_again_on_a_place_handed_to_it_confirms_before_it_is_ou
 
 
 def broken(bug: Callable[[], AbstractContextManager[None]], kinds: Iterable[str], prop: str,
-           clocks: tuple[Clock, ...] = CLOCKS) -> str:
-    """The trace the checker prints for `prop` with `bug` re-injected (it must find one), every hint lost."""
+           clocks: tuple[Clock, ...] = CLOCKS, hints: bool = False, horizon: int = HORIZON + 1) -> str:
+    """The trace the checker prints for `prop` with `bug` re-injected (it must find one), every hint lost unless
+    `hints`."""
     with bug():
-        result = explore(BeliefModel(1, "none", kinds=kinds, horizon=HORIZON + 1, clocks=clocks, hints=False),
+        result = explore(BeliefModel(1, "none", kinds=kinds, horizon=horizon, clocks=clocks, hints=hints),
                          max_states=60_000, until=prop)
     assert prop in result.violations, (f"the checker passes on a known-broken version ({bug.__name__}): "
                                        f"{sorted(result.violations)}")
@@ -147,9 +159,32 @@ def test_the_checker_finds_a_granted_member_out_without_a_write_of_its_own():
 
 def test_the_checker_finds_a_handoff_by_hint_only():
     """Finding 1: without the head of the line reading every second, a member a release seated and whose hint was
-    lost does not notice (here until its poll at release_after / 4; at the defaults 2 minutes)."""
-    trace = broken(budget_bugs.no_head_of_line_reads, (), "handoff")
+    lost does not notice (here until its poll at release_after / 4; at the defaults 2 minutes). A holder back in
+    rotation keeps its place LB_S more (B7), so the first release that seats someone comes at 6 or 8 s and the
+    missed read shows at 9 s or later: a horizon of 11 s."""
+    trace = broken(budget_bugs.no_head_of_line_reads, (), "handoff", horizon=HORIZON + 2)
     assert "has not read the record" in trace and "released" in trace
+
+
+def test_the_checker_finds_a_release_on_the_first_pass_back_in_rotation():
+    """B7 before it landed (CI's finding): a member back in rotation releases on its first pass, the next member
+    takes the place on a wake hint and is out within the same second, while the balancer still sends the first one
+    no traffic for LB_S: two out of its pool with one place. (With every hint lost the next member reads a second
+    later, when LB_S = 1 s has passed: the hint is the path within one probe round.)"""
+    trace = broken(budget_bugs.release_on_the_first_pass_back, (), "B7", hints=True)
+    assert "out of the load balancer's pool" in trace and "back in rotation at" in trace and "wake hint" in trace
+
+
+def test_freeze_carries_what_b7_keeps():
+    """`Mine.out_seen` and `back_since` (a float or None) survive freeze and thaw: a member back in rotation keeps
+    its place `rejoin_wait` from when it came back, across the model's steps."""
+    for out_seen, back_since in ((False, None), (True, None), (True, 1003.999), (True, 0.0)):
+        m = Mine(why=CHOSEN, event="e-a", out_seen=out_seen, back_since=back_since)
+        again = thaw(freeze(m))
+        assert (again.out_seen, again.back_since) == (out_seen, back_since)
+        assert again.release_due(1.0) == m.release_due(1.0)
+        assert freeze(again) == freeze(m)
+    assert freeze(Mine(back_since=1003.9990000001)) == freeze(Mine(back_since=1003.999))  # rounded as every instant
 
 
 def test_the_checker_finds_a_clock_beyond_the_stated_bound():
