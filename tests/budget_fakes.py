@@ -14,6 +14,7 @@ from agent.fleet.budget import Budget, Want
 from agent.fleet.budget_rules import Entry
 from agent.fleet.budget_wake import Hinter
 from agent.telemetry.metrics import Metrics
+from tests.stopping import stopped_at_end
 
 
 class CasStore:
@@ -113,6 +114,7 @@ def member(store: CasStore, clock: FakeClock, name: str, zone: str = "1", needs:
     budget = Budget(BudgetConfig(**{"group": "web", **config}), store=lambda: store, describe="fake store",
                     clock=clock, on_change=lambda: None, health=health, metrics=Metrics(), needs=lambda: needs,
                     lead_time=lambda: 0.0, wake_sender=hints, url=url)
+    stopped_at_end(budget)
     if isinstance(hints, Hints):
         hints.budgets[name] = budget
     budget.identify(name, zone, "0", "")
