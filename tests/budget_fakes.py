@@ -114,10 +114,10 @@ def member(store: CasStore, clock: FakeClock, name: str, zone: str = "1", needs:
     budget = Budget(BudgetConfig(**{"group": "web", **config}), store=lambda: store, describe="fake store",
                     clock=clock, on_change=lambda: None, health=health, metrics=Metrics(), needs=lambda: needs,
                     lead_time=lambda: 0.0, wake_sender=hints, url=url)
-    stopped_at_end(budget)
     if isinstance(hints, Hints):
         hints.budgets[name] = budget
     budget.identify(name, zone, "0", "")
+    stopped_at_end(budget)
     return budget, health
 
 
