@@ -38,11 +38,15 @@ class Lanes:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._queues: dict[Hashable, collections.deque[tuple[Job, Failed | None]]] = {}
+        self._running: set[Hashable] = set()  # keys whose lane a worker is draining
+        self._closed = False
 
     def submit(self, key: Hashable, job: Job, failed: Failed | None = None) -> None:
         """Run `job` after every job already queued for `key` (at once if the lane is free); if it raises,
         `failed(exception)` runs next on the same lane (see the module docstring)."""
         with self._lock:
+            if self._closed:  # shut down: dropped, as a stopping daemon drops queued work
+                return
             queue = self._queues.get(key)
             if queue is not None:
                 queue.append((job, failed))
@@ -58,11 +62,13 @@ class Lanes:
     def _drain(self, key: Hashable) -> None:
         while True:
             with self._lock:
-                queue = self._queues[key]
-                if not queue:
-                    del self._queues[key]
+                queue = self._queues.get(key)  # None: shut down before this lane started
+                if not queue or self._closed:
+                    self._queues.pop(key, None)
+                    self._running.discard(key)
                     self._idle.notify_all()
                     return
+                self._running.add(key)
                 job, failed = queue.popleft()
             try:
                 job()
@@ -93,5 +99,13 @@ class Lanes:
             return self._idle.wait_for(lambda: not self._queues, timeout)
 
     def shutdown(self) -> None:
-        """Take no more work; jobs not yet started are dropped, a running one is left to finish."""
+        """Take no more work; jobs not yet started are dropped (those queued behind a running job of their key
+        too: a stopped lane used to run its whole queue), a running one is left to finish."""
+        with self._lock:
+            self._closed = True
+            for key in [k for k in self._queues if k not in self._running]:
+                del self._queues[key]  # its lane never started; the pool drops it below
+            for queue in self._queues.values():
+                queue.clear()
+            self._idle.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -14,6 +14,7 @@ from agent.fleet.budget import Budget, Want
 from agent.fleet.budget_rules import Entry
 from agent.fleet.budget_wake import Hinter
 from agent.telemetry.metrics import Metrics
+from tests.stopping import stopped_at_end
 
 
 class CasStore:
@@ -118,6 +119,7 @@ def member(store: CasStore, clock: FakeClock, name: str, zone: str = "1", needs:
     if isinstance(hints, Hints):
         hints.budgets[name] = budget
     budget.identify(name, zone, "0", "")
+    stopped_at_end(budget)
     return budget, health
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 import structlog
 
 from agent.clock import FakeClock
+from tests.stopping import stop_all
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -62,6 +65,30 @@ def _signals_as_found() -> Iterator[None]:
         changed.append(f"the wakeup fd ({left})")
     if changed:
         pytest.fail(f"the test left {', '.join(changed)} as it set them (put back now)")
+
+
+THREAD_GRACE = 2.0
+"""Seconds a thread the test started may take to end after it (a server's last poll, a worker's last job)."""
+
+
+@pytest.fixture(autouse=True)
+def _threads_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test leaves no thread of its own running (daemon threads aside): one left alive (a server never shut
+    down, a lane never stopped) kept a random-order run from exiting at the end. Each thread it started is
+    given THREAD_GRACE seconds to end (a join: no wait when none is left), then the test fails naming them.
+    What the test registered with `tests.stopping.stopped_at_end` is stopped first."""
+    before = set(threading.enumerate())
+    yield
+    problems = stop_all()
+    left = [t for t in threading.enumerate() if t not in before and not t.daemon]
+    deadline = time.monotonic() + THREAD_GRACE
+    for thread in left:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    alive = [t.name for t in left if t.is_alive()]
+    if problems:
+        pytest.fail(f"{request.node.nodeid}: stopping its parts raised: {'; '.join(problems)}")
+    if alive:
+        pytest.fail(f"{request.node.nodeid} left {len(alive)} thread(s) running: {', '.join(sorted(alive))}")
 
 
 @pytest.fixture(autouse=True)

@@ -52,6 +52,23 @@ def test_work_submitted_after_shutdown_is_dropped_quietly():
     assert lanes.wait_idle(1) and lanes.busy() == []
 
 
+def test_shutdown_drops_the_jobs_queued_behind_a_running_one_and_the_lanes_end():
+    """A stopped lane finishes the job it is running and no other: its key's queue used to run on to the end,
+    so a stopped coordinator went on asking peers (and its threads outlived the test that stopped it)."""
+    lanes = Lanes(2, "t")
+    started, release = threading.Event(), threading.Event()
+    ran: list[int] = []
+    lanes.submit("k", lambda: (started.set(), release.wait(5)))
+    for i in range(5):
+        lanes.submit("k", lambda i=i: ran.append(i))
+    lanes.submit("other", lambda: None)
+    assert started.wait(5)
+    lanes.shutdown()
+    release.set()
+    assert lanes.wait_idle(5) and lanes.busy() == []
+    assert ran == []
+
+
 def test_a_job_that_raises_runs_its_failed_callback_and_is_counted(logs: list[dict]) -> None:
     """The job's `failed` callback gets the exception (so its user can clear a busy flag and retry), the error is
     counted and logged once as lane.internal_error; a callback that raises too does not stop the lane."""

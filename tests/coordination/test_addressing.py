@@ -134,9 +134,9 @@ def test_a_fifo_as_peers_file_is_refused_at_once_and_the_last_good_map_kept(tmp_
     path = tmp_path / "peers.yaml"
     path.write_text("web_1: http://10.0.0.4:8088\n")
     directory = PeerDirectory(lambda: CoordinationConfig(peers_file=str(path)), None)
-    wait_for(directory.refresh)  # the watcher's first look
-    path.unlink()
-    os.mkfifo(path)
+    wait_for(directory.refresh)  # the first look (the watcher's thread may be making its own right now)
+    os.mkfifo(tmp_path / "fifo")
+    os.rename(tmp_path / "fifo", path)  # in one step: an unlink then a mkfifo let a look in between see no file
     refused = wait_for(lambda: directory.refresh() or [e for e in logs if e["event"] == "peers_file.invalid"], 3)
     assert directory.address("web_1").url == "http://10.0.0.4:8088"
     assert len(refused) == 1 and "not a regular file" in refused[0]["problem"] and refused[0]["kept_entries"] == 1

@@ -28,6 +28,7 @@ from agent.policy.approval_policy import Profile
 from agent.state.state_store import Store
 from agent.telemetry.metrics import Metrics
 from tests.samples import sample
+from tests.stopping import stopped_at_end
 
 AUTO = Profile(name="default", approval="auto")
 
@@ -50,6 +51,7 @@ def make_coordinator(tmp_path, clock, health=None, **settings):
     store = Store(tmp_path, clock)
     coord = Coordinator(cfg, approve=sent.append, store=store, clock=clock, metrics=Metrics(), poll_interval=1.0,
                         health=health)
+    stopped_at_end(coord)
     return coord, sent, store
 
 
@@ -194,6 +196,7 @@ def test_a_sent_approval_is_never_sent_again_after_restart(tmp_path, clock, peer
     store2.load()
     sent2: list = []
     coord2 = Coordinator(coord.settings, approve=sent2.append, store=store2, clock=clock, metrics=Metrics())
+    stopped_at_end(coord2)
     step(coord2, tracked(clock, ["vm1"]), "vm1")
     assert sent2 == []
 
@@ -212,6 +215,7 @@ def test_failed_posts_are_retried_with_backoff_then_recorded(tmp_path, clock):
     store = Store(tmp_path, clock)
     metrics = Metrics()
     coord = Coordinator(cfg, approve=flaky, store=store, clock=clock, metrics=metrics)
+    stopped_at_end(coord)
     step(coord, tracked(clock, ["vm1"]), "vm1")
     assert len(attempts) > 1
     assert store.result("E1", "approval")["status"] == "failed"

@@ -15,6 +15,7 @@ from agent.telemetry.metrics import Metrics
 from tests.coordination.test_coordinator import answer, make_coordinator, peer, step, tracked, view
 from tests.imds_server import wait_for
 from tests.samples import sample
+from tests.stopping import stopped_at_end
 
 VMS = [f"vm{i}" for i in range(1, 7)]
 
@@ -184,6 +185,7 @@ def test_peers_file_problems_are_reported_in_health_and_a_fix_is_used_at_once(tm
     sent: list = []
     coord = Coordinator(CoordinationConfig(peers_file=str(path)), approve=sent.append, store=Store(tmp_path, clock),
                         clock=clock, metrics=Metrics(), health=health)
+    stopped_at_end(coord)
     peers.add(responses.GET, "http://old.invalid:1/v1/events/E1", body=requests.ConnectionError("down"))
     peers.add(responses.GET, "http://new.invalid:2/v1/events/E1", json=view("vm2"))
     t = tracked(clock, ["vm1", "vm2"])

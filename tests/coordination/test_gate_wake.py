@@ -20,6 +20,7 @@ from agent.model.gate_specs import FleetGate, Gates, PrometheusGate
 from agent.state.state_store import Store
 from agent.telemetry.metrics import Metrics
 from tests.coordination.test_coordinator import answer, peer, step, tracked
+from tests.stopping import stopped_at_end
 
 PROM = "http://prometheus.invalid:9090"
 FLEET = Gates(fleet=FleetGate(max_percent_unhealthy=0))
@@ -41,6 +42,7 @@ def leader(tmp_path, clock, gates=FLEET, health=None):  # type: ignore[no-untype
                         store=Store(tmp_path, clock), clock=clock, metrics=Metrics(), gates=gates, health=health,
                         local_health=(lambda: health.to_json()) if health is not None else lambda: {"HealthEvents": []},
                         on_change=lambda: woken.append(1))
+    stopped_at_end(coord)
     return coord, sent, woken
 
 
@@ -105,6 +107,7 @@ def test_a_ready_follower_tells_its_leader_each_time_its_health_word_changes(tmp
     coord = Coordinator(CoordinationConfig(peer_url="http://{name}.peers.invalid:8088"), approve=lambda ids: None,
                         store=Store(tmp_path, clock), clock=clock, metrics=Metrics(), health=health,
                         local_health=health.to_json)
+    stopped_at_end(coord)
     t = tracked(clock, ["vm1", "vm2"])
     answer(peers, "vm1", ready=False)
     peers.add(responses.POST, f"{peer('vm1')}/v1/events/E1/peer-ready", json={"asked_again": True})

@@ -24,6 +24,7 @@ from agent.state.state_store import Store
 from agent.telemetry.metrics import Metrics
 from tests.coordination.test_coordinator import peer, step, tracked
 from tests.samples import sample
+from tests.stopping import stopped_at_end
 
 PROM = "http://prometheus.invalid:9090"
 
@@ -149,6 +150,7 @@ def test_a_held_approval_is_visible_and_goes_out_once_the_gate_opens(tmp_path, c
     coord = Coordinator(CoordinationConfig(peer_url="http://{name}.peers.invalid:8088"), approve=sent.append,
                         store=Store(tmp_path, clock), clock=clock, metrics=metrics,
                         gates=Gates(prometheus=PrometheusGate(url=PROM, alerts=("NodeDown",))))
+    stopped_at_end(coord)
     responses.add(responses.GET, f"{PROM}/api/v1/alerts", json={"data": {"alerts": [
         {"labels": {"alertname": "NodeDown"}, "state": "firing"}]}})
     t = tracked(clock, ["vm1"])
@@ -173,6 +175,7 @@ def test_a_profile_without_gates_overrides_nothing_and_one_with_gates_replaces_t
     sent: list[list[str]] = []
     coord = Coordinator(CoordinationConfig(), approve=sent.append, store=Store(tmp_path, clock), clock=clock,
                         metrics=Metrics())
+    stopped_at_end(coord)
     responses.add(responses.GET, f"{PROM}/api/v1/alerts", json={"data": {"alerts": [
         {"labels": {"alertname": "Freeze"}, "state": "firing"}]}})
     strict = Profile(name="window", approval="auto",
@@ -215,6 +218,7 @@ def test_a_gate_that_raises_holds_the_approval_and_is_asked_again_shortly(tmp_pa
     metrics = Metrics()
     coord = Coordinator(CoordinationConfig(), approve=sent.append, store=Store(tmp_path, clock), clock=clock,
                         metrics=metrics, gates=Gates(fleet=FleetGate(max_percent_unhealthy=0)))
+    stopped_at_end(coord)
     failing = [True]
 
     def local_health():
@@ -249,6 +253,7 @@ def test_a_held_gate_is_asked_at_most_once_per_recheck_interval_however_often_th
     coord = Coordinator(CoordinationConfig(), approve=lambda ids: None, store=Store(tmp_path, clock), clock=clock,
                         metrics=Metrics(), on_change=lambda: woken.append(1),
                         gates=Gates(prometheus=PrometheusGate(url=PROM, alerts=("NodeDown",))))
+    stopped_at_end(coord)
     responses.add(responses.GET, f"{PROM}/api/v1/alerts", **answer)
     t = tracked(clock, ["vm1"])
     profile = Profile(name="default", approval="auto")

@@ -35,6 +35,7 @@ from agent.model.tracker import Tracked
 from agent.state.state_store import Store
 from agent.telemetry.metrics import Metrics
 from tests.coordination.test_coordinator import step, tracked
+from tests.stopping import stopped_at_end
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ def vm(tmp_path, clock, name: str) -> tuple[Coordinator, list[list[str]]]:
     sent: list[list[str]] = []
     coord = Coordinator(CoordinationConfig(backend="memory"), approve=sent.append,
                         store=Store(tmp_path / name, clock), clock=clock, metrics=Metrics())
+    stopped_at_end(coord)
     return coord, sent
 
 

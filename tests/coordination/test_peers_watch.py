@@ -12,6 +12,7 @@ from agent.coordination.coordination_settings import CoordinationConfig
 from agent.coordination.peers.peer_directory import PeerDirectory
 from agent.coordination.peers.peers_file import PeersWatch
 from tests.imds_server import wait_for
+from tests.stopping import stopped_at_end
 
 
 def test_the_loops_refresh_never_touches_the_peers_file(tmp_path, monkeypatch):
@@ -104,6 +105,7 @@ def test_a_freshly_started_coordinator_asks_peers_where_the_peers_file_says_from
         coord = Coordinator(CoordinationConfig(peers_file=str(path), peer_url="http://{name}.template.invalid:8088"),
                             approve=sent.append, store=Store(tmp_path, clock), clock=clock, metrics=Metrics(),
                             poll_interval=1.0)
+        stopped_at_end(coord)
         t = tracked(clock, ["vm1", "vm2"])
         step(coord, t, "vm1")
         clock.advance(1)

@@ -18,6 +18,7 @@ from agent.model.gate_specs import NO_GATES
 from agent.state.state_store import Store
 from agent.telemetry.metrics import Metrics
 from tests.coordination.test_coordinator import step, tracked
+from tests.stopping import stopped_at_end
 
 
 class PausingClock(FakeClock):
@@ -49,6 +50,7 @@ def test_a_leader_paused_in_its_retry_backoff_past_the_deadline_sends_nothing_mo
     store = Store(tmp_path, clock)
     coord = Coordinator(CoordinationConfig(takeover_after=60.0, approval_retry_for=300.0),
                         approve=failing_once(clock, 100.0, posts), store=store, clock=clock, metrics=Metrics())
+    stopped_at_end(coord)
     step(coord, tracked(clock, ["vm1"]), "vm1")
     assert len(posts) == 1
     withheld = [e for e in logs if e["event"] == "approval.withheld"]
@@ -61,6 +63,7 @@ def test_an_event_started_in_the_poll_during_the_backoff_is_not_posted_again(tmp
     clock, posts = PausingClock(), []
     coord = Coordinator(CoordinationConfig(), approve=failing_once(clock, 0.1, posts), store=Store(tmp_path, clock),
                         clock=clock, metrics=Metrics())
+    stopped_at_end(coord)
     clock.during_pause = lambda: coord.tick(Tick.of(tracked(clock, ["vm1"], status="Started"), "vm1", _auto(), False,
                                             lambda t: [],
                                                     now=clock.now(), monotonic=clock.monotonic()))
@@ -100,6 +103,7 @@ def test_the_store_backends_claim_check_runs_before_the_send_and_stops_it(tmp_pa
                         gate_checker=GateChecker(PeerClient(lambda: None, 1.0, 1), lambda n: None, dict, 1,
                                                  Metrics()),
                         backend=claim, done=lambda: None)  # type: ignore[arg-type]
+    stopped_at_end(approver)
     approver.submit(Order("E1", "vm1", "every affected VM is ready", NO_GATES, ("vm1",), Step("claim", ""), None,
                           60.0, False))
     assert approver.wait_idle(5)

@@ -18,6 +18,7 @@ from agent.health.health_store import HealthStore
 from agent.model.gate_specs import NO_GATES
 from agent.telemetry.metrics import Metrics
 from tests.azurite import azurite  # noqa: F401 - the fixture
+from tests.stopping import stopped_at_end
 from tests.store.test_store_exchange import EVENT, MemoryStore, Rig
 
 ME, TAKER = "web_a", "web_b"
@@ -27,6 +28,7 @@ def backend(clock: FakeClock, blobs: MemoryStore, metrics: Metrics | None = None
     b = StoreBackend(AzureBlobConfig(account_url="https://a.blob.core.windows.net"), token=lambda r, c: b"",
                      clock=clock, metrics=metrics or Metrics(), health=HealthStore(clock),
                      secret=lambda key, path: None, on_change=lambda: None, takeover_after=lambda: 60.0)
+    stopped_at_end(b)
     b.exchange.client.open_store = lambda: blobs
     return b
 

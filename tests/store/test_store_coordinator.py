@@ -18,6 +18,7 @@ from agent.model.tracker import Tracked
 from agent.policy.approval_policy import Profile
 from agent.state.state_store import Store
 from agent.telemetry.metrics import Metrics
+from tests.stopping import stopped_at_end
 from tests.store.test_store_exchange import MemoryStore
 
 EVENT = "5F1E2B0C-9A4D-4C61-8E2F-1A2B3C4D5E6F"
@@ -33,10 +34,12 @@ def setup(tmp_path, clock, blobs: MemoryStore, approve=None, **settings):
     backend = StoreBackend(cfg.azure_blob, token=lambda r, c: b"", clock=clock, metrics=Metrics(), health=health,
                            secret=lambda key, path: None, on_change=lambda: None, takeover_after=lambda: 60.0,
                            local_health=lambda: health.to_json(False))
+    stopped_at_end(backend)
     backend.exchange.client.open_store = lambda: blobs
     coord = Coordinator(cfg, approve=approve or sent.append, store=Store(tmp_path, clock), clock=clock,
                         metrics=Metrics(), poll_interval=1.0, backend=backend, health=health,
                         local_health=lambda: health.to_json(False))
+    stopped_at_end(coord)
     return coord, sent, health
 
 

@@ -22,6 +22,7 @@ from agent.coordination.store.store_protocol import (
     approval_blob,
     marker_blob,
 )
+from tests.stopping import stopped_at_end
 
 EVENT = "5F1E2B0C-9A4D-4C61-8E2F-1A2B3C4D5E6F"
 
@@ -82,6 +83,7 @@ class Rig:
         self.exchange = StoreExchange(lambda: store, "memory/maintd", clock, on_change=lambda: None,
                                       report=lambda key, ok, why: self.reports.append((key, ok, why)),
                                       takeover_after=lambda: 60.0)
+        stopped_at_end(self.exchange)
         self.claims = StoreClaims(self.exchange)
         self.clock = clock
 

@@ -21,6 +21,7 @@ from agent.policy.approval_policy import Profile
 from agent.state.state_store import Store
 from agent.telemetry.metrics import Metrics
 from tests.budget_fakes import WholeStore
+from tests.stopping import stopped_at_end
 
 EVENT = "5F1E2B0C-9A4D-4C61-8E2F-1A2B3C4D5E6F"
 ME = "web_3f2a9c1b"
@@ -35,15 +36,18 @@ def rig(tmp_path, clock: FakeClock, store: WholeStore, budget: bool):
     backend = StoreBackend(cfg.azure_blob, token=lambda r, c: b"", clock=clock, metrics=Metrics(), health=health,
                            secret=lambda key, path: None, on_change=lambda: None, takeover_after=lambda: 60.0,
                            local_health=lambda: health.to_json(False))
+    stopped_at_end(backend)
     backend.exchange.client.open_store = lambda: store
     places = Budget(BudgetConfig(group="web"), store=backend.exchange.store, describe="fake", clock=clock,
                     on_change=lambda: None, health=lambda *_: None, metrics=Metrics(), needs=lambda: 30.0,
                     lead_time=lambda: 0.0, answers=backend.exchange.answers) if budget else None
     if places is not None:
+        stopped_at_end(places)
         places.identify(ME, "1", "0", "")
     coord = Coordinator(cfg, approve=lambda ids: sent.append((clock.monotonic(), ids)), store=Store(tmp_path, clock),
                         clock=clock, metrics=Metrics(), poll_interval=1.0, backend=backend, health=health,
                         local_health=lambda: health.to_json(False), budget=places)
+    stopped_at_end(coord)
     return coord, places, sent
 
 
