@@ -36,11 +36,8 @@ def listen_unix(path: str, gid: int | None, backlog: int = 64) -> socket.socket:
         _check_directory(directory)
         _remove_stale(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o117)
-        try:
-            sock.bind(path)
-        finally:
-            os.umask(old)
+        sock.bind(path)  # nobody can connect before listen(): the mode is set first, the umask left alone
+        os.chmod(path, 0o660)  # (a umask changed here would be every thread's: a state file written meanwhile)
         if gid is not None:
             os.chown(path, -1, gid)
         sock.listen(backlog)

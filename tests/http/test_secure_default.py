@@ -167,6 +167,27 @@ def test_a_stale_socket_is_replaced_and_other_files_are_left_alone(tmp_path: Pat
     assert (run / "b.sock").read_text() == "not a socket"
 
 
+def test_a_file_another_thread_writes_while_the_socket_is_bound_keeps_its_mode(tmp_path: Path, monkeypatch):
+    """Binding the socket (at start and on a reload) leaves the process's umask alone: a state file or directory
+    the loop writes at that moment gets its usual mode (the socket itself is 0660 before anyone can connect)."""
+    made: list[int] = []
+    bind = socket.socket.bind
+
+    def bind_while_another_thread_writes(self: socket.socket, address: object) -> None:
+        bind(self, address)
+        (tmp_path / "state.d").mkdir(mode=0o755)
+        made.append(os.stat(tmp_path / "state.d").st_mode & 0o777)
+
+    monkeypatch.setattr(socket.socket, "bind", bind_while_another_thread_writes)
+    old = os.umask(0o022)
+    try:
+        listen_unix(str(tmp_path / "maintd.sock"), None).close()
+    finally:
+        os.umask(old)
+    assert made == [0o755]
+    assert os.stat(tmp_path / "maintd.sock").st_mode & 0o777 == 0o660
+
+
 def test_a_socket_directory_others_may_write_is_refused(tmp_path: Path):
     """In a directory another user could write, the socket could be swapped for someone else's: refused."""
     shared = tmp_path / "shared"
