@@ -10,6 +10,10 @@ What each step calls of the real code:
 - how long the claimer may POST: `post_deadline`, as `StoreBackend.take_right` applies it, and when
   the POST's retries give up: the real `agent.retry.retrying` on the model's clock.
 
+Besides S1 and S2 it checks the claim fence: no VM POSTs under a claim the store's record no longer holds (what
+the recheck's read of the record is for; S2 rests on it only when the claimer's monotonic clock lies, the `FREEZE`
+fault, run on its own).
+
 The store is exact about what matters here: create with If-None-Match, replace with If-Match, ETags
 and Last-Modified on the store's clock. Abstracted away: the listing cadence (a VM that may claim lists
 in every turn of its loop), throttling, the markers' own failures (a lost marker write is written
