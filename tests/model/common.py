@@ -11,7 +11,10 @@ ticks, and something `age` ticks old happened at (CAP - age) × TICK. What takes
 (a request, a retry's backoff of at most 5.5 s, a poll each second) happens between two ticks, in
 any order with everything else; each running VM's loop runs at least once in every tick. A paused
 VM takes no step while the others go on, and its monotonic clock runs on (the time it was paused
-counts, as CLOCK_MONOTONIC does under SIGSTOP).
+counts, as CLOCK_MONOTONIC does under SIGSTOP). A frozen VM (the store model's `FREEZE`) takes no step either,
+and its monotonic clock stands still while the store's time runs (a suspend stops CLOCK_MONOTONIC, and a guest
+frozen by the hypervisor may resume with its monotonic clock not advanced by the whole freeze): the ages it holds
+do not grow.
 
 A fault is spent from a budget: each kind at most once per path, `MAX_FAULTS` in all.
 """
@@ -43,9 +46,9 @@ MAX_FAULTS = 1
 VMS = ("vm-a", "vm-b", "vm-c")
 """Resources of the event in rank order: vm-a leads."""
 EVENT_ID = "6b1f0c2e-8d1a-4b7e-9c55-0d2f6a9e3b11"
-UP, PAUSED, DOWN = "up", "paused", "down"
-CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, ODD_RECORD, RESTART, POST_ERROR, WEDGE = (
-    "crash", "pause", "lost answer", "lost message", "odd record", "restart", "IMDS 500", "wedge")
+UP, PAUSED, FROZEN, DOWN = "up", "paused", "frozen", "down"
+CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, ODD_RECORD, RESTART, POST_ERROR, WEDGE, FREEZE = (
+    "crash", "pause", "lost answer", "lost message", "odd record", "restart", "IMDS 500", "wedge", "uncounted pause")
 
 
 def at(age: int | None) -> float | None:

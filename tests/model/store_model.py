@@ -10,6 +10,10 @@ What each step calls of the real code:
 - how long the claimer may POST: `post_deadline`, as `StoreBackend.take_right` applies it, and when
   the POST's retries give up: the real `agent.retry.retrying` on the model's clock.
 
+Besides S1 and S2 it checks the claim fence: no VM POSTs under a claim the store's record no longer holds (what
+the recheck's read of the record is for; S2 rests on it only when the claimer's monotonic clock lies, the `FREEZE`
+fault, run on its own).
+
 The store is exact about what matters here: create with If-None-Match, replace with If-Match, ETags
 and Last-Modified on the store's clock. Abstracted away: the listing cadence (a VM that may claim lists
 in every turn of its loop), throttling, the markers' own failures (a lost marker write is written
@@ -52,6 +56,8 @@ from tests.model.common import (
     CRASH,
     DOWN,
     EVENT_ID,
+    FREEZE,
+    FROZEN,
     LOST_ANSWER,
     LOST_MESSAGE,
     MAX_FAULTS,
@@ -83,6 +89,8 @@ from tests.model.common import (
 )
 
 KINDS = (CRASH, PAUSE, LOST_ANSWER, LOST_MESSAGE, ODD_RECORD, RESTART, POST_ERROR)
+"""The faults under which S1 and S2 hold. `FREEZE` (a pause the claimer's monotonic clock does not count) runs on
+its own: there S2 does not hold (test_model_check, the xfail), the claim fence does."""
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 ODD_MARKER = "odd"
 ODD_SHAPES = ("attempt listed back as None", "no Last-Modified", "attempt 'x'")
@@ -122,6 +130,8 @@ class State(NamedTuple):
     imds: Imds
     faults: tuple[str, ...]
     raised: str | None = None
+    stale: str | None = None
+    """A POST sent under a claim the store's record no longer held (the claim fence broken)."""
 
 
 def _items(markers: tuple[str | None, ...], approval: Record | None) -> list[Item]:
@@ -230,7 +240,7 @@ class StoreModel:
 
     def properties(self) -> Mapping[str, Callable[[State], str | None]]:
         return {"S1": lambda s: s1(s.imds), "S2": lambda s: s2(s.imds),
-                "records": lambda s: s.raised}
+                "records": lambda s: s.raised, "fence": lambda s: s.stale}
 
     def elapsed(self, label: str) -> float:
         return TICK if label.startswith(TIME_PASSES) else 0.0
@@ -275,9 +285,10 @@ class StoreModel:
             yield from self._approver(s, i, v)
 
     def _time_passes(self, s: State) -> tuple[str, State]:
-        """A tick (every record one tick older), then one turn of each running VM's loop."""
+        """A tick (every record one tick older, and every VM's ages but a frozen one's: its monotonic clock stands
+        still), then one turn of each running VM's loop."""
         approval = s.approval and s.approval._replace(age=older(s.approval.age) or 0)
-        s = s._replace(approval=approval, vms=tuple(_older(v) for v in s.vms))
+        s = s._replace(approval=approval, vms=tuple(v if v.run == FROZEN else _older(v) for v in s.vms))
         turns = []
         for i, v in enumerate(s.vms):
             if v.run == UP:
@@ -287,12 +298,15 @@ class StoreModel:
 
     def _faults(self, s: State, i: int, v: Vm) -> Iterable[tuple[str, State]]:
         name = VMS[i]
-        if v.run == PAUSED:
+        if v.run in (PAUSED, FROZEN):
             yield f"{name} resumes", _set(s, i, v._replace(run=UP))
         if v.run == DOWN:
             yield f"{name} starts again", _set(s, i, _restarted(v, s.imds.status))
         if v.run == UP and (f := self._spend(s, PAUSE)) is not None:
             yield f"FAULT {name} is paused (SIGSTOP, a VM freeze)", _set(s, i, v._replace(run=PAUSED), f)
+        if v.run == UP and (f := self._spend(s, FREEZE)) is not None:
+            yield f"FAULT {name} is frozen, its monotonic clock stopped (a suspend, a hypervisor freeze)", \
+                _set(s, i, v._replace(run=FROZEN), f)
         if v.run != DOWN and (f := self._spend(s, CRASH)) is not None:
             yield f"FAULT {name} crashes", _set(s, i, v._replace(run=DOWN, approver=None), f)
         if v.run == UP and (f := self._spend(s, RESTART)) is not None:
@@ -383,6 +397,10 @@ class StoreModel:
             yield f"{name} withholds the POST: {why}", _set(s, i, gave_up)
             return
         prepared = {VMS[j]: w.prepared for j, w in enumerate(s.vms)}
+        stale = s.stale or (None if s.approval is not None and s.approval.etag == etag else
+                            f"{name} POSTed under its claim e{etag} while the store's record was "
+                            + ("gone" if s.approval is None else f"e{s.approval.etag}, {_show(s.approval)}"))
+        s = s._replace(stale=stale)
         for what, imds, faults in post_outcomes(s.imds, name, prepared, lambda kind: self._spend(s, kind)):
             if faults is None:
                 after = v._replace(approver=("settle", etag, attempt, True), record=SENT, failed_age=None)
