@@ -195,7 +195,7 @@ def decision(i: int, v: Vm, listed: tuple[tuple[str | None, ...], Record | None]
 
 
 class _ReadBack:
-    """The store as `_own_after_conflict` reads it: the approval record now."""
+    """The store as `_own_after_conflict` and the claim check read it: the approval record now."""
 
     def __init__(self, record: Record | None) -> None:
         self.record = record
@@ -205,6 +205,10 @@ class _ReadBack:
             return None
         item = _item(self.record, quoted=True)
         return dict(item.metadata), item.etag or ""
+
+    def list_folder(self, prefix: str) -> tuple[list[Item], datetime]:
+        """The claim check's listing of the record: its Last-Modified and the store's clock now."""
+        return ([] if self.record is None else [_item(self.record, quoted=False)]), EPOCH + timedelta(seconds=NOW)
 
 
 @functools.cache

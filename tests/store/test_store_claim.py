@@ -4,6 +4,8 @@ the monotonic deadline); a job or a request that raises leaves the event in a cl
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +15,15 @@ from agent.clock import FakeClock
 from agent.coordination.approver import Approver, Order
 from agent.coordination.coordination_settings import AzureBlobConfig
 from agent.coordination.store.store_backend import StoreBackend
-from agent.coordination.store.store_protocol import CLAIMED, READY, Step, StoreError, approval_blob, approval_record
+from agent.coordination.store.store_protocol import (
+    CLAIMED,
+    READY,
+    Item,
+    Step,
+    StoreError,
+    approval_blob,
+    approval_record,
+)
 from agent.health.health_store import HealthStore
 from agent.model.gate_specs import NO_GATES
 from agent.telemetry.metrics import Metrics
@@ -107,16 +117,40 @@ def test_a_claim_past_its_deadline_is_not_sent_even_if_nobody_took_it_yet(clock:
 
 
 def test_a_claim_that_holds_is_confirmed_with_one_read_per_send(clock: FakeClock) -> None:
-    """Nothing changed: the send goes out, after one read of the record, and the record says approved."""
+    """Nothing changed: the send goes out, after one read of the record (a listing of it: its ETag, its
+    Last-Modified and the store's Date), and the record says approved."""
     blobs = MemoryStore()
     b = backend(clock, blobs)
     sent: list[str] = []
     refused: list[str] = []
     claim_and_post(b, Step("claim", "ready"), 60, approver_like(b, [lambda: True], sent, refused))
     assert (sent, refused) == ([ME], [])
-    assert blobs.ops == ["create", "read", "replace"]
+    assert blobs.ops == ["create", "list", "replace"]
     assert blobs.blobs[approval_blob(EVENT)][0]["state"] == "approved"
     assert b.claim_still_holds(EVENT) == "this VM holds no claim on the event"
+
+
+def test_a_claimer_whose_clock_missed_a_pause_sends_nothing_once_the_store_says_the_claim_is_old(
+        clock: FakeClock) -> None:
+    """A pause this VM's monotonic clock did not count (a suspend, a hypervisor freeze): by its own deadline no
+    time passed, but by the store's clock the claim is takeover_after old and another VM may be taking it over
+    right now, its write not landed yet. Nothing is sent (the model checker's freeze, tests/model)."""
+    blobs = MemoryStore()
+    b = backend(clock, blobs)
+    sent: list[str] = []
+    refused: list[str] = []
+    listing = blobs.list_folder
+
+    def frozen_for_a_minute(prefix: str) -> tuple[list[Item], datetime]:
+        items, date = listing(prefix)
+        return [replace(i, last_modified=date - timedelta(seconds=60)) for i in items], date
+
+    def freeze() -> bool:
+        blobs.list_folder = frozen_for_a_minute  # type: ignore[method-assign]
+        return False
+
+    claim_and_post(b, Step("claim", "ready"), 60, approver_like(b, [freeze, lambda: True], sent, refused))
+    assert sent == [ME] and "60s old on the store's clock" in refused[0]
 
 
 def test_a_store_that_cannot_confirm_the_claim_means_no_send(clock: FakeClock) -> None:

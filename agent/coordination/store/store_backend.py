@@ -220,8 +220,9 @@ class StoreBackend:
     def claim_still_holds(self, event_id: str) -> str | None:
         """The approver's check right before every send (the first and each retry): None while this VM's claim
         holds (younger than half of `takeover_after` on the monotonic clock, and the store's record still at the
-        ETag the claim wrote: one read), else why not, and nothing is sent. What stays open: a pause between this
-        check and the POST reaching IMDS (IMDS takes no fencing token; see store_protocol.post_deadline)."""
+        ETag the claim wrote and younger than that by the store's clock: one listing), else why not, and nothing is
+        sent. What stays open: a pause between this check and the POST reaching IMDS (IMDS takes no fencing token;
+        see store_protocol.post_deadline)."""
         return self.claims.holds(event_id, post_deadline(self.takeover_after()))
 
     # --- views ---------------------------------------------------------------------------------

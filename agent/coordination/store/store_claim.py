@@ -18,6 +18,7 @@ from agent.coordination.store.store_protocol import (
     Approval,
     Step,
     StoreError,
+    age_of,
     approval_blob,
     approval_record,
     parse_approval,
@@ -93,22 +94,30 @@ class StoreClaims:
         """On the approver thread, right before a send: None while this VM's claim still holds, else why not.
 
         It holds while the claim is younger than `within` on this VM's monotonic clock (checked before and after
-        the request) and the store still has the record at the ETag this VM's claim wrote (one read: a taker
-        must have rewritten it before it may POST). A store that does not answer is no confirmation."""
+        the request) and the store still has the record at the ETag this VM's claim wrote, younger than `within`
+        on the store's own clock too (one listing of the record: its Last-Modified against the answer's Date). A
+        taker must have rewritten the record before it may POST, and may take it over only once it is
+        `takeover_after` old by the store's clock: that clock is the one a pause this VM's monotonic clock did not
+        count (a suspend, a frozen guest) cannot fool. A store that does not answer is no confirmation."""
         with self._lock:
             claim = self._held.get(event_id)
         if claim is None:
             return "this VM holds no claim on the event"
         if (why := self._past(claim, within)) is not None:
             return why
+        name = approval_blob(event_id)
         try:
-            found = self.exchange.store().read(approval_blob(event_id))
+            items, date = self.exchange.store().list_folder(name)
         except Exception as exc:
             return f"cannot confirm the claim: {self._as_store_error(exc, event_id, 'confirm')}"
+        found = next((item for item in items if item.name == name), None)
         if found is None:
             return "the approval record is gone from the store"
-        if not same_etag(found[1], claim.etag):
+        if not isinstance(found.etag, str) or not same_etag(found.etag, claim.etag):
             return "the approval record changed since this VM claimed it: another VM took the claim over"
+        if (age := age_of(found, date)) is None or age >= within:
+            return (f"the claim is {'of unknown age' if age is None else f'{age:.0f}s old'} on the store's clock, "
+                    f"past {within:.1f}s (half of takeover_after): another VM may take it over")
         return self._past(claim, within)
 
     def _past(self, claim: Claim, within: float) -> str | None:
