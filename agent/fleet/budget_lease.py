@@ -216,7 +216,7 @@ class Mine:
     def hold(self) -> Hold:
         return Hold(self.why, self.event, self.lease_end, frozenset(self.forced))
 
-    def deadline(self, now: float, rejoin_wait: float = 0.0) -> float:
+    def deadline(self, now: float, rejoin_wait: float) -> float:
         """The first of what is due after `now` (inf: nothing): a place's lease end (B2: lost on time), its renewal,
         the next step (a waiter's poll, a retry; none while one is in flight), its release after `rejoin_wait` (B7).
         The loop's sleep ends by it, whatever the poll interval or the IMDS backoff."""
